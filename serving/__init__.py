@@ -1,0 +1,1 @@
+"""Runs the real Triton Inference Server with this project's model repository."""
