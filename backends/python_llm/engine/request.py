@@ -1,0 +1,128 @@
+"""Engine-side state of one request.
+
+A Request is exactly one generated sequence: its tokens, its KV progress and
+its timing. Parallel sampling (n > 1) is meant to fan out into child Requests
+that share the prompt through the prefix cache (vLLM v1's ParentRequest), so
+everything per-sequence lives here and `parent_request_id` links children;
+per-request logits processors go in `logits_processors`. Only the engine loop
+thread mutates a Request after it is queued.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from typing import Any, Callable
+
+from .sampling_params import SamplingParams
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+
+
+class RequestStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH = enum.auto()
+    FINISHED_CANCELLED = enum.auto()
+    FINISHED_TIMEOUT = enum.auto()
+    FINISHED_ERROR = enum.auto()
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISHED
+
+
+_FINISHED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
+                       RequestStatus.FINISHED_CANCELLED, RequestStatus.FINISHED_TIMEOUT,
+                       RequestStatus.FINISHED_ERROR})
+
+FINISHED_STATUS: dict[FinishReason, RequestStatus] = {
+    FinishReason.STOP: RequestStatus.FINISHED_STOPPED,
+    FinishReason.LENGTH: RequestStatus.FINISHED_LENGTH,
+    FinishReason.CANCELLED: RequestStatus.FINISHED_CANCELLED,
+    FinishReason.TIMEOUT: RequestStatus.FINISHED_TIMEOUT,
+    FinishReason.ERROR: RequestStatus.FINISHED_ERROR,
+}
+
+OutputCallback = Callable[[Any], None]   # receives a RequestOutput
+
+
+class Request:
+    __slots__ = (
+        "request_id", "prompt_token_ids", "sampling", "priority", "status",
+        "all_token_ids", "output_token_ids", "output_logprobs", "cum_log_prob",
+        "num_computed_tokens", "num_cached_tokens", "block_hashes",
+        "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
+        "token_timeout_ns", "deadline_mono_ns", "admit_seq",
+        "finish_reason", "error", "num_returned_tokens", "on_output",
+        "stop_token_ids", "parent_request_id", "logits_processors",
+    )
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
+                 priority: int = 0, token_timeout_ms: int = 0,
+                 on_output: OutputCallback | None = None,
+                 arrival_time_ns: int | None = None) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.sampling = sampling
+        self.priority = priority
+        self.status = RequestStatus.WAITING
+        # prompt + generated: what a (re-)prefill after preemption feeds, and
+        # what block hashes cover
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.output_logprobs: list[float] | None = [] if sampling.return_log_probs else None
+        self.cum_log_prob: float | None = 0.0 if sampling.return_log_probs else None
+        self.num_computed_tokens = 0          # tokens whose K/V are in this request's blocks
+        self.num_cached_tokens = 0            # prompt tokens the prefix cache served at first admission
+        self.block_hashes: list[Any] = []     # hashes of full blocks of all_token_ids (block_pool.BlockHash)
+        self.arrival_time_ns = arrival_time_ns if arrival_time_ns is not None else time.time_ns()
+        self.first_scheduled_time_ns: int | None = None
+        self.first_token_time_ns: int | None = None
+        self.last_token_time_ns: int | None = None
+        # per-token timeout on the monotonic clock; 0 = off
+        self.token_timeout_ns = token_timeout_ms * 1_000_000
+        self.deadline_mono_ns = time.monotonic_ns() + self.token_timeout_ns if token_timeout_ms else 0
+        self.admit_seq = 0                    # order of (re-)admission; preemption picks the latest
+        self.finish_reason: FinishReason | None = None
+        self.error: str | None = None
+        self.num_returned_tokens = 0          # output tokens handed out (the ending EOS is not)
+        self.on_output = on_output
+        self.stop_token_ids = frozenset(sampling.stop_token_ids)
+        self.parent_request_id: str | None = None
+        self.logits_processors: list[Any] = []
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def append_output_token(self, token_id: int, logprob: float | None) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+        if self.output_logprobs is not None:
+            lp = 0.0 if logprob is None else logprob
+            self.output_logprobs.append(lp)
+            self.cum_log_prob = (self.cum_log_prob or 0.0) + lp
+
+    def __repr__(self) -> str:  # no token ids: they may hold prompt text
+        return (f"Request(id={self.request_id!r}, status={self.status.name}, prompt={self.num_prompt_tokens}, "
+                f"output={self.num_output_tokens}, computed={self.num_computed_tokens})")

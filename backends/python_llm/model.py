@@ -1,0 +1,136 @@
+"""Triton adapter for the `python_llm` backend: tensors in, engine calls,
+tensors out. Decoupled: execute() returns at once; the engine loop thread
+answers through each request's response sender. All logic lives in the
+importable `python_llm` package."""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from python_llm.config_params import engine_config_from_parameters
+from python_llm.engine.engine import LLMEngine
+from python_llm.engine.errors import (DuplicateRequestError, EngineDeadError, InvalidRequestError,
+                                      OverloadedError)
+from python_llm.engine.outputs import RequestOutput
+from python_llm.request_inputs import parse_llm_request
+from python_llm.response_tensors import output_arrays
+from python_llm.stream_registry import LiveStream, StreamRegistry
+from python_llm.triton_metrics import TritonMetrics
+
+log = logging.getLogger("python_llm")
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+_REJECTIONS = (InvalidRequestError, OverloadedError, DuplicateRequestError, EngineDeadError)
+CANCEL_POLL_S = 0.05
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        model_config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(model_config):
+            raise pb_utils.TritonModelException("python_llm must be decoupled (model_transaction_policy)")
+        params = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+        self.config = engine_config_from_parameters(params)
+        self.input_names = [i["name"] for i in model_config["input"]]
+        self.metrics = TritonMetrics(pb_utils, args["model_name"], args["model_version"])
+        self.engine = LLMEngine(self.config, metrics=self.metrics, on_dead=self._on_engine_dead)
+        self.eos_token_ids = list(self.engine.model_info.eos_token_ids)
+        self.registry = StreamRegistry()
+        self.engine.start()
+        self._stopping = threading.Event()
+        self._watcher = threading.Thread(target=self._watch_cancellations, name="python_llm-cancel", daemon=True)
+        self._watcher.start()
+        log.info("python_llm ready: %s", {"model_dir": self.config.model_dir, "device": self.config.device,
+                                           "dtype": self.config.dtype, "kv_blocks": self.engine.stats()})
+
+    # -- requests ------------------------------------------------------------
+    def execute(self, requests: list) -> None:
+        for request in requests:
+            self._accept(request)
+        return None
+
+    def _accept(self, request) -> None:
+        sender = request.get_response_sender()
+        client_id = request.request_id() or None
+        tensors = {}
+        for name in self.input_names:
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None:
+                tensors[name] = tensor.as_numpy()
+        engine_id = None
+        try:
+            parsed = parse_llm_request(tensors, self.config, self.eos_token_ids)
+            if parsed.stop:
+                self._stop(sender, parsed.request_key or client_id)
+                return
+            engine_id = parsed.request_key or client_id or uuid.uuid4().hex
+            self.registry.register(LiveStream(engine_id, client_id, sender, parsed.streaming,
+                                              parsed.prompt_token_ids, parsed.exclude_input_in_output))
+            self.engine.add_request(engine_id, parsed.prompt_token_ids, parsed.sampling,
+                                    priority=parsed.priority, on_output=self._on_output)
+        except _REJECTIONS as exc:
+            if engine_id is not None and not isinstance(exc, DuplicateRequestError):
+                self.registry.remove(engine_id)
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=FINAL)
+
+    def _stop(self, sender, name: str | None) -> None:
+        engine_id = self.registry.resolve(name) if name else None
+        if engine_id is None:
+            sender.send(pb_utils.InferenceResponse(
+                error=pb_utils.TritonError(f"stop: unknown request id {name!r}")), flags=FINAL)
+            return
+        self.engine.abort(engine_id, "cancelled")
+        sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=FINAL)
+
+    # -- engine thread -------------------------------------------------------
+    def _on_output(self, out: RequestOutput) -> None:
+        stream = self.registry.get(out.request_id)
+        if stream is None:
+            return
+        if out.finished:
+            self.registry.remove(out.request_id)
+        if out.error is not None and (not stream.sent_any or out.finish_reason == "error"):
+            self._send(stream, pb_utils.InferenceResponse(error=pb_utils.TritonError(out.error)), FINAL)
+            return
+        if stream.streaming:
+            ids, logprobs = out.new_token_ids, out.new_logprobs
+            if not stream.exclude_input and not stream.sent_any:
+                ids = stream.prompt_ids + ids
+            if ids or out.finished:
+                self._send(stream, self._response(out, ids, logprobs), FINAL if out.finished else 0)
+            return
+        stream.pending_ids.extend(out.new_token_ids)
+        if out.new_logprobs:
+            stream.pending_logprobs.extend(out.new_logprobs)
+        if out.finished:
+            ids = stream.pending_ids if stream.exclude_input else stream.prompt_ids + stream.pending_ids
+            self._send(stream, self._response(out, ids, stream.pending_logprobs or None), FINAL)
+
+    def _response(self, out: RequestOutput, ids: list[int], logprobs: list[float] | None):
+        arrays = output_arrays(out, ids, logprobs)
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()])
+
+    def _send(self, stream: LiveStream, response, flags: int) -> None:
+        stream.sent_any = True
+        try:
+            stream.sender.send(response, flags=flags)
+        except Exception as exc:  # the client is gone: stop spending work on it
+            log.info("send failed, aborting request: %s", {"request": stream.engine_id, "error": str(exc)})
+            self.registry.remove(stream.engine_id)
+            self.engine.abort(stream.engine_id, "cancelled")
+
+    def _watch_cancellations(self) -> None:
+        while not self._stopping.wait(CANCEL_POLL_S):
+            for engine_id in self.registry.newly_cancelled():
+                self.engine.abort(engine_id, "cancelled")
+
+    def _on_engine_dead(self, exc: BaseException) -> None:
+        log.error("python_llm engine loop failed; rejecting new requests: %s", exc)
+
+    def finalize(self) -> None:
+        self._stopping.set()
+        self.engine.shutdown(timeout=10)

@@ -1,0 +1,125 @@
+"""Turns the LLM step's input tensors (TensorRT-LLM names, see the shared
+interface.md) into an engine request. Importable and testable without Triton:
+the adapter hands over a plain dict of numpy arrays."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from .engine.config import EngineConfig
+from .engine.sampling_params import InvalidRequestError, SamplingParams
+
+
+
+@dataclass
+class LLMRequest:
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    priority: int
+    streaming: bool
+    exclude_input_in_output: bool
+    request_key: str | None
+    stop: bool
+
+
+def _scalar(tensors: Mapping[str, np.ndarray], name: str, default: object) -> object:
+    array = tensors.get(name)
+    if array is None:
+        return default
+    flat = np.asarray(array).reshape(-1)
+    if flat.size == 0:
+        return default
+    if flat.size != 1:
+        raise InvalidRequestError(f"{name}: expected one value, got {flat.size}")
+    value = flat[0]
+    if isinstance(value, (bytes, np.bytes_)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidRequestError(f"{name}: not valid UTF-8") from None
+    return value.item() if hasattr(value, "item") else value
+
+
+def parse_word_list(array: np.ndarray | None, name: str) -> list[list[int]]:
+    """TensorRT-LLM's [2, -1] word list: row 0 the concatenated ids, row 1 the
+    cumulative end offsets, padded with -1."""
+    if array is None:
+        return []
+    arr = np.asarray(array)
+    if arr.ndim == 3:           # batch dimension from max_batch_size
+        if arr.shape[0] != 1:
+            raise InvalidRequestError(f"{name}: expected batch size 1, got {arr.shape[0]}")
+        arr = arr[0]
+    if arr.size == 0:
+        return []
+    if arr.ndim != 2 or arr.shape[0] != 2:
+        raise InvalidRequestError(f"{name}: expected shape [2, N], got {list(arr.shape)}")
+    ids, offsets = arr[0].tolist(), arr[1].tolist()
+    words: list[list[int]] = []
+    start = 0
+    for end in offsets:
+        if end < 0:
+            break
+        if end < start or end > len(ids):
+            raise InvalidRequestError(f"{name}: offsets must be increasing and within the ids row")
+        if end > start:
+            words.append([int(i) for i in ids[start:end]])
+        start = end
+    return words
+
+
+def parse_llm_request(tensors: Mapping[str, np.ndarray], config: EngineConfig,
+                      eos_token_ids: list[int]) -> LLMRequest:
+    stop = bool(_scalar(tensors, "stop", False))
+    request_key = _scalar(tensors, "request_key", None)
+    request_key = str(request_key) if request_key else None
+    if stop:
+        return LLMRequest([], SamplingParams(), 0, False, True, request_key, True)
+
+    ids = tensors.get("input_ids")
+    if ids is None:
+        raise InvalidRequestError("input_ids: required")
+    ids = np.asarray(ids)
+    if ids.ndim == 2:
+        if ids.shape[0] != 1:
+            raise InvalidRequestError(f"input_ids: expected batch size 1, got {ids.shape[0]}")
+        ids = ids[0]
+    prompt = [int(t) for t in ids.reshape(-1).tolist()]
+    length = _scalar(tensors, "input_lengths", len(prompt))
+    if not 0 < int(length) <= len(prompt):
+        raise InvalidRequestError(f"input_lengths: {length} does not fit input_ids of {len(prompt)} tokens")
+    prompt = prompt[: int(length)]
+
+    end_id = _scalar(tensors, "end_id", None)
+    stop_ids = list(eos_token_ids) if end_id is None or int(end_id) < 0 else [int(end_id)]
+    seed = _scalar(tensors, "seed", None)
+    timeout = _scalar(tensors, "token_timeout_ms", None)
+    sampling = SamplingParams(
+        max_tokens=int(_scalar(tensors, "request_output_len", config.default_max_tokens)),
+        temperature=float(_scalar(tensors, "temperature", 1.0)),  # neutral; 0 = greedy
+        top_k=int(_scalar(tensors, "runtime_top_k", 0)),
+        top_p=float(_scalar(tensors, "runtime_top_p", 1.0)) or 1.0,
+        repetition_penalty=float(_scalar(tensors, "repetition_penalty", 1.0)),
+        presence_penalty=float(_scalar(tensors, "presence_penalty", 0.0)),
+        frequency_penalty=float(_scalar(tensors, "frequency_penalty", 0.0)),
+        min_tokens=int(_scalar(tensors, "min_tokens", 0)),
+        seed=None if seed is None else int(seed),
+        ignore_eos=bool(_scalar(tensors, "ignore_eos", False)),
+        stop_token_ids=stop_ids,
+        stop_words_ids=parse_word_list(tensors.get("stop_words_list"), "stop_words_list"),
+        bad_words_ids=parse_word_list(tensors.get("bad_words_list"), "bad_words_list"),
+        return_log_probs=bool(_scalar(tensors, "return_log_probs", False)),
+        token_timeout_ms=None if timeout is None else int(timeout),
+    )
+    sampling.validate(config.max_tokens_limit)
+    return LLMRequest(
+        prompt_token_ids=prompt,
+        sampling=sampling,
+        priority=int(_scalar(tensors, "priority", 0)),
+        streaming=bool(_scalar(tensors, "streaming", False)),
+        exclude_input_in_output=bool(_scalar(tensors, "exclude_input_in_output", True)),
+        request_key=request_key,
+        stop=False,
+    )

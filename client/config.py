@@ -1,0 +1,89 @@
+"""Client settings: timeouts shaped for LLM streams and the retry policy."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TRANSPORTS = ("sse", "grpc")
+# Public entry points (interface.md); `ensemble` needs an explicit stop on
+# cancel because Triton does not tell a running ensemble step that the client left.
+ENTRY_MODELS = ("ensemble", "llm_bls")
+
+
+@dataclass(frozen=True)
+class TimeoutConfig:
+    """No overall deadline on purpose: a long answer is not a slow answer.
+
+    connect_s bounds opening a connection, first_token_s the wait for the first
+    response (queueing + prefill), token_s every later gap between responses.
+    None disables the first-token or per-token limit.
+    """
+
+    connect_s: float = 5.0
+    first_token_s: float | None = 120.0
+    token_s: float | None = 30.0
+    write_s: float = 10.0
+    stop_s: float = 5.0  # sending the `stop` request for a cancelled ensemble stream
+
+    def __post_init__(self) -> None:
+        for name in ("connect_s", "write_s", "stop_s", "first_token_s", "token_s"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0 (got {value})")
+
+
+@dataclass(frozen=True)
+class RetryConfig:
+    """Exponential backoff with full jitter, plus a client-wide retry budget.
+
+    The budget allows at most `budget_ratio` retries per request over time plus
+    `budget_floor` spare ones, capped at `budget_cap` banked retries, so a fleet
+    of clients facing an overloaded server backs off instead of multiplying load.
+    """
+
+    max_attempts: int = 4
+    backoff_base_s: float = 0.2
+    backoff_max_s: float = 10.0
+    max_retry_after_s: float = 60.0
+    budget_ratio: float = 0.2
+    budget_floor: float = 10.0
+    budget_cap: float = 100.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1 (got {self.max_attempts})")
+        if self.backoff_base_s < 0 or self.backoff_max_s < self.backoff_base_s:
+            raise ValueError("need 0 <= backoff_base_s <= backoff_max_s")
+        if not 0 <= self.budget_ratio <= 1:
+            raise ValueError(f"budget_ratio must be in [0, 1] (got {self.budget_ratio})")
+        if self.budget_floor < 0 or self.budget_cap < self.budget_floor:
+            raise ValueError("need 0 <= budget_floor <= budget_cap")
+        if self.max_retry_after_s < 0:
+            raise ValueError("max_retry_after_s must be >= 0")
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    url: str = "http://127.0.0.1:8000"
+    transport: str = "sse"
+    model: str = "ensemble"
+    timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    max_connections: int = 256
+    # The LLM step that accepts `stop` for a request id (interface.md).
+    stop_model: str = "python_llm"
+
+    def __post_init__(self) -> None:
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS} (got {self.transport!r})")
+        if not self.model:
+            raise ValueError("model must not be empty")
+        if self.max_connections < 1:
+            raise ValueError("max_connections must be >= 1")
+        if not self.url:
+            raise ValueError("url must not be empty")
+
+    @property
+    def sends_stop_on_cancel(self) -> bool:
+        # llm_bls and the LLM step itself see the disconnect; an ensemble does
+        # not pass it on, so it gets an explicit stop to free the KV blocks.
+        return self.model not in ("llm_bls", self.stop_model)

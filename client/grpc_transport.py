@@ -1,0 +1,160 @@
+"""gRPC transport: `ModelStreamInfer` through `tritonclient.grpc.aio`.
+
+One bidirectional stream per request over one shared channel (HTTP/2
+multiplexes them). The request side stays open until the final response:
+closing it early would half-close the stream before the answer is complete.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator, Callable, Mapping
+
+import grpc
+from tritonclient.grpc import InferInput, InferResult
+from tritonclient.utils import InferenceServerException
+
+from .config import TimeoutConfig
+from .errors import RequestError, ServerConnectionError
+from .payload import event_from_outputs, grpc_tensors, stop_values
+from .timing import DEFAULT_CLOCK, Clock
+from .types import StreamEvent
+
+log = logging.getLogger(__name__)
+
+# Makes Triton emit an empty response carrying the final flag when a model ends
+# a stream with a flag-only response, so the client never waits for a final
+# flag that would otherwise never be sent.
+_REQUEST_PARAMETERS = {"triton_enable_empty_final_response": True}
+# Codes that mean "never reached the server / connection lost": retryable.
+_CONNECTION_CODES = frozenset({grpc.StatusCode.UNAVAILABLE})
+
+GrpcClientFactory = Callable[[], Any]
+
+
+def is_final(result: InferResult) -> bool:
+    parameter = result.get_response().parameters.get("triton_final_response")
+    return bool(parameter is not None and parameter.bool_param)
+
+
+def outputs_of(result: InferResult) -> dict[str, Any]:
+    return {output.name: result.as_numpy(output.name) for output in result.get_response().outputs}
+
+
+def map_rpc_error(exc: BaseException) -> Exception:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        if exc.code() in _CONNECTION_CODES:
+            return ServerConnectionError(f"gRPC {exc.code().name}: {exc.details()}")
+        return RequestError(f"gRPC {exc.code().name}: {exc.details()}")
+    if isinstance(exc, InferenceServerException):
+        return RequestError(exc.message())
+    return ServerConnectionError(repr(exc))
+
+
+def build_inputs(tensors: list[tuple[str, str, Any]]) -> list[InferInput]:
+    inputs = []
+    for name, datatype, array in tensors:
+        infer_input = InferInput(name, list(array.shape), datatype)
+        infer_input.set_data_from_numpy(array)
+        inputs.append(infer_input)
+    return inputs
+
+
+async def _one_request(request: dict[str, Any], done: asyncio.Event) -> AsyncIterator[dict[str, Any]]:
+    yield request
+    await done.wait()
+
+
+class GrpcResponseStream:
+    def __init__(self, responses: Any, done: asyncio.Event, clock: Clock) -> None:
+        self._responses = responses
+        self._done = done
+        self._clock = clock
+        self._finished = False
+
+    async def next_event(self) -> StreamEvent | None:
+        if self._finished:
+            return None
+        try:
+            result, error = await self._responses.__anext__()
+        except StopAsyncIteration:
+            self._finish()
+            return None
+        except (grpc.aio.AioRpcError, InferenceServerException) as exc:
+            self._finish()
+            raise map_rpc_error(exc) from exc
+        received = self._clock()
+        if error is not None:
+            # An error response ends the request on the server.
+            self._finish()
+            raise RequestError(error.message() if isinstance(error, InferenceServerException) else str(error))
+        final = is_final(result)
+        if final:
+            self._finish()
+        return event_from_outputs(outputs_of(result), received, final=final)
+
+    def _finish(self) -> None:
+        self._finished = True
+        self._done.set()
+
+    async def aclose(self) -> None:
+        if not self._finished:
+            self._responses.cancel()
+        self._finish()
+
+
+class GrpcTransport:
+    name = "grpc"
+
+    def __init__(self, url: str, timeouts: TimeoutConfig, client_factory: GrpcClientFactory | None = None,
+                 clock: Clock = DEFAULT_CLOCK) -> None:
+        self._url = url.removeprefix("grpc://")
+        self._factory = client_factory or self._real_client
+        self._client: Any = None
+        self._stop_timeout = timeouts.stop_s
+        self._clock = clock
+
+    def _real_client(self) -> Any:
+        from tritonclient.grpc import aio as grpc_aio
+        return grpc_aio.InferenceServerClient(self._url)
+
+    def _grpc(self) -> Any:
+        # Created lazily: a grpc.aio channel binds to the running event loop.
+        if self._client is None:
+            self._client = self._factory()
+        return self._client
+
+    async def open_stream(self, model: str, values: Mapping[str, Any], request_id: str) -> GrpcResponseStream:
+        return await self.open_tensor_stream(model, grpc_tensors(values), request_id)
+
+    async def open_tensor_stream(self, model: str, tensors: list[tuple[str, str, Any]],
+                                 request_id: str) -> GrpcResponseStream:
+        request = {"model_name": model, "inputs": build_inputs(tensors),
+                   "request_id": request_id, "parameters": dict(_REQUEST_PARAMETERS)}
+        done = asyncio.Event()
+        try:
+            responses = self._grpc().stream_infer(_one_request(request, done))
+        except (grpc.RpcError, InferenceServerException) as exc:
+            raise map_rpc_error(exc) from exc
+        return GrpcResponseStream(responses, done, self._clock)
+
+    async def send_stop(self, model: str, request_id: str) -> None:
+        # ModelInfer refuses decoupled models, so the stop travels on a stream too.
+        tensors = [(name, datatype, array) for name, (datatype, array) in stop_values().items()]
+        stream = await self.open_tensor_stream(model, tensors, request_id)
+        try:
+            await asyncio.wait_for(self._drain(stream), self._stop_timeout)
+        except asyncio.TimeoutError:
+            log.debug("no answer to stop within %.1fs (request %s)", self._stop_timeout, request_id)
+        finally:
+            await stream.aclose()
+
+    @staticmethod
+    async def _drain(stream: GrpcResponseStream) -> None:
+        while await stream.next_event() is not None:
+            pass
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None

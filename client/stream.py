@@ -1,0 +1,157 @@
+"""One streaming generation: retries before the first response, LLM-shaped
+timeouts after it, and cleanup (close + `stop`) however the stream ends."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+from .errors import (ClientTimeoutError, FirstTokenTimeoutError, RequestError, ServerConnectionError,
+                     TokenTimeoutError)
+from .retry import build_retrying
+from .timing import Timings
+from .transport import ResponseStream
+from .types import GenerationResult, StreamEvent
+
+if TYPE_CHECKING:
+    from .client import AsyncLLMClient
+
+log = logging.getLogger(__name__)
+# A stop for a request the engine no longer knows is expected after a race.
+_ALREADY_FINISHED_HINTS = ("unknown request", "not found", "no such request", "unknown id")
+
+
+class GenerationStream:
+    """Async iterator of `StreamEvent`s; `result` fills in as events arrive.
+
+    Use as `async with client.stream(...) as s: async for event in s: ...` or
+    call `aclose()`; leaving early (break, cancellation, timeout) closes the
+    stream and, for the ensemble, sends `stop` so the engine frees the request.
+    """
+
+    def __init__(self, client: "AsyncLLMClient", model: str, values: dict[str, Any], request_id: str) -> None:
+        self._client = client
+        self._model = model
+        self._values = values
+        self.request_id = request_id
+        self.result = GenerationResult(request_id=request_id, model=model, transport=client.transport_name,
+                                       timings=Timings(sent_s=client.clock()))
+        self._events = self._run()
+
+    def __aiter__(self) -> "GenerationStream":
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        return await self._events.__anext__()
+
+    async def aclose(self) -> None:
+        await self._events.aclose()
+
+    async def __aenter__(self) -> "GenerationStream":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def collect(self) -> GenerationResult:
+        """Read the stream to its end and return the whole result."""
+        async with self:
+            async for _ in self:
+                pass
+        return self.result
+
+    async def _run(self) -> AsyncIterator[StreamEvent]:
+        stream: ResponseStream | None = None
+        server_done = False  # True once the server can no longer be working on it
+        try:
+            stream, event = await self._open_with_retries()
+            while event is not None:
+                self.result.add(event)
+                server_done = event.final or event.finish_reason is not None
+                yield event
+                if event.final:
+                    break
+                event = await self._next(stream)
+            server_done = True
+        except RequestError as exc:
+            server_done = True  # rejected up front, or ended by the server with an error
+            if self.result.num_responses == 0:
+                raise
+            self._fail(exc.message)
+        except ServerConnectionError as exc:
+            if self.result.num_responses == 0:
+                server_done = True  # never reached the server
+                raise
+            self._fail(str(exc))  # the connection broke mid-stream; the engine may still run
+        except ClientTimeoutError as exc:
+            self.result.finish_reason = "timeout"
+            self.result.error = str(exc)
+            exc.result = self.result
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            if not server_done:
+                self.result.finish_reason = "cancelled"
+            raise
+        finally:
+            self.result.timings.finish(self._client.clock())
+            if stream is not None:
+                await stream.aclose()
+            if not server_done and self._client.config.sends_stop_on_cancel:
+                # Shielded: a second cancellation must not lose the stop.
+                await asyncio.shield(self._send_stop())
+
+    def _fail(self, message: str) -> None:
+        self.result.finish_reason = "error"
+        self.result.error = message
+        log.warning("stream %s ended with an error after %d response(s)", self.request_id, self.result.num_responses)
+
+    async def _open_with_retries(self) -> tuple[ResponseStream, StreamEvent | None]:
+        client = self._client
+        client.budget.record_request()
+        retrying = build_retrying(client.config.retry, client.budget, client.sleep)
+        async for attempt in retrying:
+            with attempt:
+                self.result.attempts = attempt.retry_state.attempt_number
+                return await self._open_once()
+        raise AssertionError("unreachable: tenacity either returns or raises")  # pragma: no cover
+
+    async def _open_once(self) -> tuple[ResponseStream, StreamEvent | None]:
+        limit = self._client.config.timeouts.first_token_s
+        started = self._client.clock()
+        try:
+            stream = await asyncio.wait_for(
+                self._client.transport.open_stream(self._model, self._values, self.request_id), limit)
+        except asyncio.TimeoutError:
+            raise FirstTokenTimeoutError(f"no response within {limit}s (first-token timeout)") from None
+        try:
+            remaining = None if limit is None else max(0.0, limit - (self._client.clock() - started))
+            first = await asyncio.wait_for(stream.next_event(), remaining)
+        except asyncio.TimeoutError:
+            await stream.aclose()
+            raise FirstTokenTimeoutError(f"no response within {limit}s (first-token timeout)") from None
+        except BaseException:
+            await stream.aclose()
+            raise
+        return stream, first
+
+    async def _next(self, stream: ResponseStream) -> StreamEvent | None:
+        limit = self._client.config.timeouts.token_s
+        try:
+            return await asyncio.wait_for(stream.next_event(), limit)
+        except asyncio.TimeoutError:
+            raise TokenTimeoutError(
+                f"no response for {limit}s after {self.result.num_responses} response(s) (per-token timeout)"
+            ) from None
+
+    async def _send_stop(self) -> None:
+        config = self._client.config
+        try:
+            await self._client.transport.send_stop(config.stop_model, self.request_id)
+            log.debug("sent stop for request %s", self.request_id)
+        except RequestError as exc:
+            if any(hint in exc.message.lower() for hint in _ALREADY_FINISHED_HINTS):
+                log.debug("stop for %s: request already finished", self.request_id)
+            else:
+                log.warning("stop for request %s failed: %s", self.request_id, exc)
+        except Exception as exc:  # best effort: a failed stop must not mask the caller's outcome
+            log.warning("stop for request %s failed: %r", self.request_id, exc)

@@ -1,0 +1,33 @@
+"""The seam between the client logic and the wire: one protocol, two transports.
+
+A transport opens one request's response stream and sends `stop` requests. It
+reports an in-band server error as `RequestError` and a broken connection as
+`ServerConnectionError`; what that means (retry, or `finish_reason: error`)
+is decided by the caller, which knows whether data has already arrived.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol
+
+from .types import StreamEvent
+
+
+class ResponseStream(Protocol):
+    async def next_event(self) -> StreamEvent | None:
+        """The next response, or None once the stream has ended."""
+
+    async def aclose(self) -> None:
+        """Stop reading and release the connection or cancel the call; idempotent."""
+
+
+class Transport(Protocol):
+    name: str
+
+    async def open_stream(self, model: str, values: Mapping[str, Any], request_id: str) -> ResponseStream:
+        """Send one streaming request."""
+
+    async def send_stop(self, model: str, request_id: str) -> None:
+        """Ask `model` (the LLM step) to stop the request with this id."""
+
+    async def aclose(self) -> None:
+        """Close pooled connections."""

@@ -1,0 +1,179 @@
+"""Typed request options, stream events and the final result."""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from .timing import Timings
+
+SEGMENTS = ("token", "sentence", "paragraph")
+FINISH_REASONS = ("stop", "length", "cancelled", "timeout", "error", "content_filter")
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass
+class GenerationOptions:
+    """Mirrors the public inputs of `ensemble` / `llm_bls` (interface.md).
+
+    None means "not sent": the server's default applies. `messages` is a Python
+    list of {"role", "content"} dicts; the library JSON-encodes it.
+    """
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    min_tokens: int | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    length_penalty: float | None = None
+    stop_words: list[str] | None = None
+    bad_words: list[str] | None = None
+    messages: list[dict[str, str]] | None = None
+    end_id: int | None = None
+    pad_id: int | None = None
+    ignore_eos: bool | None = None
+    exclude_input_in_output: bool | None = None
+    segment: str | None = None
+    priority: int | None = None
+    token_timeout_ms: int | None = None
+    return_output_ids: bool | None = None
+    return_log_probs: bool | None = None
+    return_perf_metrics: bool | None = None
+    # Token counts are cheap and make TPOT exact, so they are asked for by default.
+    return_num_input_tokens: bool | None = True
+    return_num_output_tokens: bool | None = True
+    request_id: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_min("max_tokens", self.max_tokens, 1)
+        _check_min("top_k", self.top_k, 0)
+        _check_min("min_tokens", self.min_tokens, 0)
+        _check_min("seed", self.seed, 0)
+        _check_min("token_timeout_ms", self.token_timeout_ms, 1)
+        if self.temperature is not None and self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (got {self.temperature})")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] (got {self.top_p})")
+        if self.segment is not None and self.segment not in SEGMENTS:
+            raise ValueError(f"segment must be one of {SEGMENTS} (got {self.segment!r})")
+        for name in ("stop_words", "bad_words"):
+            words = getattr(self, name)
+            if words is not None and (isinstance(words, str) or not all(isinstance(w, str) and w for w in words)):
+                raise ValueError(f"{name} must be a list of non-empty strings")
+        if self.messages is not None:
+            _check_messages(self.messages)
+        if self.request_id is not None and not self.request_id:
+            raise ValueError("request_id must not be empty")
+
+
+def _check_min(name: str, value: int | None, minimum: int) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+        raise ValueError(f"{name} must be an integer >= {minimum} (got {value!r})")
+
+
+def _check_messages(messages: list[dict[str, str]]) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
+                or not isinstance(message.get("content"), str):
+            raise ValueError(f"messages[{index}] must be a dict with string 'role' and 'content'")
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """One response of a stream: a text delta and whatever came with it."""
+
+    text: str
+    finish_reason: str | None = None
+    num_input_tokens: int | None = None
+    num_output_tokens: int | None = None
+    output_ids: tuple[int, ...] = ()
+    cum_log_probs: tuple[float, ...] | None = None
+    output_log_probs: tuple[tuple[float, ...], ...] | None = None
+    perf_ns: dict[str, int] = field(default_factory=dict)  # arrival/first/last token times, server clock
+    final: bool = False
+    received_s: float = 0.0  # client clock (time.perf_counter)
+
+    @property
+    def carries_tokens(self) -> bool:
+        return bool(self.text) or bool(self.output_ids)
+
+
+@dataclass
+class GenerationResult:
+    """The whole answer of one request plus client-side timings."""
+
+    request_id: str
+    model: str
+    transport: str
+    timings: Timings
+    text: str = ""
+    finish_reason: str | None = None
+    num_input_tokens: int | None = None
+    num_output_tokens: int = 0  # sum of the per-delta counts (or of output_ids)
+    output_ids: list[int] = field(default_factory=list)
+    num_responses: int = 0
+    error: str | None = None
+    attempts: int = 1
+
+    def add(self, event: StreamEvent) -> None:
+        self.text += event.text
+        self.num_responses += 1
+        self.output_ids.extend(event.output_ids)
+        if event.num_output_tokens is not None:
+            self.num_output_tokens += event.num_output_tokens
+        elif event.output_ids:
+            self.num_output_tokens += len(event.output_ids)
+        if event.num_input_tokens is not None:
+            self.num_input_tokens = event.num_input_tokens
+        if event.finish_reason:
+            self.finish_reason = event.finish_reason
+        self.timings.record_response(event.received_s, event.carries_tokens)
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self.timings.ttft_s
+
+    @property
+    def e2e_s(self) -> float | None:
+        return self.timings.e2e_s
+
+    @property
+    def itl_s(self) -> list[float]:
+        return self.timings.itl_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        return self.timings.tpot_s(self.num_output_tokens)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "model": self.model,
+            "transport": self.transport,
+            "text": self.text,
+            "finish_reason": self.finish_reason,
+            "error": self.error,
+            "num_input_tokens": self.num_input_tokens,
+            "num_output_tokens": self.num_output_tokens,
+            "output_ids": self.output_ids or None,
+            "num_responses": self.num_responses,
+            "attempts": self.attempts,
+            "ttft_ms": _ms(self.ttft_s),
+            "tpot_ms": _ms(self.tpot_s),
+            "e2e_ms": _ms(self.e2e_s),
+            "itl_ms": [round(g * 1000, 3) for g in self.itl_s],
+            "chunk_gaps_ms": [round(g * 1000, 3) for g in self.timings.chunk_gaps_s],
+        }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)

@@ -1,0 +1,116 @@
+"""`python -m serving`: prepare the default model, render the repository, serve."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from .default_model import resolve_model_dir
+from .launcher import LaunchOptions, TritonServer, TritonStartError
+from .paths import BUILD_DIR
+from .repository import DeploymentSettings, render_repository
+from .triton_binary import TritonSetupError
+
+
+def _settings_from_args(args: argparse.Namespace) -> DeploymentSettings:
+    settings = DeploymentSettings(model_dir=str(resolve_model_dir(args.model_dir)))
+    fields = {f.name: f for f in dataclasses.fields(DeploymentSettings)}
+    for item in args.set or []:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in fields or key in ("model_dir", "extra"):
+            raise SystemExit(f"--set {item!r}: expected NAME=VALUE with NAME one of "
+                             f"{', '.join(sorted(k for k in fields if k not in ('model_dir', 'extra')))}")
+        current = getattr(settings, key)
+        if isinstance(current, bool):
+            value: object = raw.lower() in ("1", "true", "yes", "on")
+        elif isinstance(current, (int, float)):
+            value = type(current)(raw)
+        else:
+            value = raw
+        setattr(settings, key, value)
+    return settings
+
+
+def _curl_example(server: TritonServer) -> str:
+    body = {"text_input": "", "messages": json.dumps([{"role": "user", "content": "What is the capital of France?"}]),
+            "max_tokens": 32, "temperature": 0.0, "stream": True}
+    return (f"curl -N -X POST {server.http_url}/v2/models/ensemble/generate_stream \\\n"
+            f"     -H 'Content-Type: application/json' \\\n     -d '{json.dumps(body)}'")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    options = LaunchOptions(settings=_settings_from_args(args), http_port=args.http_port, grpc_port=args.grpc_port,
+                            metrics_port=args.metrics_port, address=args.address,
+                            log_file=Path(args.log_file) if args.log_file else None)
+    server = TritonServer(options)
+    print(f"starting tritonserver (model {options.settings.model_dir}); log: {server.log_path}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        server.start()
+    except (TritonStartError, TritonSetupError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"\nready.\n  HTTP     {server.http_url}  (generate, generate_stream)\n"
+          f"  gRPC     {server.grpc_url}  (ModelStreamInfer)\n  metrics  {server.metrics_url}\n"
+          f"\ntry:\n{_curl_example(server)}\n\nCtrl-C stops the server.", flush=True)
+    while not stop.wait(0.5):
+        if server.process is None or server.process.poll() is not None:
+            code = server.process.returncode if server.process else 1
+            print(f"tritonserver exited on its own (code {code}); see {server.log_path}", file=sys.stderr)
+            server.stop()
+            return code or 1
+    print("stopping tritonserver...", flush=True)
+    code = server.stop()
+    print(f"stopped (exit code {code}).")
+    return 0
+
+
+def cmd_prepare_model(args: argparse.Namespace) -> int:
+    print(resolve_model_dir(args.model_dir))
+    return 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    target = Path(args.output)
+    render_repository(_settings_from_args(args), target)
+    print(target)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    parser = argparse.ArgumentParser(prog="python -m serving", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def model_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--model-dir", help="a local HF causal-LM folder (default: $LLM_MODEL_DIR or SmolLM2-135M)")
+        p.add_argument("--set", action="append", metavar="NAME=VALUE",
+                       help="override a deployment setting, e.g. --set dtype=bfloat16 (repeatable)")
+
+    serve = sub.add_parser("serve", help="run tritonserver in the foreground")
+    model_args(serve)
+    serve.add_argument("--http-port", type=int, default=8000)
+    serve.add_argument("--grpc-port", type=int, default=8001)
+    serve.add_argument("--metrics-port", type=int, default=8002)
+    serve.add_argument("--address", default="0.0.0.0")
+    serve.add_argument("--log-file", help=f"server log (default {BUILD_DIR}/tritonserver.log)")
+    serve.set_defaults(func=cmd_serve)
+
+    prep = sub.add_parser("prepare-model", help="convert the default model once; print its folder")
+    prep.add_argument("--model-dir")
+    prep.set_defaults(func=cmd_prepare_model)
+
+    render = sub.add_parser("render", help="render the model repository for another deployment")
+    model_args(render)
+    render.add_argument("--output", default=str(BUILD_DIR / "model_repository"))
+    render.set_defaults(func=cmd_render)
+
+    args = parser.parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,66 @@
+"""Shared fixtures: the default model folder and real tritonserver instances.
+
+Every server a test starts is stopped by its fixture. Ports are picked free
+so tests never collide with a `make serve` running on 8000-8002.
+"""
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from serving.default_model import ensure_default_model
+from serving.launcher import LaunchOptions, TritonServer
+from serving.repository import DeploymentSettings
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    return ensure_default_model()
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+ServerFactory = Callable[..., TritonServer]
+
+
+@pytest.fixture(scope="session")
+def start_triton(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerFactory]:
+    """Start a real tritonserver with DeploymentSettings overrides; all are
+    stopped at the end of the session (or earlier by the test)."""
+    started: list[TritonServer] = []
+
+    def start(**overrides: object) -> TritonServer:
+        settings = DeploymentSettings(model_dir=str(model_dir), **overrides)  # type: ignore[arg-type]
+        http, grpc, metrics = _free_ports(3)
+        work = tmp_path_factory.mktemp("triton")
+        server = TritonServer(LaunchOptions(settings=settings, http_port=http, grpc_port=grpc,
+                                            metrics_port=metrics, address="127.0.0.1", work_dir=work,
+                                            ready_timeout_s=300))
+        t0 = time.monotonic()
+        server.start()
+        print(f"\n[tritonserver ready in {time.monotonic() - t0:.1f} s on :{http}; log {server.log_path}]")
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def triton_server(start_triton: ServerFactory) -> TritonServer:
+    """The default deployment, shared by the tests that need nothing special."""
+    return start_triton(postprocessing_instances=4, max_queue_size=512)
