@@ -1,13 +1,14 @@
 """Per-request incremental detokenization: token ids in, clean text deltas out.
 
 The method is vLLM's prefix/read offsets (vLLM PR #984): decode a short window
-of ids twice, with and without the newest ones, and emit only the difference.
-Decoding from a little context before the new ids keeps the decoder's
-word-boundary rules (SentencePiece's "▁" → space, stripped only at the very
-start) correct, so spaces are neither lost nor doubled (field-notes row 2);
-and text ending in U+FFFD means a UTF-8 character is still incomplete, so it is
-held back until its last byte arrives (row 1). Work per token is bounded by
-the window, never the whole output.
+of ids that starts a little before the new ones, and emit only what the
+already emitted part of the window does not cover. Decoding with that bit of
+context keeps the decoder's word-boundary rules right (SentencePiece's "▁" →
+space is stripped only at the very start of a text), so spaces are neither
+lost nor doubled (field-notes row 2). Text ending in U+FFFD is an incomplete
+UTF-8 character: the window only moves past a token boundary where the text is
+whole, and the unfinished character is held back until its last byte arrives
+(row 1). Work per token is bounded by the window, never the whole output.
 
 ``tokenizers.decoders.DecodeStream`` does the same, but it cannot flush what it
 holds back at the end of a stream, so the window is kept here.
@@ -19,9 +20,13 @@ from collections.abc import Iterable
 from tokenizers import Tokenizer
 
 _REPLACEMENT = "\ufffd"
-# More ids than a UTF-8 character can need (4 bytes, one id each): the U+FFFD
-# is then real (invalid bytes), and holding back longer would stall the stream.
-_MAX_PENDING_IDS = 8
+# A UTF-8 character has at most 4 bytes, so a whole-text token boundary is
+# normally found within a few ids of the end; look a little further for tokens
+# that straddle characters.
+_BOUNDARY_SEARCH_IDS = 8
+# Past this many ids without a whole-text boundary the U+FFFD is real (invalid
+# bytes from the model): emit it rather than let the window grow without end.
+_MAX_PENDING_IDS = 64
 
 
 class IncrementalDetokenizer:
@@ -29,43 +34,56 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
-        self._skip_special = skip_special_tokens
         self._special_ids: frozenset[int] = (
             frozenset(i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special)
             if skip_special_tokens else frozenset())
-        # The window: ids[:read] were already emitted and only give context;
-        # ids[read:] are not emitted yet.
+        # The window: ids[:read] end on a whole character and give context;
+        # ids[read:] came after. The first `emitted` characters of the
+        # window's text were already returned.
         self._ids: list[int] = []
         self._read = 0
-        self._prefix_text = ""
+        self._emitted = 0
 
     def push(self, token_ids: Iterable[int]) -> str:
         """Add generated ids; returns the text they complete (may be "")."""
         # Special tokens are dropped before decoding rather than by the decoder,
-        # so they can never become a window's first token and shift its start.
+        # so they can never be a window's first token and shift where it starts.
         new_ids = [int(t) for t in token_ids if int(t) not in self._special_ids]
         if not new_ids:
             return ""
         self._ids.extend(new_ids)
         text = self._decode(self._ids)
-        if text.endswith(_REPLACEMENT) and len(self._ids) - self._read < _MAX_PENDING_IDS:
-            return ""
-        return self._advance(text)
+        if not text.endswith(_REPLACEMENT) or len(self._ids) - self._read > _MAX_PENDING_IDS:
+            return self._advance(text, len(self._ids))
+        # The text ends mid-character: find the last boundary where it is whole.
+        lowest = max(self._read + 1, len(self._ids) - _BOUNDARY_SEARCH_IDS)
+        for boundary in range(len(self._ids) - 1, lowest - 1, -1):
+            head = self._decode(self._ids[:boundary])
+            if not head.endswith(_REPLACEMENT):
+                return self._advance(head, boundary)
+        # Tokens straddling characters: emit what is already final, keep the window.
+        return self._take(text.rstrip(_REPLACEMENT))
 
     def flush(self) -> str:
         """Whatever is still held back (an incomplete character decodes to U+FFFD)."""
-        if self._read == len(self._ids):
+        if not self._ids:
             return ""
-        return self._advance(self._decode(self._ids))
+        delta = self._take(self._decode(self._ids))
+        self._ids, self._read, self._emitted = [], 0, 0
+        return delta
 
-    def _advance(self, text: str) -> str:
-        # The window's context decodes the same with or without the new ids
-        # (it ended on a whole character), so the delta is a plain suffix.
-        delta = text[len(self._prefix_text):]
-        # The ids just emitted become the next window's context.
+    def _take(self, text: str) -> str:
+        delta = text[self._emitted:]
+        self._emitted = max(self._emitted, len(text))
+        return delta
+
+    def _advance(self, text: str, boundary: int) -> str:
+        """Emit ``text`` (the window's text up to ``boundary``) and start the
+        next window at the previous boundary, so it has context."""
+        delta = self._take(text)
         self._ids = self._ids[self._read:]
-        self._read = len(self._ids)
-        self._prefix_text = self._decode(self._ids)
+        self._read = boundary - self._read
+        self._emitted = len(self._decode(self._ids[:self._read]))
         return delta
 
     def _decode(self, ids: list[int]) -> str:

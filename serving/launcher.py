@@ -23,6 +23,10 @@ log = logging.getLogger(__name__)
 
 # Triton's own error lines look like "E1129 12:00:00.123 123 file.cc:45] msg"
 _ERROR_LINE = re.compile(r"^E\d{4} .*?\] (.*)$")
+# Harmless on a CPU machine (see docs/triton-on-cpu.md): not the cause of anything.
+_HARMLESS = ("CudaDriverHelper", "NVML", "DCGM", "pinned")
+# Lines after which the server will never become ready, though it may not exit.
+_FATAL = ("error while loading shared libraries", "failed to load", "Traceback (most recent call last)")
 
 
 class TritonStartError(RuntimeError):
@@ -98,6 +102,8 @@ class TritonServer:
         # The stub embeds CPython and ignores PYTHONPATH; it finds the venv's
         # site-packages through the first python on PATH.
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+        libs = str(find_triton().libraries)
+        env["LD_LIBRARY_PATH"] = libs + (os.pathsep + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_handle = open(self.log_path, "wb")
         cmd = self.command(repository, backends)
@@ -125,13 +131,18 @@ class TritonServer:
                 raise TritonStartError(self._failure_message(f"tritonserver exited with code {self.process.returncode}"))
             if self.is_ready():
                 return
+            fatal = [line for line in self.read_log().splitlines() if any(f in line for f in _FATAL)]
+            if fatal:
+                time.sleep(1.0)  # let the rest of the traceback reach the log
+                raise TritonStartError(self._failure_message("tritonserver cannot start"))
             time.sleep(0.25)
         raise TritonStartError(self._failure_message(f"tritonserver not ready after {timeout_s:.0f} s"))
 
     def _failure_message(self, headline: str) -> str:
         lines = self.read_log().splitlines()
-        errors = [m.group(1) for line in lines if (m := _ERROR_LINE.match(line))]
-        hints = [line for line in lines if "Error" in line or "error:" in line][-5:]
+        errors = [m.group(1) for line in lines
+                  if (m := _ERROR_LINE.match(line)) and not any(h in line for h in _HARMLESS)]
+        hints = [line for line in lines if any(f in line for f in _FATAL) or "Error:" in line]
         first = errors[0] if errors else (hints[0] if hints else "(no error line in the log)")
         tail = "\n".join(lines[-25:])
         return f"{headline}\nfirst error: {first}\nlog: {self.log_path}\n--- last lines ---\n{tail}"

@@ -27,6 +27,12 @@ class TritonInstall:
     def python_backend(self) -> Path:
         return self.root / "backends" / "python"
 
+    @property
+    def libraries(self) -> Path:
+        # the wheel's bundled shared libraries; the binaries find them by a
+        # relative RPATH, which a copied stub no longer resolves
+        return self.root.parent.parent / "nvidia_pytriton.libs"
+
     def stub_for(self, version: tuple[int, int]) -> Path:
         return self.root / "python_backend_stubs" / f"{version[0]}.{version[1]}" / "triton_python_backend_stub"
 

@@ -3,9 +3,9 @@
 A Request is exactly one generated sequence: its tokens, its KV progress and
 its timing. Parallel sampling (n > 1) is meant to fan out into child Requests
 that share the prompt through the prefix cache (vLLM v1's ParentRequest), so
-everything per-sequence lives here and `parent_request_id` links children;
-per-request logits processors go in `logits_processors`. Only the engine loop
-thread mutates a Request after it is queued.
+everything per-sequence lives here and `parent_request_id` links children
+(logits processors travel in SamplingParams). Only the engine loop thread
+mutates a Request after it is queued.
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ class Request:
         "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
         "token_timeout_ns", "deadline_mono_ns", "admit_seq",
         "finish_reason", "error", "num_returned_tokens", "on_output",
-        "stop_token_ids", "parent_request_id", "logits_processors",
+        "stop_token_ids", "parent_request_id",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
@@ -97,7 +97,6 @@ class Request:
         self.on_output = on_output
         self.stop_token_ids = frozenset(sampling.stop_token_ids)
         self.parent_request_id: str | None = None
-        self.logits_processors: list[Any] = []
 
     @property
     def num_tokens(self) -> int:

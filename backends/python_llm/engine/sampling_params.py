@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 
 class InvalidRequestError(ValueError):
@@ -25,6 +26,9 @@ class SamplingParams:
     bad_words_ids: list[list[int]] = field(default_factory=list)
     return_log_probs: bool = False
     token_timeout_ms: int | None = None  # None = engine default; 0 = off
+    # hooks for guided decoding etc.: fn(output_token_ids, logits[vocab]) -> logits,
+    # applied by the sampler before penalties (see engine/sampler.py)
+    logits_processors: list[Callable[[list[int], Any], Any]] = field(default_factory=list)
 
     def validate(self, max_tokens_limit: int) -> None:
         def bad(name: str, what: str) -> InvalidRequestError:

@@ -1,0 +1,86 @@
+"""Paged attention over the block-structured K/V cache, built from PyTorch's
+`scaled_dot_product_attention` so it runs unchanged on CPU and CUDA.
+
+Decodes (one new token each) are batched: every sequence's blocks are
+gathered into one padded [seqs, kv_heads, context, head_dim] tensor and a
+boolean mask hides the padding. Grouped-query attention needs no repeated
+K/V: a decode's query heads that share a KV head become the query rows of
+that head ([seqs, kv_heads, group, head_dim]).
+Prefill chunks run one sequence at a time (they are few and large); a chunk
+with no cached prefix attends to itself with the built-in causal mask, one
+that continues a cached prefix gathers its blocks and uses an offset mask.
+All index tensors are built once per step (`AttentionMetadata`) and shared
+by every layer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .kv_cache import PagedKVCache
+
+
+@dataclass
+class PrefillChunk:
+    token_offset: int              # first row of this chunk in the flattened step batch
+    num_tokens: int
+    context_len: int               # start_position + num_tokens
+    # only when the chunk continues a cached prefix:
+    block_ids: torch.Tensor | None = None   # [blocks covering context_len]
+    mask: torch.Tensor | None = None        # [num_tokens, context_len] bool, True = attend
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor                 # [T] cache slot of every new token
+    num_decodes: int = 0                       # rows 0..num_decodes-1 are single-token decodes
+    decode_block_ids: torch.Tensor | None = None   # [num_decodes * decode_blocks] padded tables
+    decode_blocks: int = 0
+    decode_mask: torch.Tensor | None = None    # [num_decodes, 1, 1, decode_blocks*block_size]
+    prefills: list[PrefillChunk] = field(default_factory=list)
+
+
+def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int) -> torch.Tensor:
+    """[kv_heads, blocks, bs, d] → [seqs, kv_heads, blocks_per_seq*bs, d]."""
+    heads, _, block_size, d = cache.shape
+    gathered = cache.index_select(1, block_ids)
+    return gathered.view(heads, num_seqs, -1, d).transpose(0, 1)
+
+
+def paged_attention(layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    meta: AttentionMetadata, cache: PagedKVCache, scale: float) -> torch.Tensor:
+    """Attention for one layer. query [T, heads, d], key/value [T, kv_heads, d]
+    (already written to the cache). Returns [T, heads * d]."""
+    num_tokens, num_heads, d = query.shape
+    kv_heads = key.shape[1]
+    group = num_heads // kv_heads
+    outputs: list[torch.Tensor] = []
+
+    if meta.num_decodes:
+        n = meta.num_decodes
+        k = _gather_blocks(cache.keys[layer], meta.decode_block_ids, n)
+        v = _gather_blocks(cache.values[layer], meta.decode_block_ids, n)
+        q = query[:n].view(n, kv_heads, group, d)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=meta.decode_mask, scale=scale)
+        outputs.append(out.reshape(n, num_heads * d))
+
+    for chunk in meta.prefills:
+        rows = slice(chunk.token_offset, chunk.token_offset + chunk.num_tokens)
+        q = query[rows].transpose(0, 1).unsqueeze(0)                  # [1, heads, t, d]
+        if chunk.block_ids is None:
+            k = key[rows].transpose(0, 1).unsqueeze(0)
+            v = value[rows].transpose(0, 1).unsqueeze(0)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                                 enable_gqa=group > 1)
+        else:
+            k = _gather_blocks(cache.keys[layer], chunk.block_ids, 1)[:, :, :chunk.context_len]
+            v = _gather_blocks(cache.values[layer], chunk.block_ids, 1)[:, :, :chunk.context_len]
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=chunk.mask, scale=scale,
+                                                 enable_gqa=group > 1)
+        outputs.append(out.squeeze(0).transpose(0, 1).reshape(chunk.num_tokens, num_heads * d))
+
+    if len(outputs) == 1:
+        return outputs[0]
+    return torch.cat(outputs, dim=0)

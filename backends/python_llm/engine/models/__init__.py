@@ -1,0 +1,30 @@
+"""Model implementations the engine can run, chosen by config.json's
+`architectures`."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..model_info import ModelFolderError, read_json
+from .llama import LlamaForCausalLM, LlamaSpec
+from .loader import load_weights
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+def build_model(model_dir: str | Path, max_positions: int, dtype: torch.dtype,
+                device: torch.device) -> LlamaForCausalLM:
+    """Instantiate the model named by the folder's config.json and load its weights."""
+    config = read_json(Path(model_dir) / "config.json")
+    architectures = config.get("architectures") or []
+    if not any(arch in SUPPORTED_ARCHITECTURES for arch in architectures):
+        raise ModelFolderError(
+            f"architectures: {architectures} not supported; this engine runs {', '.join(SUPPORTED_ARCHITECTURES)}")
+    spec = LlamaSpec.from_hf_config(config)
+    model = LlamaForCausalLM(spec, max_positions, dtype, device)
+    load_weights(model, model_dir)
+    return model.eval()
+
+
+__all__ = ["SUPPORTED_ARCHITECTURES", "LlamaForCausalLM", "LlamaSpec", "build_model", "load_weights"]

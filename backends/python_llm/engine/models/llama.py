@@ -1,0 +1,194 @@
+"""Llama-family decoder (Llama 2/3, SmolLM, Mistral, Qwen2) over the paged KV
+cache. Every step's tokens are one flat [T, hidden] batch, so each projection
+is one GEMM; q/k/v and gate/up are fused into single weights by the loader.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..attention import AttentionMetadata, paged_attention
+from ..kv_cache import PagedKVCache
+from ..model_info import ModelFolderError
+
+
+@dataclass(frozen=True)
+class LlamaSpec:
+    """The architecture numbers, normalised from an HF config.json."""
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_hf_config(cls, config: dict[str, Any]) -> "LlamaSpec":
+        if config.get("hidden_act", "silu") != "silu":
+            raise ModelFolderError(f"hidden_act: only 'silu' is supported, got {config['hidden_act']!r}")
+        model_type = config.get("model_type", "llama")
+        num_heads = int(config["num_attention_heads"])
+        # transformers 5 keeps rope settings in `rope_parameters`; 4.x in
+        # `rope_theta` + `rope_scaling`
+        rope = dict(config.get("rope_parameters") or {})
+        legacy_scaling = config.get("rope_scaling")
+        if legacy_scaling:
+            rope.update(legacy_scaling)
+        rope_theta = float(rope.get("rope_theta", config.get("rope_theta", 10000.0)))
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", "llama3"):
+            raise ModelFolderError(f"rope_type: only 'default' and 'llama3' are supported, got {rope_type!r}")
+        if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise ModelFolderError("partial_rotary_factor: only 1.0 is supported")
+        attention_bias = bool(config.get("attention_bias", False))
+        qwen2 = model_type == "qwen2"
+        return cls(
+            hidden_size=int(config["hidden_size"]),
+            intermediate_size=int(config["intermediate_size"]),
+            num_layers=int(config["num_hidden_layers"]),
+            num_heads=num_heads,
+            num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
+            head_dim=int(config.get("head_dim") or int(config["hidden_size"]) // num_heads),
+            vocab_size=int(config["vocab_size"]),
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            rope_scaling={**rope, "rope_type": rope_type} if rope_type != "default" else None,
+            max_position_embeddings=int(config["max_position_embeddings"]),
+            qkv_bias=qwen2 or attention_bias,   # Qwen2 always has q/k/v bias
+            o_bias=attention_bias and not qwen2,
+            mlp_bias=bool(config.get("mlp_bias", False)),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        )
+
+
+def rope_inverse_frequencies(spec: LlamaSpec) -> torch.Tensor:
+    """HF's `default` and `llama3` inverse frequencies, in fp32."""
+    d = spec.head_dim
+    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    scaling = spec.rope_scaling
+    if scaling is None:
+        return inv_freq
+    factor = float(scaling["factor"])
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    old_len = float(scaling["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old_len / high) * ~(wavelen > old_len / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+class RotaryTable(nn.Module):
+    """cos/sin for every position, computed once; a step just indexes it."""
+
+    def __init__(self, spec: LlamaSpec, max_positions: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        inv_freq = rope_inverse_frequencies(spec)
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos().to(dtype), persistent=False)
+        self.register_buffer("sin", emb.sin().to(dtype), persistent=False)
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T] positions → cos, sin shaped [T, 1, head_dim] (broadcast over heads)."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size, dtype=dtype, device=device), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # HF order of operations (fp32 statistics, weight applied after the
+        # cast back), so fp32 results match the reference bit for bit
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, index: int, spec: LlamaSpec, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.index = index
+        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.scale = spec.head_dim ** -0.5
+        h, d = spec.hidden_size, spec.head_dim
+        qkv_out = (spec.num_heads + 2 * spec.num_kv_heads) * d
+        self.input_layernorm = RMSNorm(h, spec.rms_norm_eps, dtype, device)
+        self.post_attention_layernorm = RMSNorm(h, spec.rms_norm_eps, dtype, device)
+        self.qkv_weight = _param(qkv_out, h, dtype=dtype, device=device)
+        self.qkv_bias = _param(qkv_out, dtype=dtype, device=device) if spec.qkv_bias else None
+        self.o_weight = _param(h, spec.num_heads * d, dtype=dtype, device=device)
+        self.o_bias = _param(h, dtype=dtype, device=device) if spec.o_bias else None
+        self.gate_up_weight = _param(2 * spec.intermediate_size, h, dtype=dtype, device=device)
+        self.gate_up_bias = _param(2 * spec.intermediate_size, dtype=dtype, device=device) if spec.mlp_bias else None
+        self.down_weight = _param(h, spec.intermediate_size, dtype=dtype, device=device)
+        self.down_bias = _param(h, dtype=dtype, device=device) if spec.mlp_bias else None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                meta: AttentionMetadata, cache: PagedKVCache) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = F.linear(self.input_layernorm(x), self.qkv_weight, self.qkv_bias)
+        qkv = qkv.view(t, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        qk = rotate(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads:]
+        v = qkv[:, self.num_heads + self.num_kv_heads:]
+        cache.write(self.index, k, v, meta.slot_mapping)
+        attn = paged_attention(self.index, q, k, v, meta, cache, self.scale)
+        x = x + F.linear(attn, self.o_weight, self.o_bias)
+
+        gate, up = F.linear(self.post_attention_layernorm(x), self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, self.down_weight, self.down_bias)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, spec: LlamaSpec, max_positions: int, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embed_tokens = _param(spec.vocab_size, spec.hidden_size, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(DecoderLayer(i, spec, dtype, device) for i in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
+        # tied models share the embedding matrix; the loader sets it
+        self.lm_head: torch.Tensor = self.embed_tokens if spec.tie_word_embeddings else _param(
+            spec.vocab_size, spec.hidden_size, dtype=dtype, device=device)
+        self.rotary = RotaryTable(spec, max_positions, dtype).to(device)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                meta: AttentionMetadata, cache: PagedKVCache) -> torch.Tensor:
+        """[T] tokens → [T, hidden] last-layer states (before the final norm)."""
+        x = F.embedding(input_ids, self.embed_tokens)
+        cos, sin = self.rotary.lookup(positions)
+        for layer in self.layers:
+            x = layer(x, cos, sin, meta, cache)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head for the rows that are sampled; fp32 logits."""
+        return F.linear(self.norm(hidden), self.lm_head).float()

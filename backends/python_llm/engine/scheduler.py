@@ -1,0 +1,342 @@
+"""Iteration-level scheduling (Orca, vLLM v1): each `schedule()` call picks
+the work of one engine step under a token budget and a sequence limit.
+
+Order of service each step:
+  1. running requests that decode (one token each), so streams never stall;
+  2. running requests still prefilling, a chunk each from what budget is left;
+  3. waiting requests by (priority desc, arrival), only if nothing was
+     preempted this step and their blocks can be allocated.
+`running` stays sorted by (priority desc, admission order), so the last one
+is always the preemption victim: the latest admitted of the lowest priority.
+Preemption is by recompute: its blocks are freed and it re-prefills prompt +
+generated tokens later (the prefix cache usually serves most of them).
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from typing import Iterable
+
+from . import metrics as m
+from .config import EngineConfig
+from .kv_cache_manager import KVCacheManager
+from .metrics import MetricsSink
+from .outputs import RequestOutput
+from .request import FINISHED_STATUS, FinishReason, Request, RequestStatus
+from .scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
+from .waiting_queue import WaitingQueue
+
+log = logging.getLogger(__name__)
+RUNNING = RequestStatus.RUNNING
+
+
+def _running_key(request: Request) -> tuple[int, int]:
+    return (-request.priority, request.admit_seq)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, num_blocks: int, max_model_len: int,
+                 metrics: MetricsSink | None = None) -> None:
+        self.block_size = config.block_size
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.chunked = config.enable_chunked_context
+        self.max_model_len = max_model_len
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_kv_cache_reuse)
+        self.metrics = metrics if metrics is not None else MetricsSink()
+        self.waiting = WaitingQueue()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._finished_ids: list[str] = []       # runner state to drop, sent with the next step
+        self._admissions = 0
+        self._num_with_timeout = 0
+        self._last_output: SchedulerOutput | None = None
+        self._last_requests: list[Request] = []   # parallel to _last_output.sequences
+
+    # -- state -----------------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id: {request.request_id!r} is already scheduled")
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+        if request.token_timeout_ns:
+            self._num_with_timeout += 1
+
+    # -- scheduling ------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        running = self.running
+        kv = self.kv
+        decodes: list[ScheduledSequence] = []
+        decode_reqs: list[Request] = []
+        prefills: list[ScheduledSequence] = []
+        prefill_reqs: list[Request] = []
+        prefilling: list[Request] = []
+        preempted = False
+
+        # 1. decodes; a decode that finds no block preempts from the back
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            if req.num_tokens - req.num_computed_tokens != 1:
+                prefilling.append(req)
+                i += 1
+                continue
+            while not kv.allocate_slots(req, 1):
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            if req.status is not RUNNING:
+                break
+            decodes.append(self._scheduled(req, 1))
+            decode_reqs.append(req)
+            budget -= 1
+            i += 1
+
+        # 2. chunks of running prefills; they may only preempt prefills not yet
+        # scheduled this step (a decode victim would have to be unscheduled)
+        chunked_ids: set[str] = set()
+        for req in prefilling:
+            if budget <= 0:
+                break
+            if req.status is not RUNNING:
+                continue
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            while not kv.allocate_slots(req, num_new):
+                victim = running[-1]
+                if victim is not req and (victim.num_tokens - victim.num_computed_tokens == 1
+                                          or victim.request_id in chunked_ids):
+                    break
+                running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is req:
+                    break
+            else:
+                prefills.append(self._scheduled(req, num_new))
+                prefill_reqs.append(req)
+                chunked_ids.add(req.request_id)
+                budget -= num_new
+
+        # 3. admissions
+        if not preempted:
+            budget = self._admit(budget, prefills, prefill_reqs)
+
+        sequences = decodes + prefills
+        out = SchedulerOutput(sequences=sequences, num_batched_tokens=self.max_num_batched_tokens - budget)
+        if sequences and self._finished_ids:
+            out.finished_request_ids = self._finished_ids
+            self._finished_ids = []
+        self._last_output = out
+        self._last_requests = decode_reqs + prefill_reqs
+        return out
+
+    def _admit(self, budget: int, prefills: list[ScheduledSequence], prefill_reqs: list[Request]) -> int:
+        waiting = self.waiting
+        running = self.running
+        kv = self.kv
+        while waiting and budget > 0 and len(running) < self.max_num_seqs:
+            req = waiting.peek()
+            hits, num_cached = kv.get_computed_blocks(req)
+            num_new = req.num_tokens - num_cached
+            if num_new > budget:
+                # without chunking a prefill must fit whole, unless it never
+                # could (a resumed request whose prompt + output grew past it)
+                if not self.chunked and num_new <= self.max_num_batched_tokens:
+                    break
+                num_new = budget
+            if not kv.allocate_slots(req, num_new, hits):
+                break   # strict order: nobody overtakes the head of the queue
+            waiting.popleft()
+            req.num_computed_tokens = num_cached
+            if req.status is RequestStatus.WAITING:
+                now = time.time_ns()
+                req.first_scheduled_time_ns = now
+                req.num_cached_tokens = num_cached
+                self.metrics.counter_add(m.PROMPT_TOKENS, req.num_prompt_tokens)
+                self.metrics.histogram_observe(m.REQUEST_QUEUE_TIME, (now - req.arrival_time_ns) / 1e9)
+            if num_cached:
+                self.metrics.counter_add(m.PREFIX_CACHE_HIT_TOKENS, num_cached)
+            req.status = RUNNING
+            self._admissions += 1
+            req.admit_seq = self._admissions
+            bisect.insort(running, req, key=_running_key)
+            prefills.append(self._scheduled(req, num_new))
+            prefill_reqs.append(req)
+            budget -= num_new
+        return budget
+
+    def _scheduled(self, req: Request, num_new: int) -> ScheduledSequence:
+        start = req.num_computed_tokens
+        if num_new == 1:
+            token_ids = [req.all_token_ids[start]]
+        else:
+            token_ids = req.all_token_ids[start:start + num_new]
+        return ScheduledSequence(
+            request_id=req.request_id, token_ids=token_ids, start_position=start,
+            block_table=self.kv.block_ids(req.request_id), sample=start + num_new == req.num_tokens,
+            sampling=req.sampling, output_token_ids=req.output_token_ids,
+            prompt_token_ids=req.prompt_token_ids, seed=req.sampling.seed)
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        self.waiting.appendleft(req)
+        self.metrics.counter_add(m.PREEMPTIONS, 1)
+        log.debug("preempted request_id=%s output_tokens=%d", req.request_id, req.num_output_tokens)
+
+    # -- results ---------------------------------------------------------------
+    def update_from_output(self, scheduled: SchedulerOutput, runner_output: RunnerOutput) -> list[RequestOutput]:
+        if scheduled is not self._last_output:
+            raise RuntimeError("update_from_output: not the output of the last schedule() call")
+        sampled = {s.request_id: s for s in runner_output.sampled}
+        now = time.time_ns()
+        now_mono = time.monotonic_ns()
+        outputs: list[RequestOutput] = []
+        gaps: list[float] = []
+        finished_running = False
+        num_applied = 0
+        kv = self.kv
+        for seq, req in zip(scheduled.sequences, self._last_requests):
+            if req.status is not RUNNING:
+                continue   # ended between execute and update (timeout)
+            req.num_computed_tokens += len(seq.token_ids)
+            kv.cache_computed_blocks(req)
+            if not seq.sample:
+                continue
+            token = sampled.get(req.request_id)
+            if token is None:
+                raise RuntimeError(f"runner returned no token for request {req.request_id!r}")
+            req.append_output_token(token.token_id, token.logprob)
+            num_applied += 1
+            if req.first_token_time_ns is None:
+                req.first_token_time_ns = now
+                self.metrics.histogram_observe(m.TIME_TO_FIRST_TOKEN, (now - req.arrival_time_ns) / 1e9)
+            else:
+                gaps.append((now - req.last_token_time_ns) / 1e9)  # type: ignore[operator]
+            req.last_token_time_ns = now
+            if req.token_timeout_ns:
+                req.deadline_mono_ns = now_mono + req.token_timeout_ns
+            reason, returned = self._check_stop(req, token.token_id)
+            if returned:
+                new_ids = [token.token_id]
+                new_lps = None if req.output_logprobs is None else [req.output_logprobs[-1]]
+                req.num_returned_tokens += 1
+            else:
+                new_ids, new_lps = [], ([] if req.output_logprobs is not None else None)
+            if reason is None:
+                outputs.append(self._output(req, new_ids, new_lps, False))
+            else:
+                outputs.append(self._finish(req, reason, None, new_ids, new_lps, remove=False))
+                finished_running = True
+        if finished_running:
+            self.running = [r for r in self.running if r.status is RUNNING]
+        if num_applied:
+            self.metrics.counter_add(m.GENERATION_TOKENS, num_applied)
+        if gaps:
+            self.metrics.histogram_observe_many(m.INTER_TOKEN_LATENCY, gaps)
+        return outputs
+
+    def _check_stop(self, req: Request, token_id: int) -> tuple[FinishReason | None, bool]:
+        """(finish reason or None, whether `token_id` is returned to the client)."""
+        sp = req.sampling
+        n = len(req.output_token_ids)
+        # the EOS itself is not returned, so `n > min_tokens` leaves min_tokens returned
+        if not sp.ignore_eos and token_id in req.stop_token_ids and n > sp.min_tokens:
+            return FinishReason.STOP, False
+        if sp.stop_words_ids and n >= sp.min_tokens:
+            out = req.output_token_ids
+            for word in sp.stop_words_ids:
+                if word and word[-1] == token_id and len(word) <= n and out[n - len(word):] == word:
+                    return FinishReason.STOP, True
+        if n >= sp.max_tokens or req.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH, True
+        return None, True
+
+    # -- endings ---------------------------------------------------------------
+    def abort(self, request_ids: Iterable[str], reason: FinishReason = FinishReason.CANCELLED,
+              error: str | None = None) -> list[RequestOutput]:
+        """End live requests between steps; unknown or finished ids are skipped."""
+        outputs = []
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is not None:
+                outputs.append(self._finish(req, reason, error, [], None))
+        return outputs
+
+    def abort_all(self, reason: FinishReason, error: str | None = None) -> list[RequestOutput]:
+        return self.abort(list(self.requests), reason, error)
+
+    def expire_timeouts(self, now_mono_ns: int | None = None) -> list[RequestOutput]:
+        """End requests whose next token is overdue (the first one counted
+        from arrival). Costs nothing when no live request has a timeout."""
+        if not self._num_with_timeout:
+            return []
+        now = time.monotonic_ns() if now_mono_ns is None else now_mono_ns
+        expired = [r.request_id for r in self.requests.values() if r.deadline_mono_ns and now >= r.deadline_mono_ns]
+        return self.abort(expired, FinishReason.TIMEOUT) if expired else []
+
+    def next_deadline_mono_ns(self) -> int | None:
+        if not self._num_with_timeout:
+            return None
+        return min((r.deadline_mono_ns for r in self.requests.values() if r.deadline_mono_ns), default=None)
+
+    def _finish(self, req: Request, reason: FinishReason, error: str | None,
+                new_ids: list[int], new_lps: list[float] | None, remove: bool = True) -> RequestOutput:
+        if remove:
+            if req.status is RUNNING:
+                self.running.remove(req)
+            else:
+                self.waiting.remove(req)
+        req.status = FINISHED_STATUS[reason]
+        req.finish_reason = reason
+        req.error = error
+        self.kv.free(req)
+        del self.requests[req.request_id]
+        self._finished_ids.append(req.request_id)
+        if req.token_timeout_ns:
+            self._num_with_timeout -= 1
+        self._record_finish(req, reason)
+        if new_lps is None and req.output_logprobs is not None:
+            new_lps = []
+        return self._output(req, new_ids, new_lps, True)
+
+    def _record_finish(self, req: Request, reason: FinishReason) -> None:
+        metrics = self.metrics
+        if reason is FinishReason.CANCELLED:
+            metrics.counter_add(m.REQUESTS_CANCELLED, 1)
+        elif reason is FinishReason.TIMEOUT:
+            metrics.counter_add(m.REQUESTS_TIMED_OUT, 1)
+        end = req.last_token_time_ns if reason in (FinishReason.STOP, FinishReason.LENGTH) else time.time_ns()
+        metrics.histogram_observe(m.E2E_REQUEST_LATENCY, ((end or 0) - req.arrival_time_ns) / 1e9)
+        n = req.num_output_tokens
+        if req.first_token_time_ns is not None and n > 1 and req.last_token_time_ns is not None:
+            metrics.histogram_observe(m.TIME_PER_OUTPUT_TOKEN,
+                                      (req.last_token_time_ns - req.first_token_time_ns) / 1e9 / (n - 1))
+        log.info("request finished request_id=%s reason=%s prompt_tokens=%d output_tokens=%d cached_tokens=%d",
+                 req.request_id, reason.value, req.num_prompt_tokens, n, req.num_cached_tokens)
+
+    @staticmethod
+    def _output(req: Request, new_ids: list[int], new_lps: list[float] | None, finished: bool) -> RequestOutput:
+        return RequestOutput(
+            request_id=req.request_id, new_token_ids=new_ids, new_logprobs=new_lps, finished=finished,
+            finish_reason=req.finish_reason.value if finished and req.finish_reason is not None else None,
+            error=req.error if finished else None, num_prompt_tokens=req.num_prompt_tokens,
+            num_output_tokens=req.num_returned_tokens, num_cached_prompt_tokens=req.num_cached_tokens,
+            cum_log_prob=req.cum_log_prob, arrival_time_ns=req.arrival_time_ns,
+            first_token_time_ns=req.first_token_time_ns, last_token_time_ns=req.last_token_time_ns)

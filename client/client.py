@@ -1,0 +1,81 @@
+"""The asyncio client for the public entry points `ensemble` and `llm_bls`."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import Any
+
+from .config import ClientConfig
+from .grpc_transport import GrpcTransport
+from .payload import input_values
+from .retry import RetryBudget, Sleep
+from .sse_transport import SseTransport
+from .stream import GenerationStream
+from .timing import DEFAULT_CLOCK, Clock
+from .transport import Transport
+from .types import GenerationOptions, GenerationResult, new_request_id
+
+log = logging.getLogger(__name__)
+
+
+def make_transport(config: ClientConfig, clock: Clock = DEFAULT_CLOCK) -> Transport:
+    if config.transport == "sse":
+        return SseTransport(config.url, config.timeouts, config.max_connections, clock=clock)
+    return GrpcTransport(config.url, config.timeouts, clock=clock)
+
+
+class AsyncLLMClient:
+    """One instance per server: it pools connections and owns the retry budget.
+
+        async with AsyncLLMClient(ClientConfig(url="http://127.0.0.1:8000")) as client:
+            async with client.stream("Hello", max_tokens=32) as stream:
+                async for event in stream:
+                    print(event.text, end="")
+            print(stream.result.ttft_s)
+    """
+
+    def __init__(self, config: ClientConfig | None = None, *, transport: Transport | None = None,
+                 budget: RetryBudget | None = None, sleep: Sleep = asyncio.sleep,
+                 clock: Clock = DEFAULT_CLOCK) -> None:
+        self.config = config or ClientConfig()
+        self.clock = clock
+        self.sleep = sleep
+        self.transport = transport or make_transport(self.config, clock)
+        self.budget = budget or RetryBudget.from_config(self.config.retry)
+
+    @property
+    def transport_name(self) -> str:
+        return getattr(self.transport, "name", self.config.transport)
+
+    def stream(self, text_input: str = "", options: GenerationOptions | None = None, *,
+               model: str | None = None, **option_fields: Any) -> GenerationStream:
+        """Start a streaming generation (lazily: nothing is sent before iteration).
+
+        Options come as a `GenerationOptions` or as its field names, e.g.
+        `client.stream("Hi", max_tokens=16, temperature=0)`.
+        """
+        options = _merge(options, option_fields)
+        request_id = options.request_id or new_request_id()
+        values = input_values(text_input, options, stream=True)
+        return GenerationStream(self, model or self.config.model, values, request_id)
+
+    async def generate(self, text_input: str = "", options: GenerationOptions | None = None, *,
+                       model: str | None = None, **option_fields: Any) -> GenerationResult:
+        """Stream to the end and return the whole result."""
+        return await self.stream(text_input, options, model=model, **option_fields).collect()
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
+
+    async def __aenter__(self) -> "AsyncLLMClient":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+def _merge(options: GenerationOptions | None, option_fields: dict[str, Any]) -> GenerationOptions:
+    if options is None:
+        return GenerationOptions(**option_fields)
+    return dataclasses.replace(options, **option_fields) if option_fields else options

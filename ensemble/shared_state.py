@@ -1,0 +1,107 @@
+"""Per-request stream state shared by every `postprocessing` instance.
+
+Why: with `instance_group count > 1`, Triton hands consecutive responses of one
+stream to different instances, which are separate stub processes. The
+detokenizer, stop-string and filter state of a stream must move with it, and
+delta k+1 must not be processed before delta k (tensorrtllm_backend #614).
+
+How: each delta carries its position (`sequence_length` = tokens generated so
+far, so the delta starts at sequence_length - len(delta)). An instance loads
+the stream's state only once the state says "next position = my start", runs
+the stage, and stores the new state. The store is one SQLite file in shared
+memory (atomic, cross-process, no server to run); `dynamic_batching {
+preserve_ordering: true }` then releases the responses in arrival order.
+A single instance keeps state in process (`InProcessStateStore`) and skips all
+of this.
+"""
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from typing import Protocol
+
+
+class StreamOrderError(RuntimeError):
+    """The previous delta of a stream never arrived within the wait bound."""
+
+
+class StateStore(Protocol):
+    def load(self, key: str, start: int, timeout_s: float) -> bytes | None: ...
+    def save(self, key: str, next_start: int, blob: bytes) -> None: ...
+    def delete(self, key: str) -> None: ...
+
+
+class InProcessStateStore:
+    """One instance: deltas of a stream arrive here in order already."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, tuple[int, bytes, float]] = {}
+        self._lock = threading.Lock()
+
+    def load(self, key: str, start: int, timeout_s: float) -> bytes | None:
+        with self._lock:
+            row = self._rows.get(key)
+        return None if row is None else row[1]
+
+    def save(self, key: str, next_start: int, blob: bytes) -> None:
+        with self._lock:
+            self._rows[key] = (next_start, blob, time.monotonic())
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self._rows.pop(key, None)
+
+    def evict_idle(self, idle_s: float) -> int:
+        cutoff = time.monotonic() - idle_s
+        with self._lock:
+            stale = [k for k, (_, _, t) in self._rows.items() if t < cutoff]
+            for k in stale:
+                del self._rows[k]
+        return len(stale)
+
+
+class SqliteStateStore:
+    POLL_S = 0.0005
+
+    def __init__(self, path: str) -> None:
+        self._conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        self._lock = threading.Lock()
+        with self._lock:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=OFF")
+            self._conn.execute("CREATE TABLE IF NOT EXISTS stream_state ("
+                               "key TEXT PRIMARY KEY, next_start INTEGER, blob BLOB, updated REAL)")
+
+    def load(self, key: str, start: int, timeout_s: float) -> bytes | None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                row = self._conn.execute("SELECT next_start, blob FROM stream_state WHERE key = ?",
+                                         (key,)).fetchone()
+            if row is None and start == 0:
+                return None
+            if row is not None and row[0] == start:
+                return row[1]
+            if time.monotonic() > deadline:
+                have = None if row is None else row[0]
+                raise StreamOrderError(f"stream {key}: waited {timeout_s} s for position {start}, state is at {have}")
+            time.sleep(self.POLL_S)
+
+    def save(self, key: str, next_start: int, blob: bytes) -> None:
+        with self._lock:
+            self._conn.execute("INSERT OR REPLACE INTO stream_state VALUES (?, ?, ?, ?)",
+                               (key, next_start, blob, time.time()))
+
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self._conn.execute("DELETE FROM stream_state WHERE key = ?", (key,))
+
+    def evict_idle(self, idle_s: float) -> int:
+        with self._lock:
+            cursor = self._conn.execute("DELETE FROM stream_state WHERE updated < ?", (time.time() - idle_s,))
+        return cursor.rowcount
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

@@ -1,0 +1,161 @@
+"""gRPC transport behind its seam: a fake `stream_infer` answering with real
+Triton protobuf responses, so tensor shapes, flags and errors are the real ones."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+from tritonclient.grpc import InferResult, service_pb2
+from tritonclient.utils import InferenceServerException
+
+from client import AsyncLLMClient, ClientConfig, RequestError, RetryConfig
+from client.grpc_transport import GrpcTransport
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def response(text: str, finish: str | None = None, final: bool = False, ids: list[int] | None = None) -> InferResult:
+    proto = service_pb2.ModelInferResponse(model_name="ensemble")
+    outputs: list[tuple[str, str, np.ndarray]] = [
+        ("text_output", "BYTES", np.array([[text.encode()]], dtype=np.object_)),
+        ("num_output_tokens", "INT32", np.array([[1]], dtype=np.int32)),
+    ]
+    if finish:
+        outputs.append(("finish_reason", "BYTES", np.array([[finish.encode()]], dtype=np.object_)))
+    if ids:
+        outputs.append(("output_ids", "INT32", np.array([ids], dtype=np.int32)))
+    for name, datatype, array in outputs:
+        tensor = proto.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
+        if datatype == "BYTES":
+            proto.raw_output_contents.append(b"".join(
+                len(v).to_bytes(4, "little") + v for v in array.reshape(-1)))
+        else:
+            proto.raw_output_contents.append(array.tobytes())
+        del tensor
+    proto.parameters["triton_final_response"].bool_param = final
+    return InferResult(proto)
+
+
+class FakeCall:
+    def __init__(self, items: list[Any], requests: Any, log: list[dict]) -> None:
+        self._items = list(items)
+        self._requests = requests
+        self._log = log
+        self.cancelled = False
+
+    def __aiter__(self) -> "FakeCall":
+        return self
+
+    async def __anext__(self) -> tuple[Any, Any]:
+        if not self._log or self._log[-1].get("_call") is not self:
+            self._log.append({**(await self._requests.__anext__()), "_call": self})
+        if self.cancelled or not self._items:
+            raise StopAsyncIteration
+        item = self._items.pop(0)
+        if isinstance(item, float):
+            await asyncio.sleep(item)
+            item = self._items.pop(0)
+        return (None, item) if isinstance(item, InferenceServerException) else (item, None)
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
+class FakeGrpcClient:
+    """What `tritonclient.grpc.aio.InferenceServerClient.stream_infer` gives back, scripted."""
+
+    def __init__(self, scripts: list[list[Any]]) -> None:
+        self.scripts = scripts
+        self.requests: list[dict] = []
+        self.calls: list[FakeCall] = []
+        self.closed = False
+
+    def stream_infer(self, inputs_iterator: Any) -> FakeCall:
+        call = FakeCall(self.scripts.pop(0) if self.scripts else [], inputs_iterator, self.requests)
+        self.calls.append(call)
+        return call
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def grpc_client(fake: FakeGrpcClient, model: str = "ensemble", **config: Any) -> AsyncLLMClient:
+    cfg = ClientConfig(url="127.0.0.1:8001", transport="grpc", model=model,
+                       retry=RetryConfig(backoff_base_s=0.0, backoff_max_s=0.0), **config)
+    return AsyncLLMClient(cfg, transport=GrpcTransport(cfg.url, cfg.timeouts, client_factory=lambda: fake))
+
+
+def inputs_by_name(request: dict) -> dict[str, Any]:
+    return {i.name(): i for i in request["inputs"]}
+
+
+async def test_stream_inputs_are_batched_tensors_and_final_flag_ends_the_stream():
+    fake = FakeGrpcClient([[response("Hel", ids=[1, 2]), response("lo", "stop", final=True, ids=[3]),
+                            response("never read")]])
+    async with grpc_client(fake) as client:
+        result = await client.generate("Hi", max_tokens=4, temperature=0.0, stop_words=["a", "b"],
+                                       messages=[{"role": "user", "content": "Hi"}], request_id="g-1")
+    assert result.text == "Hello" and result.finish_reason == "stop"
+    assert result.output_ids == [1, 2, 3] and result.num_output_tokens == 2
+    request = fake.requests[0]
+    assert request["model_name"] == "ensemble" and request["request_id"] == "g-1"
+    assert request["parameters"] == {"triton_enable_empty_final_response": True}
+    inputs = inputs_by_name(request)
+    assert inputs["text_input"].shape() == [1, 1] and inputs["text_input"].datatype() == "BYTES"
+    assert inputs["max_tokens"].shape() == [1, 1] and inputs["max_tokens"].datatype() == "INT32"
+    assert inputs["temperature"].datatype() == "FP32" and inputs["stream"].datatype() == "BOOL"
+    assert inputs["stop_words"].shape() == [1, 2]
+    assert inputs["messages"].datatype() == "BYTES"
+    assert not fake.calls[0].cancelled  # ended by the final flag, nothing to cancel
+
+
+async def test_error_message_before_data_is_a_request_error_and_overload_is_retried():
+    fake = FakeGrpcClient([
+        [InferenceServerException("in ensemble 'ensemble', overloaded: queue full")],
+        [InferenceServerException("max_tokens: must be > 0")],
+    ])
+    async with grpc_client(fake) as client:
+        with pytest.raises(RequestError, match="max_tokens: must be > 0"):
+            await client.generate("Hi")
+    assert len(fake.requests) == 2  # the overload was retried, the bad input was not
+
+
+async def test_error_after_data_ends_with_finish_reason_error():
+    fake = FakeGrpcClient([[response("part"), InferenceServerException("engine died")]])
+    async with grpc_client(fake) as client:
+        result = await client.generate("Hi")
+    assert result.text == "part" and result.finish_reason == "error" and result.error == "engine died"
+
+
+async def test_cancel_cancels_the_call_and_sends_stop_on_a_stream_for_ensemble():
+    fake = FakeGrpcClient([[response("a"), 10.0, response("b", "stop", final=True)],
+                           [response("", final=True)]])
+    async with grpc_client(fake) as client:
+        async with client.stream("Hi", request_id="grpc-cancel") as stream:
+            async for _ in stream:
+                break
+    assert fake.calls[0].cancelled
+    stop_request = fake.requests[1]
+    assert stop_request["model_name"] == "python_llm" and stop_request["request_id"] == "grpc-cancel"
+    stop_inputs = inputs_by_name(stop_request)
+    assert stop_inputs["stop"].datatype() == "BOOL" and stop_inputs["stop"].shape() == [1, 1]
+    assert stop_inputs["input_ids"].datatype() == "INT32"
+    assert set(stop_inputs) == {"input_ids", "input_lengths", "request_output_len", "stop"}
+    assert fake.closed
+
+
+async def test_llm_bls_cancel_only_cancels_the_call():
+    fake = FakeGrpcClient([[response("a"), 10.0, response("b", "stop", final=True)]])
+    async with grpc_client(fake, model="llm_bls") as client:
+        async with client.stream("Hi") as stream:
+            async for _ in stream:
+                break
+    assert fake.calls[0].cancelled and len(fake.requests) == 1

@@ -1,0 +1,131 @@
+"""The runner against Hugging Face transformers on the default model, fp32:
+greedy tokens must match `generate(do_sample=False)`; chunked, batched and
+prefix-sharing runs must match single runs (or part only at a near-tie)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from python_llm.engine.config import EngineConfig
+from python_llm.engine.runner import ModelRunner
+
+from test_runner_helpers import RunnerDriver, assert_same_or_near_tie
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain photosynthesis in one sentence.",
+    "List three prime numbers.",
+    "Who wrote Romeo and Juliet?",
+    "Translate 'good morning' into Spanish.",
+    "What is 12 times 12?",
+    "Give me a tip for learning to code.",
+]
+NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> str:
+    from serving.default_model import ensure_default_model
+    return str(ensure_default_model())
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir: str):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer) -> list[list[int]]:
+    result = []
+    for text in PROMPTS:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True)
+        result.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    return result
+
+
+@pytest.fixture(scope="module")
+def hf_model(model_dir: str):
+    from transformers import AutoModelForCausalLM
+    torch.set_num_threads(2)
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
+
+
+@pytest.fixture(scope="module")
+def runner(model_dir: str) -> ModelRunner:
+    return ModelRunner(EngineConfig(model_dir=model_dir, num_threads=2, max_tokens_in_paged_kv_cache=8192))
+
+
+@pytest.fixture(scope="module")
+def hf_logits(hf_model):
+    @torch.inference_mode()
+    def fn(ids):
+        return hf_model(torch.tensor([list(ids)])).logits[0, -1]
+    return fn
+
+
+@pytest.fixture(scope="module")
+def single_runs(runner: ModelRunner, prompts: list[list[int]]) -> list[list[int]]:
+    outputs = []
+    for i, prompt in enumerate(prompts):
+        driver = RunnerDriver(runner)
+        driver.add(f"single-{i}", prompt, NEW_TOKENS)
+        outputs.append(driver.run()[f"single-{i}"])
+    return outputs
+
+
+def test_greedy_matches_hf_generate(hf_model, prompts, single_runs) -> None:
+    with torch.inference_mode():
+        for prompt, ours in zip(prompts, single_runs):
+            expected = hf_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                                         max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
+                                         pad_token_id=2)[0, len(prompt):].tolist()
+            assert ours == expected
+
+
+def test_chunked_prefill_gives_same_tokens(runner, prompts, single_runs, hf_logits) -> None:
+    for i in (0, 4):
+        prompt = prompts[i]
+        driver = RunnerDriver(runner, chunk=-(-len(prompt) // 3))
+        driver.add("chunked", prompt, NEW_TOKENS)
+        ours = driver.run()["chunked"]
+        assert sum(1 for s in driver.steps if s.sequences and not s.sequences[0].sample) == 2  # 3 chunks
+        assert_same_or_near_tie(hf_logits, prompt, single_runs[i], ours)
+
+
+def test_mixed_batch_matches_single_runs(runner, prompts, single_runs, hf_logits) -> None:
+    driver = RunnerDriver(runner, chunk=20)
+    for i, prompt in enumerate(prompts):
+        driver.add(f"batch-{i}", prompt, NEW_TOKENS, arrive_step=i // 2)
+    outputs = driver.run()
+    mixed = [s for s in driver.steps
+             if any(q.num_tokens == 1 for q in s.sequences) and any(q.num_tokens > 1 for q in s.sequences)]
+    assert mixed, "the driver never mixed decodes with prefill chunks"
+    assert max(len(s.sequences) for s in driver.steps) == len(prompts)
+    for i, prompt in enumerate(prompts):
+        assert_same_or_near_tie(hf_logits, prompt, single_runs[i], outputs[f"batch-{i}"])
+
+
+def test_shared_prefix_blocks(runner, prompts, single_runs, hf_logits) -> None:
+    """B's block table starts with A's blocks (a prefix-cache hit): B only
+    prefills from the first unshared position and still decodes correctly."""
+    bs = runner.block_size
+    base = prompts[0]
+    shared_len = (len(base) // bs) * bs
+    assert shared_len >= bs
+    driver = RunnerDriver(runner)
+    a = driver.add("owner", base, NEW_TOKENS)
+    driver.run()
+    shared_blocks = a.block_table[: shared_len // bs]
+    own_blocks = driver.blocks_for(len(base) + NEW_TOKENS - shared_len + bs)
+    second = RunnerDriver(runner)
+    second.next_block = driver.next_block + len(own_blocks)
+    second.add("reuser", base, NEW_TOKENS, block_table=shared_blocks + own_blocks, start_position=shared_len)
+    # a concurrent request with its own blocks keeps the step batched
+    second.add("neighbour", prompts[3], NEW_TOKENS)
+    outputs = second.run()
+    assert second.steps[0].sequences[0].start_position == shared_len
+    assert_same_or_near_tie(hf_logits, base, single_runs[0], outputs["reuser"])
+    assert_same_or_near_tie(hf_logits, prompts[3], single_runs[3], outputs["neighbour"])
