@@ -3,6 +3,7 @@ BPE) and of a trained SentencePiece tokenizer reassemble exactly into the full
 decode, for any split of the ids into chunks, and never show U+FFFD early."""
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -20,7 +21,7 @@ SAMPLE_TEXTS = [
     f"rare {RARE_CHINESE} chars", "the quick brown fox jumps over the lazy dog. streaming tokens arrive",
 ]
 REPLACEMENT = "\ufffd"
-HYPOTHESIS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+HYPOTHESIS = settings(max_examples=int(os.environ.get("TEXT_HYPOTHESIS_EXAMPLES", "150")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def _byte_piece_ids(tokenizer: Tokenizer) -> dict[int, int]:
@@ -89,9 +90,10 @@ def _check_stream(tokenizer: Tokenizer, ids: list[int], cuts: list[int]) -> None
 
 
 def _check_valid_text_is_never_held_longer_than_needed(tokenizer: Tokenizer, ids: list[int]) -> None:
-    """For ids of real text, after every token the emitted text is the decode
-    up to the last token boundary where the text is whole: nothing is held
-    back except an unfinished character."""
+    """For ids of real text, after every token the emitted text reaches at
+    least the last token boundary where the text was whole, and at most the
+    decode so far without its unfinished trailing character: nothing else is
+    ever held back."""
     detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=True)
     emitted = ""
     whole_so_far = ""
@@ -102,7 +104,10 @@ def _check_valid_text_is_never_held_longer_than_needed(tokenizer: Tokenizer, ids
         decoded = tokenizer.decode(ids[:k], skip_special_tokens=True)
         if not decoded.endswith(REPLACEMENT):
             whole_so_far = decoded
-        assert emitted == whole_so_far
+        # (ByteFallback shows a run with an unfinished character as all U+FFFD,
+        # so the whole text at an earlier boundary can be the longer bound.)
+        upper = max(whole_so_far, decoded.rstrip(REPLACEMENT), key=len)
+        assert emitted.startswith(whole_so_far) and upper.startswith(emitted)
 
 
 @pytest.fixture(scope="module", params=["byte_level_bpe", "sentencepiece"])
