@@ -53,7 +53,7 @@ class IncrementalDetokenizer:
             return ""
         self._ids.extend(new_ids)
         text = self._decode(self._ids)
-        if not text.endswith(_REPLACEMENT) or len(self._ids) - self._read > _MAX_PENDING_IDS:
+        if not text.endswith(_REPLACEMENT):
             return self._advance(text, len(self._ids))
         # The text ends mid-character: find the last boundary where it is whole.
         lowest = max(self._read + 1, len(self._ids) - _BOUNDARY_SEARCH_IDS)
@@ -61,6 +61,8 @@ class IncrementalDetokenizer:
             head = self._decode(self._ids[:boundary])
             if not head.endswith(_REPLACEMENT):
                 return self._advance(head, boundary)
+        if len(self._ids) - self._read > _MAX_PENDING_IDS:
+            return self._advance(text, len(self._ids))
         # Tokens straddling characters: emit what is already final, keep the window.
         return self._take(text.rstrip(_REPLACEMENT))
 

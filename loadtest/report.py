@@ -111,7 +111,8 @@ def _fmt(value: float | None, digits: int = 0) -> str:
 
 
 def render(summaries: list[TypeSummary], checks: list[SloCheck], console: Console | None = None) -> None:
-    console = console or Console()
+    # A wide fixed width keeps the table readable in CI logs (no terminal).
+    console = console or Console(width=None if Console().is_terminal else 160)
     table = Table(title="LLM load test summary (client side; ms)")
     for column in ("type", "streams", "errors", "err %", "cancelled", "TTFT p50", "TTFT p99", "ITL p50",
                    "ITL p99", "TPOT p50", "e2e p50", "e2e p99", "out tok/s"):

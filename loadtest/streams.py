@@ -22,7 +22,6 @@ from client.sse_transport import error_message
 from client.types import GenerationOptions
 
 STOP_MODEL = "python_llm"
-_GRPC_PARAMETERS = {"triton_enable_empty_final_response": True}
 
 
 @dataclass
@@ -128,7 +127,7 @@ def run_grpc(grpc_client: Any, request: StreamRequest, token_timeout_s: float) -
     grpc_client.start_stream(callback=lambda result, error: responses.put((result, error)))
     try:
         grpc_client.async_stream_infer(request.model, build_inputs(grpc_tensors(request.values())),
-                                       request_id=request.request_id, parameters=dict(_GRPC_PARAMETERS))
+                                       request_id=request.request_id, enable_empty_final_response=True)
         while True:
             try:
                 result, error = responses.get(timeout=token_timeout_s)
@@ -160,7 +159,7 @@ def _grpc_stop(grpc_client: Any, request_id: str) -> None:
     grpc_client.start_stream(callback=lambda result, error: answered.put(error))
     try:
         grpc_client.async_stream_infer(STOP_MODEL, build_inputs(tensors), request_id=request_id,
-                                       parameters=dict(_GRPC_PARAMETERS))
+                                       enable_empty_final_response=True)
         answered.get(timeout=5.0)
     except Exception:
         pass  # best effort, as above

@@ -12,40 +12,18 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ensemble.content_filter import ContentFilterRules
-from ensemble.errors import InvalidInputError, decode_utf8_field
+from ensemble.errors import InvalidInputError
+from ensemble.llm_request import scalar, strings
+from ensemble.public_outputs import LLMResponse, ReturnFlags, public_output_arrays
 from ensemble.shared_state import InProcessStateStore, SqliteStateStore, StreamOrderError
 from ensemble.stream_postprocessor import LLMDelta, StreamPostprocessor
 from ensemble.tokenizer_info import load_tokenizer_info
 
 log = logging.getLogger("postprocessing")
-PASSTHROUGH = {  # LLM output → public output, sent when asked for
-    "cum_log_probs": ("cum_log_probs_out", "return_log_probs"),
-    "output_log_probs": ("output_log_probs_out", "return_log_probs"),
-    "arrival_time_ns": ("arrival_time_ns_out", "return_perf_metrics"),
-    "first_token_time_ns": ("first_token_time_ns_out", "return_perf_metrics"),
-    "last_token_time_ns": ("last_token_time_ns_out", "return_perf_metrics"),
-}
-# what an output holds when not asked for (shapes include the batch dimension)
-EMPTY = {
-    "cum_log_probs_out": np.zeros((1, 0), dtype=np.float32),
-    "output_log_probs_out": np.zeros((1, 0, 0), dtype=np.float32),
-    "arrival_time_ns_out": np.zeros((1, 1), dtype=np.int64),
-    "first_token_time_ns_out": np.zeros((1, 1), dtype=np.int64),
-    "last_token_time_ns_out": np.zeros((1, 1), dtype=np.int64),
-}
-
-
-def _array(request, name: str) -> np.ndarray | None:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return None if tensor is None else tensor.as_numpy()
-
-
-def _first(request, name: str, default=None):
-    array = _array(request, name)
-    if array is None or array.size == 0:
-        return default
-    value = array.reshape(-1)[0]
-    return decode_utf8_field(name, value) if isinstance(value, bytes) else value.item()
+# public outputs whose names this model also takes as inputs carry a suffix
+# here; the ensemble maps them back to the public names
+RENAMED = {"finish_reason", "num_input_tokens", "cum_log_probs", "output_log_probs", "output_ids",
+           "arrival_time_ns", "first_token_time_ns", "last_token_time_ns"}
 
 
 def _state_store(args: dict, instances: int):
@@ -65,46 +43,41 @@ class TritonPythonModel:
         rules_path = params.get("content_filter_rules") or ""
         rules = ContentFilterRules.from_json_file(rules_path) if rules_path else None
         instances = sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
-        self.store = _state_store(args, instances)
-        self.steps = StreamPostprocessor(info.tokenizer, self.store, rules)
+        self.steps = StreamPostprocessor(info.tokenizer, _state_store(args, instances), rules)
 
     def execute(self, requests: list) -> list:
         # in arrival order: a later delta of a stream may wait for an earlier one
         return [self._one(request) for request in requests]
 
     def _one(self, request):
+        def get(name: str):
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            return None if tensor is None else tensor.as_numpy()
+
         try:
-            ids = _array(request, "output_ids")
-            token_ids = ids.reshape(-1).tolist() if ids is not None else []
-            key = _first(request, "request_key", "") or ""
-            engine_reason = _first(request, "finish_reason", "") or ""
-            stop_words = _array(request, "stop_words")
-            stop_strings = [decode_utf8_field("stop_words", w) for w in stop_words.reshape(-1)] \
-                if stop_words is not None else []
-            delta = LLMDelta(key=key, token_ids=token_ids,
-                             sequence_length=int(_first(request, "sequence_length", len(token_ids))),
-                             engine_finish_reason=engine_reason or None,
-                             streaming=bool(_first(request, "stream", False)))
-            result = self.steps.process(delta, stop_strings, _first(request, "segment", None))
+            ids = get("output_ids")
+            llm = LLMResponse(
+                token_ids=ids.reshape(-1).tolist() if ids is not None else [],
+                sequence_length=int(scalar(get, "sequence_length") or 0),
+                finish_reason=scalar(get, "finish_reason") or None,
+                num_input_tokens=int(scalar(get, "num_input_tokens") or 0),
+                cum_log_probs=get("cum_log_probs"), output_log_probs=get("output_log_probs"),
+                times_ns=tuple(int(scalar(get, n) or 0) for n in
+                               ("arrival_time_ns", "first_token_time_ns", "last_token_time_ns")))
+            key = scalar(get, "request_key") or ""
+            delta = LLMDelta(key=key, token_ids=llm.token_ids, sequence_length=llm.sequence_length,
+                             engine_finish_reason=llm.finish_reason, streaming=bool(scalar(get, "stream")))
+            result = self.steps.process(delta, strings(get, "stop_words") or [], scalar(get, "segment"))
         except (InvalidInputError, StreamOrderError) as exc:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
         if result.stop_engine:
             self._stop_engine(key)
-        out = {
-            "text_output": np.asarray([[result.text.encode()]], dtype=np.object_),
-            "finish_reason_out": np.asarray([[(result.finish_reason or "").encode()]], dtype=np.object_),
-            "num_input_tokens_out": np.asarray([[int(_first(request, "num_input_tokens", 0))]], dtype=np.int32),
-            "num_output_tokens": np.asarray([[len(token_ids)]], dtype=np.int32),
-            "output_ids_out": np.asarray([token_ids if _first(request, "return_output_ids", False) else []],
-                                         dtype=np.int32),
-        }
-        for source, (target, flag) in PASSTHROUGH.items():
-            array = _array(request, source)
-            if array is not None and _first(request, flag, False):
-                out[target] = array
-            else:
-                out[target] = EMPTY[target]
-        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in out.items()])
+        flags = ReturnFlags(log_probs=bool(scalar(get, "return_log_probs")),
+                            perf_metrics=bool(scalar(get, "return_perf_metrics")),
+                            output_ids=bool(scalar(get, "return_output_ids")))
+        arrays = public_output_arrays(result.text, result.finish_reason, llm, flags)
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor(f"{name}_out" if name in RENAMED else name, value) for name, value in arrays.items()])
 
     def _stop_engine(self, key: str) -> None:
         """A stop string or filter ended the stream: free the engine request now."""

@@ -107,7 +107,7 @@ async def test_stream_inputs_are_batched_tensors_and_final_flag_ends_the_stream(
     assert result.output_ids == [1, 2, 3] and result.num_output_tokens == 2
     request = fake.requests[0]
     assert request["model_name"] == "ensemble" and request["request_id"] == "g-1"
-    assert request["parameters"] == {"triton_enable_empty_final_response": True}
+    assert "parameters" not in request  # tritonclient rejects the reserved empty-final parameter
     inputs = inputs_by_name(request)
     assert inputs["text_input"].shape() == [1, 1] and inputs["text_input"].datatype() == "BYTES"
     assert inputs["max_tokens"].shape() == [1, 1] and inputs["max_tokens"].datatype() == "INT32"

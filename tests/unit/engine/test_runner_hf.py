@@ -8,6 +8,7 @@ import torch
 
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.runner import ModelRunner
+from python_llm.engine.sampling_params import SamplingParams
 
 from test_runner_helpers import RunnerDriver, assert_same_or_near_tie
 
@@ -22,6 +23,9 @@ PROMPTS = [
     "Give me a tip for learning to code.",
 ]
 NEW_TOKENS = 32
+# HF's min_new_tokens masks EOS the same way; comparing all 32 tokens also
+# exercises min_tokens through the runner
+GREEDY_NO_EOS = SamplingParams(min_tokens=NEW_TOKENS, stop_token_ids=[2])
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +75,7 @@ def single_runs(runner: ModelRunner, prompts: list[list[int]]) -> list[list[int]
     outputs = []
     for i, prompt in enumerate(prompts):
         driver = RunnerDriver(runner)
-        driver.add(f"single-{i}", prompt, NEW_TOKENS)
+        driver.add(f"single-{i}", prompt, NEW_TOKENS, GREEDY_NO_EOS)
         outputs.append(driver.run()[f"single-{i}"])
     return outputs
 
@@ -89,7 +93,7 @@ def test_chunked_prefill_gives_same_tokens(runner, prompts, single_runs, hf_logi
     for i in (0, 4):
         prompt = prompts[i]
         driver = RunnerDriver(runner, chunk=-(-len(prompt) // 3))
-        driver.add("chunked", prompt, NEW_TOKENS)
+        driver.add("chunked", prompt, NEW_TOKENS, GREEDY_NO_EOS)
         ours = driver.run()["chunked"]
         assert sum(1 for s in driver.steps if s.sequences and not s.sequences[0].sample) == 2  # 3 chunks
         assert_same_or_near_tie(hf_logits, prompt, single_runs[i], ours)
@@ -98,7 +102,7 @@ def test_chunked_prefill_gives_same_tokens(runner, prompts, single_runs, hf_logi
 def test_mixed_batch_matches_single_runs(runner, prompts, single_runs, hf_logits) -> None:
     driver = RunnerDriver(runner, chunk=20)
     for i, prompt in enumerate(prompts):
-        driver.add(f"batch-{i}", prompt, NEW_TOKENS, arrive_step=i // 2)
+        driver.add(f"batch-{i}", prompt, NEW_TOKENS, GREEDY_NO_EOS, arrive_step=i // 2)
     outputs = driver.run()
     mixed = [s for s in driver.steps
              if any(q.num_tokens == 1 for q in s.sequences) and any(q.num_tokens > 1 for q in s.sequences)]
@@ -116,15 +120,15 @@ def test_shared_prefix_blocks(runner, prompts, single_runs, hf_logits) -> None:
     shared_len = (len(base) // bs) * bs
     assert shared_len >= bs
     driver = RunnerDriver(runner)
-    a = driver.add("owner", base, NEW_TOKENS)
+    a = driver.add("owner", base, NEW_TOKENS, GREEDY_NO_EOS)
     driver.run()
     shared_blocks = a.block_table[: shared_len // bs]
     own_blocks = driver.blocks_for(len(base) + NEW_TOKENS - shared_len + bs)
     second = RunnerDriver(runner)
     second.next_block = driver.next_block + len(own_blocks)
-    second.add("reuser", base, NEW_TOKENS, block_table=shared_blocks + own_blocks, start_position=shared_len)
+    second.add("reuser", base, NEW_TOKENS, GREEDY_NO_EOS, block_table=shared_blocks + own_blocks, start_position=shared_len)
     # a concurrent request with its own blocks keeps the step batched
-    second.add("neighbour", prompts[3], NEW_TOKENS)
+    second.add("neighbour", prompts[3], NEW_TOKENS, GREEDY_NO_EOS)
     outputs = second.run()
     assert second.steps[0].sequences[0].start_position == shared_len
     assert_same_or_near_tie(hf_logits, base, single_runs[0], outputs["reuser"])

@@ -1,0 +1,98 @@
+"""Public request fields → the LLM step's input arrays (TensorRT-LLM names).
+Shared by the `preprocessing` adapter and `llm_bls`, so both entry points
+validate and build requests the same way."""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .errors import InvalidInputError, decode_utf8_field
+from .prompt import PromptBuilder
+from .tokenizer_info import TokenizerInfo
+from .word_lists import encode_word_list, to_word_list
+
+# Public sampling inputs the LLM step takes under another name (or the same).
+PUBLIC_TO_LLM = {
+    "stream": "streaming", "top_k": "runtime_top_k", "top_p": "runtime_top_p",
+    "length_penalty": "len_penalty", "temperature": "temperature",
+    "repetition_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty", "min_tokens": "min_tokens", "seed": "seed",
+    "priority": "priority", "token_timeout_ms": "token_timeout_ms", "ignore_eos": "ignore_eos",
+    "exclude_input_in_output": "exclude_input_in_output", "return_log_probs": "return_log_probs",
+}
+
+# a tensor getter: input name → numpy array or None when absent
+Getter = Callable[[str], "np.ndarray | None"]
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    default_max_tokens: int = 128
+    max_tokens_limit: int = 4096
+
+
+def strings(get: Getter, name: str) -> list[str] | None:
+    array = get(name)
+    if array is None:
+        return None
+    return [decode_utf8_field(name, raw) for raw in np.asarray(array).reshape(-1)]
+
+
+def scalar(get: Getter, name: str):
+    array = get(name)
+    if array is None or np.asarray(array).size == 0:
+        return None
+    value = np.asarray(array).reshape(-1)[0]
+    return decode_utf8_field(name, value) if isinstance(value, bytes) else value.item()
+
+
+class LLMRequestBuilder:
+    def __init__(self, info: TokenizerInfo, prompts: PromptBuilder, limits: RequestLimits) -> None:
+        self.info = info
+        self.prompts = prompts
+        self.limits = limits
+        self._empty_words = to_word_list([])[None]
+
+    def build(self, get: Getter, request_key: str | None = None) -> dict[str, np.ndarray]:
+        """The preprocessing outputs for one request; raises InvalidInputError."""
+        text = strings(get, "text_input")
+        if text is None:
+            raise InvalidInputError("text_input", "required")
+        messages = strings(get, "messages")
+        max_tokens = scalar(get, "max_tokens")
+        max_tokens = self.limits.default_max_tokens if max_tokens is None else int(max_tokens)
+        if max_tokens > self.limits.max_tokens_limit:
+            raise InvalidInputError("max_tokens", f"must be <= {self.limits.max_tokens_limit}, got {max_tokens}")
+        built = self.prompts.build(text[0] if text else None, messages[0] if messages else None, max_tokens)
+        stop = encode_word_list("stop_words", strings(get, "stop_words"), self.info.tokenizer)
+        bad = encode_word_list("bad_words", strings(get, "bad_words"), self.info.tokenizer)
+        end_id, pad_id = scalar(get, "end_id"), scalar(get, "pad_id")
+        return {
+            "input_ids": np.asarray([built.input_ids], dtype=np.int32),
+            "input_lengths": np.asarray([[len(built.input_ids)]], dtype=np.int32),
+            "request_output_len": np.asarray([[max_tokens]], dtype=np.int32),
+            "stop_words_list": stop[None] if stop is not None else self._empty_words,
+            "bad_words_list": bad[None] if bad is not None else self._empty_words,
+            # -1: "all of the model's EOS ids" (the LLM step expands it)
+            "out_end_id": np.asarray([[end_id if end_id is not None else -1]], dtype=np.int32),
+            "out_pad_id": np.asarray([[pad_id if pad_id is not None else self.info.pad_id]], dtype=np.int32),
+            "request_key": np.asarray([[(request_key or uuid.uuid4().hex).encode()]], dtype=np.object_),
+        }
+
+
+def llm_inputs(preprocessed: dict[str, np.ndarray], get: Getter) -> dict[str, np.ndarray]:
+    """What `ensemble`'s wiring does, in Python (for llm_bls): preprocessing
+    outputs plus the sampling inputs under the LLM step's names."""
+    inputs = {name: preprocessed[name] for name in
+              ("input_ids", "input_lengths", "request_output_len", "stop_words_list", "bad_words_list",
+               "request_key")}
+    inputs["end_id"] = preprocessed["out_end_id"]
+    inputs["pad_id"] = preprocessed["out_pad_id"]
+    for public, llm in PUBLIC_TO_LLM.items():
+        array = get(public)
+        if array is not None:
+            inputs[llm] = np.asarray(array).reshape(1, -1)
+    return inputs

@@ -1,0 +1,119 @@
+"""Triton adapter for `llm_bls`: the public entry point with the ensemble's
+tensors, orchestrating prompt building, the LLM step and the text stages in
+Python (ensemble.bls_flow). Decoupled: each request runs on a worker thread."""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from ensemble.bls_flow import BLSCallbacks, LLMStepError, run_bls_request
+from ensemble.content_filter import ContentFilterRules
+from ensemble.llm_request import LLMRequestBuilder, RequestLimits
+from ensemble.prompt import PromptBuilder, PromptConfig
+from ensemble.public_outputs import LLMResponse
+from ensemble.shared_state import InProcessStateStore
+from ensemble.stream_postprocessor import StreamPostprocessor
+from ensemble.tokenizer_info import load_tokenizer_info
+
+log = logging.getLogger("llm_bls")
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+LLM_OUTPUTS = ["output_ids", "sequence_length", "finish_reason", "num_input_tokens", "cum_log_probs",
+               "output_log_probs", "arrival_time_ns", "first_token_time_ns", "last_token_time_ns"]
+
+
+def _to_response(response) -> LLMResponse:
+    def get(name: str):
+        tensor = pb_utils.get_output_tensor_by_name(response, name)
+        return None if tensor is None else tensor.as_numpy()
+
+    def first(name: str, default):
+        array = get(name)
+        return default if array is None or array.size == 0 else array.reshape(-1)[0]
+
+    ids = get("output_ids")
+    reason = first("finish_reason", b"")
+    return LLMResponse(
+        token_ids=ids.reshape(-1).tolist() if ids is not None else [],
+        sequence_length=int(first("sequence_length", 0)),
+        finish_reason=(reason.decode() if isinstance(reason, bytes) else str(reason)) or None,
+        num_input_tokens=int(first("num_input_tokens", 0)),
+        cum_log_probs=get("cum_log_probs"), output_log_probs=get("output_log_probs"),
+        times_ns=tuple(int(first(n, 0)) for n in ("arrival_time_ns", "first_token_time_ns", "last_token_time_ns")))
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        info = load_tokenizer_info(params["model_dir"])
+        prompts = PromptBuilder(info, PromptConfig(default_system_prompt=params.get("default_system_prompt") or None))
+        self.builder = LLMRequestBuilder(info, prompts, RequestLimits(
+            default_max_tokens=int(params["default_max_tokens"]), max_tokens_limit=int(params["max_tokens_limit"])))
+        rules_path = params.get("content_filter_rules") or ""
+        rules = ContentFilterRules.from_json_file(rules_path) if rules_path else None
+        # one request = one thread here, so stream state never leaves it
+        self.post = StreamPostprocessor(info.tokenizer, InProcessStateStore(), rules)
+        self.llm_model = params.get("llm_model_name", "python_llm")
+        self.pool = ThreadPoolExecutor(max_workers=int(params.get("max_concurrent_requests", "256")),
+                                       thread_name_prefix="llm_bls")
+
+    def execute(self, requests: list) -> None:
+        for request in requests:
+            self.pool.submit(self._serve, request)
+        return None
+
+    def _serve(self, request) -> None:
+        sender = request.get_response_sender()
+
+        def get(name: str):
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            return None if tensor is None else tensor.as_numpy()
+
+        def call_llm(inputs: dict[str, np.ndarray]):
+            llm_request = pb_utils.InferenceRequest(
+                model_name=self.llm_model, inputs=[pb_utils.Tensor(k, v) for k, v in inputs.items()],
+                requested_output_names=LLM_OUTPUTS)
+            for response in llm_request.exec(decoupled=True):
+                if response.has_error():
+                    raise LLMStepError(response.error().message())
+                if not response.output_tensors():
+                    continue        # an empty final marker
+                yield _to_response(response)
+
+        def stop_llm(key: str) -> None:
+            stop = pb_utils.InferenceRequest(model_name=self.llm_model, requested_output_names=[], inputs=[
+                pb_utils.Tensor("input_ids", np.zeros((1, 1), dtype=np.int32)),
+                pb_utils.Tensor("stop", np.ones((1, 1), dtype=np.bool_)),
+                pb_utils.Tensor("request_key", np.asarray([[key.encode()]], dtype=np.object_))])
+            for response in stop.exec(decoupled=True):
+                if response.has_error():
+                    log.info("stop: %s", response.error().message())
+
+        def send(arrays: dict[str, np.ndarray], final: bool) -> None:
+            if sender.is_cancelled():   # nobody listens; still close the request
+                if final:
+                    sender.send(flags=FINAL)
+                return
+            sender.send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()]),
+                        flags=FINAL if final else 0)
+
+        def send_error(message: str) -> None:
+            if sender.is_cancelled():
+                sender.send(flags=FINAL)
+            else:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=FINAL)
+
+        try:
+            run_bls_request(get, self.builder, self.post,
+                            BLSCallbacks(call_llm, stop_llm, send, send_error, sender.is_cancelled))
+        except Exception as exc:  # never leave a client without a final response
+            log.exception("llm_bls request failed")
+            send_error(f"llm_bls: internal error: {type(exc).__name__}: {exc}")
+
+    def finalize(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
