@@ -11,6 +11,7 @@ import numpy as np
 
 from .errors import InvalidInputError, decode_utf8_field
 from .prompt import PromptBuilder
+from .request_context import RequestContext
 from .tokenizer_info import TokenizerInfo
 from .word_lists import encode_word_list, to_word_list
 
@@ -70,6 +71,12 @@ class LLMRequestBuilder:
         stop = encode_word_list("stop_words", strings(get, "stop_words"), self.info.tokenizer)
         bad = encode_word_list("bad_words", strings(get, "bad_words"), self.info.tokenizer)
         end_id, pad_id = scalar(get, "end_id"), scalar(get, "pad_id")
+        key = request_key or uuid.uuid4().hex
+        context = RequestContext(
+            key=key, stream=bool(scalar(get, "stream")), stop_words=strings(get, "stop_words") or [],
+            segment=scalar(get, "segment") or "token", return_log_probs=bool(scalar(get, "return_log_probs")),
+            return_perf_metrics=bool(scalar(get, "return_perf_metrics")),
+            return_output_ids=bool(scalar(get, "return_output_ids")))
         return {
             "input_ids": np.asarray([built.input_ids], dtype=np.int32),
             "input_lengths": np.asarray([[len(built.input_ids)]], dtype=np.int32),
@@ -79,7 +86,8 @@ class LLMRequestBuilder:
             # -1: "all of the model's EOS ids" (the LLM step expands it)
             "out_end_id": np.asarray([[end_id if end_id is not None else -1]], dtype=np.int32),
             "out_pad_id": np.asarray([[pad_id if pad_id is not None else self.info.pad_id]], dtype=np.int32),
-            "request_key": np.asarray([[(request_key or uuid.uuid4().hex).encode()]], dtype=np.object_),
+            "request_key": np.asarray([[key.encode()]], dtype=np.object_),
+            "request_context": np.asarray([[context.to_json().encode()]], dtype=np.object_),
         }
 
 

@@ -26,7 +26,8 @@ _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length"
 _NO_LIMIT = 10**9
 
 
-@dataclass(frozen=True)
+# eq=False: compared and hashed by identity (it holds a tokenizer and a dict).
+@dataclass(frozen=True, eq=False)
 class TokenizerInfo:
     model_dir: Path
     tokenizer: Tokenizer

@@ -69,7 +69,8 @@ class TritonPythonModel:
                 return
             engine_id = parsed.request_key or client_id or uuid.uuid4().hex
             self.registry.register(LiveStream(engine_id, client_id, sender, parsed.streaming,
-                                              parsed.prompt_token_ids, parsed.exclude_input_in_output))
+                                              parsed.prompt_token_ids, parsed.exclude_input_in_output,
+                                              parsed.context))
             self.engine.add_request(engine_id, parsed.prompt_token_ids, parsed.sampling,
                                     priority=parsed.priority, on_output=self._on_output)
         except _REJECTIONS as exc:
@@ -101,17 +102,17 @@ class TritonPythonModel:
             if not stream.exclude_input and not stream.sent_any:
                 ids = stream.prompt_ids + ids
             if ids or out.finished:
-                self._send(stream, self._response(out, ids, logprobs), FINAL if out.finished else 0)
+                self._send(stream, self._response(stream, out, ids, logprobs), FINAL if out.finished else 0)
             return
         stream.pending_ids.extend(out.new_token_ids)
         if out.new_logprobs:
             stream.pending_logprobs.extend(out.new_logprobs)
         if out.finished:
             ids = stream.pending_ids if stream.exclude_input else stream.prompt_ids + stream.pending_ids
-            self._send(stream, self._response(out, ids, stream.pending_logprobs or None), FINAL)
+            self._send(stream, self._response(stream, out, ids, stream.pending_logprobs or None), FINAL)
 
-    def _response(self, out: RequestOutput, ids: list[int], logprobs: list[float] | None):
-        arrays = output_arrays(out, ids, logprobs)
+    def _response(self, stream: LiveStream, out: RequestOutput, ids: list[int], logprobs: list[float] | None):
+        arrays = output_arrays(out, ids, logprobs, stream.context)
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()])
 
     def _send(self, stream: LiveStream, response, flags: int) -> None:

@@ -22,6 +22,7 @@ class LLMRequest:
     exclude_input_in_output: bool
     request_key: str | None
     stop: bool
+    context: bytes = b""
 
 
 def _scalar(tensors: Mapping[str, np.ndarray], name: str, default: object) -> object:
@@ -40,6 +41,13 @@ def _scalar(tensors: Mapping[str, np.ndarray], name: str, default: object) -> ob
         except UnicodeDecodeError:
             raise InvalidRequestError(f"{name}: not valid UTF-8") from None
     return value.item() if hasattr(value, "item") else value
+
+
+def _raw_bytes(array: np.ndarray | None) -> bytes:
+    if array is None or np.asarray(array).size == 0:
+        return b""
+    value = np.asarray(array).reshape(-1)[0]
+    return bytes(value) if isinstance(value, (bytes, np.bytes_)) else str(value).encode()
 
 
 def parse_word_list(array: np.ndarray | None, name: str) -> list[list[int]]:
@@ -122,4 +130,5 @@ def parse_llm_request(tensors: Mapping[str, np.ndarray], config: EngineConfig,
         exclude_input_in_output=bool(_scalar(tensors, "exclude_input_in_output", True)),
         request_key=request_key,
         stop=False,
+        context=_raw_bytes(tensors.get("request_context")),
     )

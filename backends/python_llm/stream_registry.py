@@ -22,6 +22,7 @@ class LiveStream:
     streaming: bool
     prompt_ids: list[int]            # echoed when exclude_input_in_output is false
     exclude_input: bool
+    context: bytes = b""             # request_context, echoed on every response
     sent_any: bool = False
     cancel_requested: bool = False
     pending_ids: list[int] = field(default_factory=list)        # non-streaming accumulation

@@ -13,8 +13,11 @@ class TritonMetrics(MetricsSink):
         kinds = {"counter": pb_utils.MetricFamily.COUNTER, "gauge": pb_utils.MetricFamily.GAUGE,
                  "histogram": pb_utils.MetricFamily.HISTOGRAM}
         self._metrics: dict[str, Any] = {}
+        # Triton requires a family to outlive its metrics: keep both
+        self._family_objects: list[Any] = []
         for family in METRIC_FAMILIES:
             fam = pb_utils.MetricFamily(name=family.name, description=family.description, kind=kinds[family.kind])
+            self._family_objects.append(fam)
             if family.kind == "histogram":
                 self._metrics[family.name] = fam.Metric(labels=labels, buckets=list(family.buckets))
             else:

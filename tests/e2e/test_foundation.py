@@ -91,7 +91,7 @@ def _grpc_error(triton_server, inputs: list[grpcclient.InferInput]) -> str:
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(triton_server.grpc_url)
     try:
-        client.start_stream(callback=lambda res, err: responses.put((res, err)))
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
         client.async_stream_infer("ensemble", inputs)
         res, err = responses.get(timeout=60)
         assert res is None and err is not None, "expected an error before any data"

@@ -92,7 +92,7 @@ def grpc_stream(grpc_url: str, model: str, inputs: dict[str, Any], timeout: floa
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(grpc_url)
     try:
-        client.start_stream(callback=lambda res, err: responses.put((res, err)))
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
         requested = [grpcclient.InferRequestedOutput(n) for n in outputs] if outputs else None
         client.async_stream_infer(model, [_grpc_input(k, v) for k, v in inputs.items()],
                                   request_id=request_id, outputs=requested,

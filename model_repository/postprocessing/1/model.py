@@ -13,8 +13,9 @@ import triton_python_backend_utils as pb_utils
 
 from ensemble.content_filter import ContentFilterRules
 from ensemble.errors import InvalidInputError
-from ensemble.llm_request import scalar, strings
+from ensemble.llm_request import scalar
 from ensemble.public_outputs import LLMResponse, ReturnFlags, public_output_arrays
+from ensemble.request_context import RequestContext
 from ensemble.shared_state import InProcessStateStore, SqliteStateStore, StreamOrderError
 from ensemble.stream_postprocessor import LLMDelta, StreamPostprocessor
 from ensemble.tokenizer_info import load_tokenizer_info
@@ -64,17 +65,17 @@ class TritonPythonModel:
                 cum_log_probs=get("cum_log_probs"), output_log_probs=get("output_log_probs"),
                 times_ns=tuple(int(scalar(get, n) or 0) for n in
                                ("arrival_time_ns", "first_token_time_ns", "last_token_time_ns")))
-            key = scalar(get, "request_key") or ""
+            context = RequestContext.from_json(scalar(get, "request_context"))
+            key = context.key
             delta = LLMDelta(key=key, token_ids=llm.token_ids, sequence_length=llm.sequence_length,
-                             engine_finish_reason=llm.finish_reason, streaming=bool(scalar(get, "stream")))
-            result = self.steps.process(delta, strings(get, "stop_words") or [], scalar(get, "segment"))
+                             engine_finish_reason=llm.finish_reason, streaming=context.stream)
+            result = self.steps.process(delta, context.stop_words, context.segment)
         except (InvalidInputError, StreamOrderError) as exc:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
         if result.stop_engine:
             self._stop_engine(key)
-        flags = ReturnFlags(log_probs=bool(scalar(get, "return_log_probs")),
-                            perf_metrics=bool(scalar(get, "return_perf_metrics")),
-                            output_ids=bool(scalar(get, "return_output_ids")))
+        flags = ReturnFlags(log_probs=context.return_log_probs, perf_metrics=context.return_perf_metrics,
+                            output_ids=context.return_output_ids)
         arrays = public_output_arrays(result.text, result.finish_reason, llm, flags)
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor(f"{name}_out" if name in RENAMED else name, value) for name, value in arrays.items()])

@@ -1,0 +1,1 @@
+"""Measurement scripts (run with python -m bench.<name>)."""

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from ensemble.content_filter import ContentFilterRules, FilterAction, FilterRule
+
+
+def _run(rules: ContentFilterRules, chunks: list[str]) -> tuple[str, bool, str | None]:
+    content_filter = rules.new_filter()
+    out = []
+    for chunk in chunks:
+        result = content_filter.push(chunk)
+        out.append(result.text)
+        if result.stopped:
+            return "".join(out), True, result.rule
+    out.append(content_filter.flush().text)
+    return "".join(out), False, None
+
+
+MASK_DANGER = ContentFilterRules([FilterRule("危险")])
+
+
+def test_word_split_across_tokens_is_masked() -> None:
+    assert _run(MASK_DANGER, ["这很", "危", "险！"]) == ("这很**！", False, None)
+
+
+def test_only_the_possible_start_of_a_word_is_held_back() -> None:
+    content_filter = MASK_DANGER.new_filter()
+    assert content_filter.push("这很危").text == "这很"   # "危" may start "危险"
+    assert content_filter.push("机").text == "危机"       # it did not
+    assert content_filter.flush().text == ""
+
+
+def test_stop_rule_ends_the_response_before_the_word() -> None:
+    rules = ContentFilterRules([FilterRule("bomb", action=FilterAction.STOP, name="weapons")])
+    text, stopped, rule = _run(rules, ["How to build a bo", "mb at home"])
+    assert (text, stopped, rule) == ("How to build a ", True, "weapons")
+
+
+def test_regex_rule_masks_a_number_that_arrives_in_pieces() -> None:
+    rules = ContentFilterRules([FilterRule(r"\d{3}-\d{4}", is_regex=True, name="phone")])
+    assert _run(rules, ["call 55", "5-12", "34 now"]) == ("call ******** now", False, None)
+
+
+def test_regex_match_touching_the_end_waits_for_more_text() -> None:
+    rules = ContentFilterRules([FilterRule(r"\d+", is_regex=True)])
+    assert _run(rules, ["id 12", "34 ok"]) == ("id **** ok", False, None)
+
+
+def test_words_are_case_insensitive_unless_told_otherwise() -> None:
+    rules = ContentFilterRules([FilterRule("Secret"), FilterRule("KEY", ignore_case=False)])
+    assert _run(rules, ["my SECRET key and KEY"]) == ("my ****** key and ***", False, None)
+
+
+def test_mask_and_stop_rules_together_mask_text_before_the_stop() -> None:
+    rules = ContentFilterRules.from_dicts([
+        {"pattern": "危险"}, {"pattern": "炸弹", "action": "stop"}])
+    assert _run(rules, ["危险的", "炸", "弹在这"]) == ("**的", True, "炸弹")
+
+
+def test_hold_back_is_bounded_for_open_ended_patterns() -> None:
+    rules = ContentFilterRules([FilterRule(r"<secret>.*</secret>", is_regex=True)], max_hold_chars=16)
+    content_filter = rules.new_filter()
+    released = content_filter.push("<secret>" + "x" * 40).text
+    assert len(released) == 48 - 16
+
+
+def test_rules_load_from_a_json_file(tmp_path: Path) -> None:
+    path = tmp_path / "rules.json"
+    path.write_text(json.dumps({"rules": [{"pattern": "危险", "action": "stop", "name": "danger"}]}), "utf-8")
+    rules = ContentFilterRules.from_json_file(path)
+    assert _run(rules, ["小心危", "险"]) == ("小心", True, "danger")
+
+
+@pytest.mark.parametrize("item, message", [
+    ({"pattern": ""}, "non-empty pattern"),
+    ({"pattern": "a*", "regex": True}, "matches the empty string"),
+    ({"pattern": "(", "regex": True}, "bad regular expression"),
+    ({"pattern": "x", "action": "delete"}, "delete"),
+    ({"pattern": "x", "colour": "red"}, "unknown keys"),
+])
+def test_bad_rules_are_rejected_at_load_time(item: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ContentFilterRules.from_dicts([item])
+
+
+def test_any_chunking_gives_the_same_output() -> None:
+    rules = ContentFilterRules.from_dicts([{"pattern": "危险"}, {"pattern": r"\bbad\w*", "regex": True}])
+    text = "这是危险的 badly bad 危 险 ok"
+    expected = _run(rules, [text])
+    for cut in range(len(text) + 1):
+        for cut2 in range(cut, len(text) + 1):
+            assert _run(rules, [text[:cut], text[cut:cut2], text[cut2:]]) == expected
+
+
+def measure_per_token_cost_us(rules: ContentFilterRules, tokens: list[str], rounds: int = 5) -> float:
+    """Mean microseconds one push costs (best of a few rounds)."""
+    best = float("inf")
+    for _ in range(rounds):
+        content_filter = rules.new_filter()
+        start = time.perf_counter()
+        for token in tokens:
+            content_filter.push(token)
+        content_filter.flush()
+        best = min(best, (time.perf_counter() - start) / len(tokens) * 1e6)
+    return best
+
+
+def test_per_token_cost_stays_small(capsys: pytest.CaptureFixture[str]) -> None:
+    words = [{"pattern": w} for w in ("危险", "炸弹", "暴力", "password", "secret", "kill", "attack")]
+    regexes = [{"pattern": p, "regex": True} for p in (r"\d{3}-\d{4}", r"\b[\w.]+@\w+\.\w+\b", r"(?:api|key)=\w+")]
+    stop = [{"pattern": "绝密", "action": "stop"}]
+    rules = ContentFilterRules.from_dicts(words * 3 + regexes + stop)
+    tokens = ["The", " quick", " brown", " fox", "，", "今天", "天气", "很好", "。", " email", " me"] * 100
+    cost = measure_per_token_cost_us(rules, tokens)
+    with capsys.disabled():
+        print(f"\n[content filter: {len(rules.rules)} rules, {cost:.1f} us per token]")
+    assert cost < 500  # generous for a loaded 2-core CI machine; typically ~10-30 us
