@@ -12,7 +12,7 @@ pytestmark = pytest.mark.e2e
 
 def test_locust_smoke_both_transports(triton_server, tmp_path):
     out = tmp_path / "results"
-    command = [sys.executable, "-m", "loadtest", "run", "--users", "4", "--duration", "45s", "--shape", "steady",
+    command = [sys.executable, "-m", "loadtest", "run", "--users", "8", "--duration", "55s", "--shape", "steady",
                "--user-types", "sse,grpc", "--max-tokens", "16", "--fixed-max-tokens", "--think-time", "0.05",
                "--http-url", triton_server.http_url, "--grpc-url", triton_server.grpc_url,
                "--stop-timeout", "30", "--slo-error-rate", "0", "--out", str(out)]

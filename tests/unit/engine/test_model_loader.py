@@ -1,0 +1,82 @@
+"""ModelInfo and weight loading edge cases."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from python_llm.engine.model_info import ModelFolderError, ModelInfo
+from python_llm.engine.config import EngineConfig
+from python_llm.engine.runner import ModelRunner
+
+from test_model_tiny import save_tiny
+
+
+def write_config(folder: Path, config: dict, generation: dict | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    if generation is not None:
+        (folder / "generation_config.json").write_text(json.dumps(generation))
+    return folder
+
+
+BASE = {"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "num_hidden_layers": 3, "max_position_embeddings": 512, "eos_token_id": 2}
+
+
+def test_model_info_unions_all_eos_ids(tmp_path: Path) -> None:
+    folder = write_config(tmp_path, BASE, {"eos_token_id": [7, 2, 9]})
+    info = ModelInfo.from_model_dir(str(folder))
+    assert info.eos_token_ids == [7, 2, 9]
+    assert (info.max_model_len, info.vocab_size, info.num_layers, info.num_kv_heads, info.head_dim) == (
+        512, 100, 3, 2, 16)
+
+
+def test_model_info_without_generation_config_and_capped_length(tmp_path: Path) -> None:
+    info = ModelInfo.from_model_dir(str(write_config(tmp_path, BASE)), max_model_len=128)
+    assert info.eos_token_ids == [2]
+    assert info.max_model_len == 128
+    with pytest.raises(ModelFolderError, match="max_model_len"):
+        ModelInfo.from_model_dir(str(tmp_path), max_model_len=4096)
+
+
+def test_default_model_info() -> None:
+    from serving.default_model import ensure_default_model
+    info = ModelInfo.from_model_dir(str(ensure_default_model()))
+    assert (info.num_layers, info.num_kv_heads, info.head_dim, info.vocab_size) == (30, 3, 64, 49152)
+    assert 2 in info.eos_token_ids
+
+
+def test_unsupported_architecture_is_refused(tmp_path: Path) -> None:
+    folder = write_config(tmp_path, {**BASE, "architectures": ["GPT2LMHeadModel"]})
+    with pytest.raises(ModelFolderError, match="GPT2LMHeadModel"):
+        ModelRunner(EngineConfig(model_dir=str(folder)))
+
+
+def test_missing_weights_are_refused(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+    folder = save_tiny(tmp_path / "m", "llama")
+    weights = load_file(folder / "model.safetensors")
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelFolderError, match="missing"):
+        ModelRunner(EngineConfig(model_dir=str(folder), max_tokens_in_paged_kv_cache=256))
+
+
+def test_wrong_shape_is_refused(tmp_path: Path) -> None:
+    folder = save_tiny(tmp_path / "m", "llama")
+    config = json.loads((folder / "config.json").read_text())
+    config["intermediate_size"] = 96
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelFolderError, match="shape"):
+        ModelRunner(EngineConfig(model_dir=str(folder), max_tokens_in_paged_kv_cache=256))
+
+
+def test_unsupported_rope_type_is_refused(tmp_path: Path) -> None:
+    folder = save_tiny(tmp_path / "m", "llama")
+    config = json.loads((folder / "config.json").read_text())
+    config["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelFolderError, match="rope_type"):
+        ModelRunner(EngineConfig(model_dir=str(folder), max_tokens_in_paged_kv_cache=256))

@@ -1,0 +1,99 @@
+"""Runner behaviour on a tiny random model: KV budget, per-request RNG state,
+input validation, step shapes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from python_llm.engine.config import EngineConfig
+from python_llm.engine.runner import ModelRunner, SchedulingError
+from python_llm.engine.sampling_params import SamplingParams
+from python_llm.engine.scheduler_output import ScheduledSequence, SchedulerOutput
+
+from test_model_tiny import save_tiny
+from test_runner_helpers import RunnerDriver
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory: pytest.TempPathFactory) -> ModelRunner:
+    folder = save_tiny(tmp_path_factory.mktemp("tiny") / "llama", "llama")
+    return ModelRunner(EngineConfig(model_dir=str(folder), max_tokens_in_paged_kv_cache=2048, block_size=8,
+                                    num_threads=2))
+
+
+def one(request_id: str, tokens: list[int], start: int, table: list[int], sample: bool = True,
+        **params) -> ScheduledSequence:
+    return ScheduledSequence(request_id, tokens, start, table, sample, SamplingParams(**params))
+
+
+def test_kv_budget_on_cpu(runner: ModelRunner) -> None:
+    assert runner.num_blocks == 2048 // 8
+    assert runner.kv_cache.keys[0].shape == (2, 256, 8, 16)
+    assert runner.model_info.vocab_size == 96
+
+
+def test_partial_chunk_samples_nothing(runner: ModelRunner) -> None:
+    out = runner.execute(SchedulerOutput([one("p", list(range(3, 13)), 0, [0, 1], sample=False)], 10))
+    assert out.sampled == []
+    assert out.model_seconds > 0
+
+
+def test_empty_step(runner: ModelRunner) -> None:
+    assert runner.execute(SchedulerOutput([], 0)).sampled == []
+
+
+def test_logprobs_returned_when_asked(runner: ModelRunner) -> None:
+    out = runner.execute(SchedulerOutput([one("a", [5, 6, 7], 0, [0], return_log_probs=True),
+                                          one("b", [5, 6, 7], 0, [1])], 6))
+    assert out.sampled[0].logprob is not None and out.sampled[0].logprob <= 0
+    assert out.sampled[1].logprob is None
+    assert out.sampled[0].token_id == out.sampled[1].token_id
+
+
+def test_seeded_sampling_reproducible_and_state_dropped_when_finished(runner: ModelRunner) -> None:
+    def generate(request_id: str, neighbours: int) -> list[int]:
+        driver = RunnerDriver(runner)
+        driver.add(request_id, [4, 5, 6, 7], 10, SamplingParams(temperature=1.0, seed=77))
+        for i in range(neighbours):
+            driver.add(f"{request_id}-n{i}", [9, 8, 7], 10, SamplingParams(temperature=1.0))
+        tokens = driver.run()[request_id]
+        runner.execute(SchedulerOutput([], 0, finished_request_ids=[r.request_id for r in driver.requests]))
+        return tokens
+
+    first = generate("s1", 0)
+    assert "s1" not in runner._generators
+    assert generate("s2", 3) == first
+    assert len(set(first)) > 1
+
+
+def test_single_token_chunk_after_prefill_matches_decode_path(runner: ModelRunner) -> None:
+    """A 1-token sequence that is not in the leading decode run takes the
+    prefill path; both must give the same token."""
+    prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19]
+    runner.execute(SchedulerOutput([one("x", prompt[:-1], 0, [10, 11], sample=False)], 8))
+    as_decode = runner.execute(SchedulerOutput([one("x", prompt[-1:], 8, [10, 11])], 1)).sampled[0].token_id
+    as_prefill = runner.execute(SchedulerOutput([one("y", [3, 4, 5], 0, [12]),
+                                                 one("x", prompt[-1:], 8, [10, 11])], 4)).sampled[1].token_id
+    assert as_decode == as_prefill
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(tokens=[1, 2, 3], start=0, table=[]), "blocks cannot hold"),
+    (dict(tokens=[], start=0, table=[0]), "no tokens"),
+    (dict(tokens=[1], start=256, table=list(range(40))), "outside"),
+])
+def test_invalid_schedules_are_rejected(runner: ModelRunner, bad: dict, match: str) -> None:
+    with pytest.raises(SchedulingError, match=match):
+        runner.execute(SchedulerOutput([one("bad", bad["tokens"], bad["start"], bad["table"])], 1))
+
+
+def test_num_threads_applied(tmp_path: Path) -> None:
+    folder = save_tiny(tmp_path / "t", "llama")
+    before = torch.get_num_threads()
+    try:
+        ModelRunner(EngineConfig(model_dir=str(folder), num_threads=1, max_tokens_in_paged_kv_cache=64))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
