@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import queue
 import re
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,3 +168,106 @@ def wait_for(predicate, timeout_s: float, interval_s: float = 0.05) -> float:
         if time.monotonic() - start > timeout_s:
             raise TimeoutError(f"condition not met within {timeout_s} s")
         time.sleep(interval_s)
+
+
+# --- text path helpers (issue 4) ------------------------------------------
+
+SPECIAL_TOKEN_TEXTS = ("<|im_end|>", "<|im_start|>", "<|endoftext|>")
+
+
+def chat(*contents: str) -> str:
+    """A `messages` input: alternating user / assistant turns, user first."""
+    roles = ("user", "assistant")
+    return json.dumps([{"role": roles[i % 2], "content": c} for i, c in enumerate(contents)], ensure_ascii=False)
+
+
+def _as_list(value: Any) -> list[Any]:
+    # generate_stream JSON flattens a one-element output to a scalar
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list) else [value]
+
+
+def event_output_ids(event: dict[str, Any]) -> list[int]:
+    return [int(v) for v in _as_list(event.get("output_ids"))]
+
+
+def event_num_output_tokens(event: dict[str, Any]) -> int:
+    return sum(int(v) for v in _as_list(event.get("num_output_tokens")))
+
+
+def stream_output_ids(result: StreamResult) -> list[int]:
+    return [i for event in result.events for i in event_output_ids(event)]
+
+
+def stream_num_output_tokens(result: StreamResult) -> int:
+    return sum(event_num_output_tokens(event) for event in result.events)
+
+
+def send_stop(http_url: str, request_id: str, model: str = "python_llm", timeout: float = 30.0) -> httpx.Response:
+    """Stop a request by its client id, as TensorRT-LLM clients do (`generate`,
+    since Triton's `infer` refuses decoupled models)."""
+    body = {"input_ids": [0], "input_lengths": [1], "request_output_len": [1], "stop": True, "id": request_id}
+    return httpx.post(f"{http_url}/v2/models/{model}/generate", json=body, timeout=timeout)
+
+
+def sse_stream_cancelled(http_url: str, model: str, body: dict[str, Any], on_first: Callable[[], None],
+                         go: threading.Event, send_stop_for_id: bool = False,
+                         timeout: float = 120.0) -> StreamResult:
+    """Read the first event, call `on_first`, wait for `go`, then cancel: by
+    closing the connection, or (`send_stop_for_id`) by sending `stop` for
+    body["id"] and reading the stream to its end."""
+    result = StreamResult()
+    with httpx.Client(timeout=timeout) as client:
+        with connect_sse(client, "POST", f"{http_url}/v2/models/{model}/generate_stream", json=body) as source:
+            result.status = source.response.status_code
+            events = source.iter_sse()
+            for sse in events:
+                result.events.append(json.loads(sse.data))
+                break
+            on_first()
+            if not go.wait(timeout):
+                raise TimeoutError("cancel signal never came")
+            if not send_stop_for_id:
+                return result      # leaving the with-blocks closes the connection
+            stop = send_stop(http_url, body["id"])
+            if stop.status_code != 200:
+                result.error = f"stop answered {stop.status_code}: {stop.text}"
+                return result
+            for sse in events:
+                event = json.loads(sse.data)
+                if "error" in event:
+                    result.error = event["error"]
+                    break
+                result.events.append(event)
+    return result
+
+
+def grpc_stream_cancelled(grpc_url: str, model: str, inputs: dict[str, Any], on_first: Callable[[], None],
+                          go: threading.Event, timeout: float = 120.0) -> StreamResult:
+    """Read the first response, call `on_first`, wait for `go`, then cancel
+    the request through gRPC (`stop_stream(cancel_requests=True)`)."""
+    result = StreamResult()
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(grpc_url)
+    cancelled = False
+    try:
+        client.start_stream(callback=lambda result, error: responses.put((result, error)))
+        client.async_stream_infer(model, [_grpc_input(k, v) for k, v in inputs.items()],
+                                  enable_empty_final_response=True)
+        res, err = responses.get(timeout=timeout)
+        if err is not None:
+            result.error = str(err)
+            return result
+        text = res.as_numpy("text_output")
+        result.events.append({"text_output": [] if text is None else [v.decode() for v in text.reshape(-1)]})
+        on_first()
+        if not go.wait(timeout):
+            raise TimeoutError("cancel signal never came")
+        client.stop_stream(cancel_requests=True)
+        cancelled = True
+    finally:
+        if not cancelled:
+            client.stop_stream(cancel_requests=True)
+        client.close()
+    return result

@@ -19,7 +19,7 @@ class EngineConfig:
     kv_cache_free_gpu_mem_fraction: float = 0.9  # KV budget on GPU
     max_num_seqs: int = 64                    # sequences per step
     max_num_batched_tokens: int = 512         # token budget per step
-    max_queue_size: int = 256                 # waiting requests before 'overloaded:'
+    max_queue_size: int = 256                 # waiting requests before "overloaded:"; 0 = unbounded
     max_model_len: int | None = None          # None = model's max positions
     max_tokens_limit: int = 4096              # largest max_tokens a request may ask
     default_max_tokens: int = 128

@@ -328,7 +328,7 @@ class Scheduler:
         if req.first_token_time_ns is not None and n > 1 and req.last_token_time_ns is not None:
             metrics.histogram_observe(m.TIME_PER_OUTPUT_TOKEN,
                                       (req.last_token_time_ns - req.first_token_time_ns) / 1e9 / (n - 1))
-        log.info("request finished request_id=%s reason=%s prompt_tokens=%d output_tokens=%d cached_tokens=%d",
+        log.debug("request finished request_id=%s reason=%s prompt_tokens=%d output_tokens=%d cached_tokens=%d",
                  req.request_id, reason.value, req.num_prompt_tokens, n, req.num_cached_tokens)
 
     @staticmethod
