@@ -37,6 +37,8 @@ class DeploymentSettings:
     dtype: str = "float32"
     num_threads: int = 0
     debug_step_delay_ms: int = 0
+    debug_fail_after_steps: int = 0
+    exit_on_engine_failure_s: float = 2.0
     # text stages
     preprocessing_instances: int = 1
     postprocessing_instances: int = 1

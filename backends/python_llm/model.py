@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import threading
+import time
 import uuid
 
 import numpy as np
@@ -26,6 +29,12 @@ log = logging.getLogger("python_llm")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _REJECTIONS = (InvalidRequestError, OverloadedError, DuplicateRequestError, EngineDeadError)
 CANCEL_POLL_S = 0.05
+
+
+def _kill_server_after(grace_s: float) -> None:
+    time.sleep(grace_s)
+    # the stub's parent is tritonserver; SIGKILL because its graceful signals exit 0
+    os.kill(os.getppid(), signal.SIGKILL)
 
 
 class TritonPythonModel:
@@ -130,7 +139,15 @@ class TritonPythonModel:
                 self.engine.abort(engine_id, "cancelled")
 
     def _on_engine_dead(self, exc: BaseException) -> None:
-        log.error("python_llm engine loop failed; rejecting new requests: %s", exc)
+        """The engine already ended every in-flight request with an error and
+        rejects new ones. Triton 2.51 keeps reporting a broken Python model as
+        ready (server #8604), so the failure is made visible the one way a
+        supervisor cannot miss: the server exits non-zero."""
+        grace = self.config.exit_on_engine_failure_s
+        log.error("python_llm engine loop failed: %s; %s", exc,
+                  f"killing tritonserver in {grace} s" if grace >= 0 else "serving errors only")
+        if grace >= 0:
+            threading.Thread(target=_kill_server_after, args=(grace,), name="python_llm-exit", daemon=True).start()
 
     def finalize(self) -> None:
         self._stopping.set()

@@ -38,8 +38,8 @@ def test_retry_rides_out_a_server_restart(start_triton):
     server.stop()
     # Backoff capped at 1 s so the first attempt after the restart comes quickly;
     # attempts and budget sized for a restart of up to ~2 minutes on a busy machine.
-    retry = RetryConfig(max_attempts=150, backoff_base_s=0.1, backoff_max_s=1.0,
-                        budget_floor=300.0, budget_cap=300.0)
+    retry = RetryConfig(max_attempts=300, backoff_base_s=0.1, backoff_max_s=1.0,
+                        budget_floor=400.0, budget_cap=400.0)
     budgets = {transport: RetryBudget.from_config(retry) for transport in ("sse", "grpc")}
     results: dict[str, GenerationResult | BaseException] = {}
 

@@ -182,3 +182,19 @@ def test_burst_past_the_queue_is_rejected_fast_and_the_rest_complete(short_queue
     print(f"\n[{len(rejected)} rejected (slowest answer {slowest_rejection * 1000:.0f} ms), {len(completed)} completed]")
     assert slowest_rejection < 10.0, "a rejection must not wait for capacity"
     assert _metric(server, "llm_requests_rejected_total") == rejected_before + len(rejected)
+
+
+def test_engine_failure_fails_requests_and_the_server_exits_non_zero(start_triton, tokenizer):
+    server = start_triton(debug_fail_after_steps=3, exit_on_engine_failure_s=0.5)
+    try:
+        r = sse_stream(server.http_url, "python_llm", llm_body(_ids(tokenizer, "Hello there"), 32, ignore_eos=True))
+        assert r.error is not None and "engine failed: RuntimeError: injected failure" in r.error, r.error
+        assert len(r.events) <= 3                       # the stream ended, with an error, after 3 steps
+        process = server.process
+        assert process is not None
+        t0 = time.monotonic()
+        code = process.wait(timeout=60)
+        print(f"\n[server exited with {code} {time.monotonic() - t0:.2f} s after the error response]")
+        assert code != 0
+    finally:
+        server.stop()

@@ -28,6 +28,12 @@ class EngineConfig:
     enable_chunked_context: bool = True
     num_threads: int = 0                      # torch threads; 0 = torch's default
     debug_step_delay_ms: int = 0              # test-only stall injected per step
+    debug_fail_after_steps: int = 0           # test-only: the loop fails after N steps (0 = never)
+    # What a dead engine loop does to its server: after this grace period (so
+    # the error responses reach their clients) the server is killed, exiting
+    # non-zero, for a supervisor to restart it. < 0 keeps it running (serving
+    # only errors), for debugging.
+    exit_on_engine_failure_s: float = 2.0
 
     def __post_init__(self) -> None:
         def check(ok: bool, msg: str) -> None:

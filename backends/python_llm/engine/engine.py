@@ -280,6 +280,8 @@ class LLMEngine:
         if ran_model:
             if self._step_delay_s:
                 time.sleep(self._step_delay_s)
+            if self.config.debug_fail_after_steps and self._steps >= self.config.debug_fail_after_steps:
+                raise RuntimeError(f"injected failure after {self._steps} steps (debug_fail_after_steps)")
             result = self.runner.execute(scheduled)
             # a token that arrives after its deadline does not rescue the request
             outputs.extend(sched.expire_timeouts())

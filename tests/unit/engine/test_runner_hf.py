@@ -32,13 +32,7 @@ GREEDY_NO_EOS = SamplingParams(min_tokens=NEW_TOKENS, stop_token_ids=[2])
 
 
 @pytest.fixture(scope="module")
-def model_dir() -> str:
-    from serving.default_model import ensure_default_model
-    return str(ensure_default_model())
-
-
-@pytest.fixture(scope="module")
-def tokenizer(model_dir: str):
+def tokenizer(model_dir):   # model_dir: the session fixture of tests/conftest.py
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(model_dir)
 
@@ -54,15 +48,15 @@ def prompts(tokenizer) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def hf_model(model_dir: str):
+def hf_model(model_dir):
     from transformers import AutoModelForCausalLM
     torch.set_num_threads(2)
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
 
 
 @pytest.fixture(scope="module")
-def runner(model_dir: str) -> ModelRunner:
-    return ModelRunner(EngineConfig(model_dir=model_dir, num_threads=2, max_tokens_in_paged_kv_cache=8192))
+def runner(model_dir) -> ModelRunner:
+    return ModelRunner(EngineConfig(model_dir=str(model_dir), num_threads=2, max_tokens_in_paged_kv_cache=8192))
 
 
 @pytest.fixture(scope="module")
