@@ -14,8 +14,6 @@ import argparse
 import statistics
 import time
 
-import torch
-
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.runner import ModelRunner
 from python_llm.engine.sampling_params import SamplingParams
@@ -83,8 +81,6 @@ def main() -> None:
         print(f"{dtype:9s} prefill {args.prefill_tokens} tokens: step {total * 1e3:7.1f} ms "
               f"(layers+LM head {model * 1e3:7.1f} ms, rest {(total - model) * 1e3:5.1f} ms) "
               f"-> {args.prefill_tokens / total:6.1f} tok/s")
-        del runner
-        torch.set_num_threads(args.threads)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     run_p.add_argument("--grpc-url", default="127.0.0.1:8001")
     run_p.add_argument("--max-tokens", type=int, default=64)
     run_p.add_argument("--fixed-max-tokens", action="store_true")
+    run_p.add_argument("--raw-prompts", action="store_true",
+                       help="send prompts as plain text_input instead of chat messages")
     run_p.add_argument("--think-time", type=float, default=0.5)
     run_p.add_argument("--token-timeout", type=float, default=30.0)
     run_p.add_argument("--dataset", default=None)
@@ -83,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         http_url=args.http_url, grpc_url=args.grpc_url, model=args.model, shape=args.shape, users=args.users,
         spawn_rate=args.spawn_rate or float(args.users), duration_s=args.duration, burst_factor=args.burst_factor,
         cancel_share=args.cancel_share, think_time_s=args.think_time, max_tokens=args.max_tokens,
-        fixed_max_tokens=args.fixed_max_tokens, token_timeout_s=args.token_timeout,
+        fixed_max_tokens=args.fixed_max_tokens, chat=not args.raw_prompts, token_timeout_s=args.token_timeout,
         tokenizer_dir=args.tokenizer_dir)
     if args.dataset:
         settings_kwargs["dataset"] = args.dataset

@@ -42,7 +42,37 @@ def _distribution(samples: list[dict[str, Any]], key: str, title: str, out: Path
     return out
 
 
-def _over_time(samples: list[dict[str, Any]], history_csv: Path, out: Path) -> Path:
+def token_times_unix_s(sample: dict[str, Any]) -> list[float]:
+    """Wall-clock arrival of each token-bearing response of one stream.
+
+    Rebuilt from the sample (end time, e2e, TTFT and the ITL gaps), so the
+    throughput plot shows tokens when they streamed, not when streams ended.
+    """
+    if sample.get("ttft_ms") is None or sample.get("e2e_ms") is None:
+        return []
+    first = sample["end_unix_s"] - sample["e2e_ms"] / 1000.0 + sample["ttft_ms"] / 1000.0
+    times = [first]
+    for gap_ms in sample.get("itl_ms") or []:
+        times.append(times[-1] + gap_ms / 1000.0)
+    return times
+
+
+def streamed_token_rate(samples: list[dict[str, Any]], start_unix_s: float,
+                        bin_s: float = 2.0) -> dict[str, dict[int, float]]:
+    """Output tokens per second in `bin_s` windows, per request type: {type: {bin index: tokens/s}}."""
+    rates: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    for sample in samples:
+        times = token_times_unix_s(sample)
+        if not times:
+            continue
+        # Responses usually carry one token; spread re-tokenized counts evenly over them.
+        per_response = sample["output_tokens"] / len(times)
+        for at in times:
+            rates[sample["type"]][int((at - start_unix_s) // bin_s)] += per_response / bin_s
+    return rates
+
+
+def _over_time(samples: list[dict[str, Any]], history_csv: Path, out: Path, bin_s: float = 2.0) -> Path:
     figure, (tokens_axis, users_axis) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     start = None
     users: list[tuple[int, int]] = []
@@ -53,14 +83,16 @@ def _over_time(samples: list[dict[str, Any]], history_csv: Path, out: Path) -> P
         start = users[0][0] if users else None
     ends = [s["end_unix_s"] for s in samples]
     start = start if start is not None else (min(ends) if ends else 0)
-    per_second: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for sample in samples:
-        per_second[int(sample["end_unix_s"] - start)][sample["type"]] += sample["output_tokens"]
-    for kind in sorted({s["type"] for s in samples}):
-        seconds = sorted(per_second)
-        tokens_axis.plot(seconds, [per_second[t][kind] for t in seconds], label=kind)
-    tokens_axis.set_ylabel("output tokens/s (completed)")
-    if samples:
+    rates = streamed_token_rate(samples, start, bin_s)
+    last_bin = max((b for by_bin in rates.values() for b in by_bin), default=0)
+    bins = list(range(0, last_bin + 1))
+    for kind, by_bin in sorted(rates.items()):
+        tokens_axis.step([b * bin_s for b in bins], [by_bin.get(b, 0.0) for b in bins], where="post", label=kind)
+    if len(rates) > 1:
+        total = [sum(by_bin.get(b, 0.0) for by_bin in rates.values()) for b in bins]
+        tokens_axis.step([b * bin_s for b in bins], total, where="post", label="all", color="black", linewidth=1)
+    tokens_axis.set_ylabel(f"output tokens/s ({bin_s:g} s bins)")
+    if rates:
         tokens_axis.legend()
     users_axis.step([t - start for t, _ in users], [n for _, n in users], where="post")
     users_axis.set_ylabel("users")

@@ -25,6 +25,9 @@ class LoadSettings:
     think_time_s: float = 0.5         # mean pause between a user's requests
     max_tokens: int = 64              # upper end of the long-tailed output length
     fixed_max_tokens: bool = False    # every request asks for exactly max_tokens
+    # The dataset holds questions for a chat model: sent as raw text, an
+    # instruct model often answers with EOS at once, and the run measures nothing.
+    chat: bool = True
     token_timeout_s: float = 30.0
     first_token_timeout_s: float = 120.0
     dataset: str = str(DEFAULT_DATASET)

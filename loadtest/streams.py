@@ -58,11 +58,13 @@ class StreamRequest:
     request_id: str
     cancel_after_tokens: int | None = None  # abandon the stream after this many token-bearing responses
     ignore_eos: bool = False
+    chat: bool = False  # send the prompt as a user message (chat template) instead of raw text
 
     def values(self) -> dict[str, Any]:
+        messages = [{"role": "user", "content": self.prompt}] if self.chat else None
         options = GenerationOptions(max_tokens=self.max_tokens, ignore_eos=self.ignore_eos or None,
-                                    request_id=self.request_id)
-        return input_values(self.prompt, options, stream=True)
+                                    request_id=self.request_id, messages=messages)
+        return input_values("" if self.chat else self.prompt, options, stream=True)
 
     @property
     def needs_stop(self) -> bool:

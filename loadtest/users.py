@@ -44,7 +44,8 @@ class StreamingUser(User):
         cancel_after = None
         if self.rng.random() < self.settings.cancel_share:
             cancel_after = self.rng.randint(1, max(1, prompt.max_tokens // 2))
-        return StreamRequest(self.settings.model, prompt.text, prompt.max_tokens, uuid.uuid4().hex, cancel_after)
+        return StreamRequest(self.settings.model, prompt.text, prompt.max_tokens, uuid.uuid4().hex, cancel_after,
+                             chat=self.settings.chat)
 
     def stream_once(self, request: StreamRequest) -> StreamOutcome:
         raise NotImplementedError

@@ -5,6 +5,12 @@ so tests never collide with a `make serve` running on 8000-8002.
 """
 from __future__ import annotations
 
+import os
+
+# before torch is imported anywhere: spinning OpenMP threads starve the other
+# processes (servers, clients) that share the 2 cores of a CI machine
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import socket
 import time
 from collections.abc import Callable, Iterator

@@ -71,21 +71,25 @@ class TritonPythonModel:
             if tensor is not None:
                 tensors[name] = tensor.as_numpy()
         engine_id = None
+        stream = None
         try:
             parsed = parse_llm_request(tensors, self.config, self.eos_token_ids)
             if parsed.stop:
                 self._stop(sender, parsed.request_key or client_id)
                 return
             engine_id = parsed.request_key or client_id or uuid.uuid4().hex
-            self.registry.register(LiveStream(engine_id, client_id, sender, parsed.streaming,
-                                              parsed.prompt_token_ids, parsed.exclude_input_in_output,
-                                              parsed.context))
+            stream = LiveStream(engine_id, client_id, sender, parsed.streaming, parsed.prompt_token_ids,
+                                parsed.exclude_input_in_output, parsed.context)
+            self.registry.register(stream)
             self.engine.add_request(engine_id, parsed.prompt_token_ids, parsed.sampling,
                                     priority=parsed.priority, on_output=self._on_output)
         except _REJECTIONS as exc:
-            if engine_id is not None and not isinstance(exc, DuplicateRequestError):
+            error = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
+            if stream is not None and not isinstance(exc, DuplicateRequestError):
                 self.registry.remove(engine_id)
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=FINAL)
+                stream.send(error, FINAL, final=True)   # the watcher may hold this sender
+            else:
+                sender.send(error, flags=FINAL)
 
     def _stop(self, sender, name: str | None) -> None:
         engine_id = self.registry.resolve(name) if name else None
@@ -125,9 +129,8 @@ class TritonPythonModel:
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()])
 
     def _send(self, stream: LiveStream, response, flags: int) -> None:
-        stream.sent_any = True
         try:
-            stream.sender.send(response, flags=flags)
+            stream.send(response, flags, final=bool(flags & FINAL))
         except Exception as exc:  # the client is gone: stop spending work on it
             log.info("send failed, aborting request: %s", {"request": stream.engine_id, "error": str(exc)})
             self.registry.remove(stream.engine_id)

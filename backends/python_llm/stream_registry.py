@@ -27,6 +27,21 @@ class LiveStream:
     cancel_requested: bool = False
     pending_ids: list[int] = field(default_factory=list)        # non-streaming accumulation
     pending_logprobs: list[float] = field(default_factory=list)
+    # Serializes the sender's calls across threads. Once the final response
+    # is sent Triton frees the response factory, and `is_cancelled()` on it
+    # from the watcher thread then crashes tritonserver (SIGSEGV in
+    # TRITONBACKEND_ResponseFactoryIsCancelled, seen at 64 concurrent streams).
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    closed: bool = False             # the final response was sent; never touch the sender again
+
+    def send(self, response: Any, flags: int, final: bool) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            if final:
+                self.closed = True
+            self.sent_any = True
+            self.sender.send(response, flags=flags)
 
 
 class StreamRegistry:
@@ -69,9 +84,11 @@ class StreamRegistry:
             streams = list(self._by_engine_id.values())
         found = []
         for stream in streams:
-            if not stream.cancel_requested and stream.sender.is_cancelled():
+            with stream.lock:
+                if stream.closed or stream.cancel_requested or not stream.sender.is_cancelled():
+                    continue
                 stream.cancel_requested = True
-                found.append(stream.engine_id)
+            found.append(stream.engine_id)
         return found
 
     def __len__(self) -> int:

@@ -3,7 +3,9 @@
 
 Decodes (one new token each) are batched: every sequence's blocks are
 gathered into one padded [seqs, kv_heads, context, head_dim] tensor and a
-boolean mask hides the padding. Grouped-query attention needs no repeated
+boolean mask hides the padding. Decode attention is memory-bound (it reads
+all cached K/V), so decodes are grouped by context length, each group padded
+only to its own longest member. Grouped-query attention needs no repeated
 K/V: a decode's query heads that share a KV head become the query rows of
 that head ([seqs, kv_heads, group, head_dim]).
 Prefill chunks run one sequence at a time (they are few and large); a chunk
@@ -33,18 +35,25 @@ class PrefillChunk:
 
 
 @dataclass
+class DecodeGroup:
+    """Single-token sequences in rows row_start .. row_start+num_seqs-1 whose
+    block tables are padded to the same width."""
+    row_start: int
+    num_seqs: int
+    block_ids: torch.Tensor        # [num_seqs * width] padded block tables, flattened
+    mask: torch.Tensor             # [num_seqs, 1, 1, width*block_size] bool, True = attend
+
+
+@dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor                 # [T] cache slot of every new token
-    num_decodes: int = 0                       # rows 0..num_decodes-1 are single-token decodes
-    decode_block_ids: torch.Tensor | None = None   # [num_decodes * decode_blocks] padded tables
-    decode_blocks: int = 0
-    decode_mask: torch.Tensor | None = None    # [num_decodes, 1, 1, decode_blocks*block_size]
+    decodes: list[DecodeGroup] = field(default_factory=list)   # rows before all prefill chunks
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
 def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int) -> torch.Tensor:
     """[kv_heads, blocks, bs, d] → [seqs, kv_heads, blocks_per_seq*bs, d]."""
-    heads, _, block_size, d = cache.shape
+    heads, _, _, d = cache.shape
     gathered = cache.index_select(1, block_ids)
     return gathered.view(heads, num_seqs, -1, d).transpose(0, 1)
 
@@ -53,17 +62,17 @@ def paged_attention(layer: int, query: torch.Tensor, key: torch.Tensor, value: t
                     meta: AttentionMetadata, cache: PagedKVCache, scale: float) -> torch.Tensor:
     """Attention for one layer. query [T, heads, d], key/value [T, kv_heads, d]
     (already written to the cache). Returns [T, heads * d]."""
-    num_tokens, num_heads, d = query.shape
+    _, num_heads, d = query.shape
     kv_heads = key.shape[1]
     group = num_heads // kv_heads
     outputs: list[torch.Tensor] = []
 
-    if meta.num_decodes:
-        n = meta.num_decodes
-        k = _gather_blocks(cache.keys[layer], meta.decode_block_ids, n)
-        v = _gather_blocks(cache.values[layer], meta.decode_block_ids, n)
-        q = query[:n].view(n, kv_heads, group, d)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=meta.decode_mask, scale=scale)
+    for decode in meta.decodes:
+        n = decode.num_seqs
+        k = _gather_blocks(cache.keys[layer], decode.block_ids, n)
+        v = _gather_blocks(cache.values[layer], decode.block_ids, n)
+        q = query[decode.row_start:decode.row_start + n].view(n, kv_heads, group, d)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=decode.mask, scale=scale)
         outputs.append(out.reshape(n, num_heads * d))
 
     for chunk in meta.prefills:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention import AttentionMetadata, PrefillChunk
+from .attention import AttentionMetadata, DecodeGroup, PrefillChunk
 from .config import EngineConfig
 from .kv_cache import KVCacheShape, PagedKVCache, bytes_per_block
 from .model_info import ModelInfo
@@ -20,6 +20,9 @@ from .scheduler_output import RunnerOutput, SampledToken, ScheduledSequence, Sch
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# a decode group grows while its widest table is at most this many times its
+# narrowest: bounds padding waste, keeps the number of attention calls small
+DECODE_GROUP_SPREAD = 1.5
 
 
 class SchedulingError(ValueError):
@@ -98,71 +101,83 @@ class ModelRunner:
         return self._generators
 
     def _prepare(self, seqs: list[ScheduledSequence]) -> StepBatch:
-        """Flatten the step into index tensors built once and shared by all layers."""
-        bs = self.block_size
-        max_len = self.model_info.max_model_len
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        sample_rows: list[int] = []
-        sampled: list[ScheduledSequence] = []
+        """Flatten the step into index tensors built once and shared by all layers.
 
-        # a leading run of single-token sequences is attended as one batch
+        Single-token sequences at the head of the list are decodes; they are
+        laid out sorted by context length (grouped, see DecodeGroup), then the
+        prefill chunks follow in order. Output order is the input order.
+        """
+        bs = self.block_size
         num_decodes = 0
         while num_decodes < len(seqs) and seqs[num_decodes].num_tokens == 1:
             num_decodes += 1
+        tables = [self._checked_table(seq) for seq in seqs]
+        decode_order = sorted(range(num_decodes), key=lambda i: len(tables[i]))
+        order = decode_order + list(range(num_decodes, len(seqs)))
 
-        decode_blocks: list[list[int]] = []
-        decode_lens: list[int] = []
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        rows = [0] * len(seqs)           # last row of each sequence in the flat batch
         prefills: list[PrefillChunk] = []
-        for index, seq in enumerate(seqs):
+        for index in order:
+            seq, table = seqs[index], tables[index]
             n, start = seq.num_tokens, seq.start_position
-            end = start + n
-            if n == 0:
-                raise SchedulingError(f"request {seq.request_id}: no tokens scheduled")
-            if start < 0 or end > max_len:
-                raise SchedulingError(f"request {seq.request_id}: positions {start}..{end - 1} outside 0..{max_len - 1}")
-            needed = -(-end // bs)
-            if len(seq.block_table) < needed:
-                raise SchedulingError(
-                    f"request {seq.request_id}: {len(seq.block_table)} blocks cannot hold {end} tokens")
-            table = seq.block_table[:needed]
             offset = len(input_ids)
             input_ids.extend(seq.token_ids)
             if n == 1:
                 positions.append(start)
                 slots.append(table[start // bs] * bs + start % bs)
             else:
-                positions.extend(range(start, end))
-                slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            if index < num_decodes:
-                decode_blocks.append(table)
-                decode_lens.append(end)
-            else:
+                positions.extend(range(start, start + n))
+                slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            if index >= num_decodes:
                 prefills.append(self._prefill_chunk(offset, n, start, table))
-            if seq.sample:
-                sample_rows.append(offset + n - 1)
-                sampled.append(seq)
+            rows[index] = offset + n - 1
 
         device = self.device
-        meta = AttentionMetadata(slot_mapping=torch.tensor(slots, device=device), prefills=prefills)
-        if num_decodes:
-            width = max(len(t) for t in decode_blocks)
-            # padding points at block 0 (any valid block); the mask hides it
-            flat = [b for t in decode_blocks for b in (t + [0] * (width - len(t)))]
-            lens = torch.tensor(decode_lens, device=device)
-            columns = torch.arange(width * bs, device=device)
-            meta.num_decodes = num_decodes
-            meta.decode_blocks = width
-            meta.decode_block_ids = torch.tensor(flat, device=device)
-            meta.decode_mask = (columns.unsqueeze(0) < lens.unsqueeze(1)).view(num_decodes, 1, 1, -1)
+        sampled = [seq for seq in seqs if seq.sample]
         return StepBatch(
             input_ids=torch.tensor(input_ids, device=device),
             positions=torch.tensor(positions, device=device),
-            meta=meta,
-            sample_rows=torch.tensor(sample_rows, device=device, dtype=torch.long),
+            meta=AttentionMetadata(slot_mapping=torch.tensor(slots, device=device),
+                                   decodes=self._decode_groups([seqs[i] for i in decode_order],
+                                                               [tables[i] for i in decode_order]),
+                                   prefills=prefills),
+            sample_rows=torch.tensor([rows[i] for i, seq in enumerate(seqs) if seq.sample],
+                                     device=device, dtype=torch.long),
             sampled=sampled,
         )
+
+    def _checked_table(self, seq: ScheduledSequence) -> list[int]:
+        """The blocks covering the sequence's context, after checking the schedule."""
+        n, start = seq.num_tokens, seq.start_position
+        end, max_len = start + n, self.model_info.max_model_len
+        if n == 0:
+            raise SchedulingError(f"request {seq.request_id}: no tokens scheduled")
+        if start < 0 or end > max_len:
+            raise SchedulingError(f"request {seq.request_id}: positions {start}..{end - 1} outside 0..{max_len - 1}")
+        needed = -(-end // self.block_size)
+        if len(seq.block_table) < needed:
+            raise SchedulingError(f"request {seq.request_id}: {len(seq.block_table)} blocks cannot hold {end} tokens")
+        return seq.block_table[:needed]
+
+    def _decode_groups(self, seqs: list[ScheduledSequence], tables: list[list[int]]) -> list[DecodeGroup]:
+        """Split decodes (sorted by table length) into groups of similar length."""
+        groups: list[DecodeGroup] = []
+        first = 0
+        for i in range(1, len(seqs) + 1):
+            if i < len(seqs) and len(tables[i]) <= DECODE_GROUP_SPREAD * len(tables[first]):
+                continue
+            width = len(tables[i - 1])
+            # padding points at block 0 (any valid block); the mask hides it
+            flat = [b for table in tables[first:i] for b in (table + [0] * (width - len(table)))]
+            lengths = torch.tensor([s.start_position + 1 for s in seqs[first:i]], device=self.device)
+            columns = torch.arange(width * self.block_size, device=self.device)
+            mask = (columns.unsqueeze(0) < lengths.unsqueeze(1)).view(i - first, 1, 1, -1)
+            groups.append(DecodeGroup(first, i - first, torch.tensor(flat, device=self.device), mask))
+            first = i
+        return groups
 
     def _prefill_chunk(self, offset: int, n: int, start: int, table: list[int]) -> PrefillChunk:
         chunk = PrefillChunk(token_offset=offset, num_tokens=n, context_len=start + n)

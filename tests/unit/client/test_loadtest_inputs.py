@@ -61,6 +61,15 @@ def test_settings_round_trip_through_the_environment():
         LoadSettings(burst_factor=500)
 
 
+def test_prompts_go_out_as_chat_messages_unless_raw():
+    chat = StreamRequest("ensemble", "Why is the sky blue?", 8, "c", chat=True).values()
+    assert chat["text_input"] == ""
+    assert json.loads(chat["messages"]) == [{"role": "user", "content": "Why is the sky blue?"}]
+    raw = StreamRequest("ensemble", "Why is the sky blue?", 8, "r").values()
+    assert raw["text_input"] == "Why is the sky blue?" and "messages" not in raw
+    assert LoadSettings().chat and not LoadSettings.from_env(LoadSettings(chat=False).to_env()).chat
+
+
 def test_cli_parsing_helpers():
     assert parse_duration("60s") == 60 and parse_duration("2m") == 120 and parse_duration("1h30m") == 5400
     assert parse_duration("45") == 45

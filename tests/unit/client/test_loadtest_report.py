@@ -10,6 +10,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 
+from loadtest.plots import streamed_token_rate, token_times_unix_s
 from loadtest.report import SloSpec, evaluate_slos, read_stats, run_duration_s, summarize
 from loadtest.reporting import SampleLog, StreamError, report_outcome
 from loadtest.runner import EXIT_LOCUST_FAILED, EXIT_OK, EXIT_SLO_MISSED, report
@@ -60,7 +61,7 @@ def run_dir(tmp_path: Path) -> Path:
     shutil.copy(DATA / "canned_stats_history.csv", tmp_path / "locust_stats_history.csv")
     log = SampleLog(tmp_path / "samples.jsonl")
     log.write({"type": "SSE", "end_unix_s": 1795953501.5, "ttft_ms": 100.0, "itl_ms": [30.0, 31.0],
-               "output_tokens": 3})
+               "e2e_ms": 170.0, "output_tokens": 3})
     log.close()
     return tmp_path
 
@@ -72,6 +73,18 @@ def test_report_exit_status_follows_the_slos_and_writes_plots(run_dir: Path, cap
     for name in ("ttft.png", "itl.png", "throughput_users.png", "summary.json"):
         assert (run_dir / name).stat().st_size > 0
     assert (run_dir / "ttft.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_throughput_counts_tokens_when_they_streamed_not_when_streams_ended():
+    # Stream sent at t=10.0: first token at 10.5, then one every 1.0 s, ends at 13.6.
+    sample = {"type": "SSE", "end_unix_s": 13.6, "e2e_ms": 3600.0, "ttft_ms": 500.0,
+              "itl_ms": [1000.0, 1000.0, 1000.0], "output_tokens": 4}
+    assert token_times_unix_s(sample) == pytest.approx([10.5, 11.5, 12.5, 13.5])
+    rates = streamed_token_rate([sample, {**sample, "type": "gRPC", "output_tokens": 8}], start_unix_s=10.0,
+                                bin_s=2.0)
+    assert dict(rates["SSE"]) == pytest.approx({0: 1.0, 1: 1.0})  # two tokens in each 2 s bin
+    assert dict(rates["gRPC"]) == pytest.approx({0: 2.0, 1: 2.0})  # two tokens per response
+    assert token_times_unix_s({**sample, "ttft_ms": None}) == []
 
 
 def test_report_without_statistics_is_a_locust_failure(tmp_path: Path):

@@ -97,3 +97,23 @@ def test_num_threads_applied(tmp_path: Path) -> None:
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_decodes_of_different_lengths_are_grouped_and_match_single_runs(runner: ModelRunner) -> None:
+    """Decodes are re-laid out by context length into several padded groups;
+    each sequence's token must equal its token when decoded alone, and the
+    output keeps the input order."""
+    lengths = [100, 3, 40, 9, 100, 12]
+    seqs = []
+    for i, length in enumerate(lengths):
+        table = list(range(20 * i + 100, 20 * i + 120))
+        prompt = [(7 * i + j) % 90 + 3 for j in range(length)]
+        runner.execute(SchedulerOutput([one(f"g{i}", prompt[:-1], 0, table, sample=False)], length - 1))
+        seqs.append(one(f"g{i}", prompt[-1:], length - 1, table, return_log_probs=True))
+    alone = [runner.execute(SchedulerOutput([s], 1)).sampled[0] for s in seqs]
+    groups = runner._prepare(seqs).meta.decodes
+    assert len(groups) >= 3 and sum(g.num_seqs for g in groups) == len(seqs)
+    together = runner.execute(SchedulerOutput(seqs, len(seqs))).sampled
+    assert [t.request_id for t in together] == [s.request_id for s in seqs]
+    assert [t.token_id for t in together] == [t.token_id for t in alone]
+    assert [t.logprob for t in together] == pytest.approx([t.logprob for t in alone], abs=1e-4)

@@ -1,0 +1,152 @@
+"""Engine throughput benchmark (issue 3): `python -m bench` / `make bench`.
+
+One machine, one model, one workload (random token-id prompts, EOS ignored,
+fixed seed), measured through every method:
+  engine      this engine offline, all requests at once (--dtype)
+  engine-bf16 the same in bfloat16 (a second row; skipped when --dtype is bfloat16)
+  hf-single   HF generate, one request at a time (first --hf-single-limit requests)
+  hf-batch    HF generate, static batches of --hf-batch-sizes in arrival order
+  hf-cb       transformers' own continuous batching
+  triton      this engine behind the real tritonserver, `ensemble`, concurrent gRPC streams
+Output tokens/s = requested output tokens / wall time of the measured part
+(model loading, server start and a short warm-up are excluded).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import sys
+from collections.abc import Callable
+
+import torch
+from rich.console import Console
+
+from .engine_offline import EngineBenchSettings, run_engine_offline
+from .hf_baselines import (HFBenchSettings, load_model, run_continuous_batching, run_single,
+                           run_static_batches, warm_up)
+from .report import MachineInfo, Report
+from .result import MethodResult
+from .triton_ensemble import TritonBenchSettings, run_triton_ensemble
+from .workload import Vocabulary, WorkloadSpec, make_workload, total_output_tokens, total_prompt_tokens
+
+METHODS = ("engine", "engine-bf16", "hf-single", "hf-batch", "hf-cb", "triton")
+DEFAULT_SEED = 20240603
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default=",".join(METHODS),
+                        help=f"comma-separated subset of {','.join(METHODS)}")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                        help="dtype of the engine, the HF baselines and the served engine")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--hf-single-limit", type=int, default=8)
+    parser.add_argument("--hf-batch-sizes", default="8,16,32,64")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads for every method")
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
+    parser.add_argument("--overhead-steps", type=int, default=24,
+                        help="pure-decode steps timed for the per-step overhead")
+    parser.add_argument("--postprocessing-instances", type=int, default=1)
+    parser.add_argument("--model-dir", default=None)
+    parser.add_argument("--json", dest="json_path", default=None, help="write every number to this file")
+    parser.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
+    args = parser.parse_args(argv)
+    chosen = [m.strip() for m in args.only.split(",") if m.strip()]
+    unknown = sorted(set(chosen) - set(METHODS))
+    if unknown:
+        parser.error(f"--only: unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+    args.only = chosen
+    args.hf_batch_sizes = [int(b) for b in args.hf_batch_sizes.split(",") if b.strip()]
+    if args.requests <= 0 or args.hf_single_limit <= 0 or any(b <= 0 for b in args.hf_batch_sizes):
+        parser.error("--requests, --hf-single-limit and batch sizes must be > 0")
+    return args
+
+
+def _attempt(report: Report, console: Console, name: str, run: Callable[[], list[MethodResult]]) -> None:
+    """A failing method is reported and the others still run."""
+    try:
+        for result in run():
+            report.results.append(result)
+            console.print(f"  {result.label} [{result.dtype}]: {result.tokens_per_s:.1f} tok/s "
+                          f"({result.useful_output_tokens} tokens in {result.seconds:.1f} s)")
+    except Exception as exc:   # noqa: BLE001 -- recorded and shown in the report
+        logging.getLogger(__name__).exception("%s failed", name)
+        report.failures[name] = f"{type(exc).__name__}: {exc}"
+    finally:
+        gc.collect()
+
+
+def _hf_rows(args: argparse.Namespace, model_dir: str, workload: list) -> list[MethodResult]:
+    settings = HFBenchSettings(model_dir=model_dir, dtype=args.dtype,
+                               cb_max_batch_tokens=args.max_num_batched_tokens,
+                               cb_max_requests_per_batch=args.max_num_seqs)
+    model = load_model(settings)
+    warm_up(model, workload)
+    rows = []
+    if "hf-single" in args.only:
+        rows.append(run_single(model, settings, workload, args.hf_single_limit))
+    if "hf-batch" in args.only:
+        rows += [run_static_batches(model, settings, workload, b) for b in args.hf_batch_sizes]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console = Console()
+    torch.set_num_threads(args.threads)
+    machine = MachineInfo.collect(torch.get_num_threads())
+    if args.model_dir is None:
+        from serving.default_model import ensure_default_model
+        args.model_dir = str(ensure_default_model())
+    spec = WorkloadSpec(num_requests=args.requests, seed=args.seed)
+    workload = make_workload(spec, Vocabulary.from_model_dir(args.model_dir))
+    report = Report(machine=machine, workload={
+        "seed": args.seed, "requests": len(workload), "prompt_tokens": total_prompt_tokens(workload),
+        "output_tokens": total_output_tokens(workload),
+        "prompt_range": [spec.min_prompt_tokens, spec.max_prompt_tokens],
+        "output_range": [spec.min_output_tokens, spec.max_output_tokens], "model_dir": args.model_dir})
+    console.print(f"machine: {machine.line()}")
+    console.print(f"workload: seed {args.seed}, {len(workload)} requests, {report.workload['prompt_tokens']} "
+                  f"prompt tokens, {report.workload['output_tokens']} output tokens (EOS ignored); "
+                  f"model {args.model_dir}; torch.get_num_threads() = {torch.get_num_threads()}")
+
+    engine_dtypes = [args.dtype] if "engine" in args.only else []
+    if "engine-bf16" in args.only and args.dtype != "bfloat16":
+        engine_dtypes.append("bfloat16")
+    for dtype in engine_dtypes:
+        settings = EngineBenchSettings(model_dir=args.model_dir, dtype=dtype, max_num_seqs=args.max_num_seqs,
+                                       max_num_batched_tokens=args.max_num_batched_tokens,
+                                       num_threads=args.threads)
+        _attempt(report, console, f"engine-{dtype}",
+                 lambda s=settings: [run_engine_offline(s, workload, args.overhead_steps)])
+    if {"hf-single", "hf-batch"} & set(args.only):
+        _attempt(report, console, "hf-generate", lambda: _hf_rows(args, args.model_dir, workload))
+    if "hf-cb" in args.only:
+        cb_settings = HFBenchSettings(model_dir=args.model_dir, dtype=args.dtype,
+                                      cb_max_batch_tokens=args.max_num_batched_tokens,
+                                      cb_max_requests_per_batch=args.max_num_seqs)
+        _attempt(report, console, "hf-cb",
+                 lambda: [run_continuous_batching(load_model(cb_settings), cb_settings, workload)])
+    if "triton" in args.only:
+        triton = TritonBenchSettings(model_dir=args.model_dir, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+                                     max_num_batched_tokens=args.max_num_batched_tokens, num_threads=args.threads,
+                                     postprocessing_instances=args.postprocessing_instances)
+        _attempt(report, console, "triton", lambda: [run_triton_ensemble(triton, workload)])
+
+    console.print()
+    report.print(console, args.dtype)
+    if args.markdown:
+        console.print(report.markdown(), markup=False, highlight=False)
+    if args.json_path:
+        report.write_json(args.json_path, args.dtype)
+        console.print(f"wrote {args.json_path}")
+    return 1 if report.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The benchmark's output: the console table, a Markdown table for
+docs/benchmarks.md, the issue's targets, and the JSON record."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from .result import MethodResult
+
+# issue 3's targets
+ENGINE_OVER_HF_BATCH = 2.0        # engine offline fp32 >= 2x best static-batch HF
+ENSEMBLE_OVER_OFFLINE = 0.8       # through the ensemble >= 0.8x offline
+MAX_OVERHEAD_MS = 1.0             # per step at 64 sequences
+
+
+@dataclass
+class MachineInfo:
+    nproc: int
+    cpu_model: str
+    load_average: tuple[float, float, float]
+    torch_threads: int
+    python: str
+    date: str
+
+    @classmethod
+    def collect(cls, torch_threads: int) -> "MachineInfo":
+        model = "unknown"
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+        except OSError:
+            pass
+        return cls(nproc=len(os.sched_getaffinity(0)), cpu_model=model, load_average=os.getloadavg(),
+                   torch_threads=torch_threads, python=platform.python_version(),
+                   date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+
+    def line(self) -> str:
+        load = ", ".join(f"{x:.2f}" for x in self.load_average)
+        return (f"{self.nproc} CPUs ({self.cpu_model}), load average at start {load}, "
+                f"torch threads {self.torch_threads}, Python {self.python}, {self.date}")
+
+
+@dataclass
+class Report:
+    machine: MachineInfo
+    workload: dict[str, Any]
+    results: list[MethodResult] = field(default_factory=list)
+    failures: dict[str, str] = field(default_factory=dict)
+
+    def best_static_hf(self) -> MethodResult | None:
+        static = [r for r in self.results if r.method.startswith("hf-batch-")]
+        return max(static, key=lambda r: r.tokens_per_s) if static else None
+
+    def find(self, method: str) -> MethodResult | None:
+        return next((r for r in self.results if r.method == method), None)
+
+    def overhead(self, dtype: str) -> dict[str, float] | None:
+        result = self.find(f"engine-{dtype}")
+        return result.extra.get("overhead_at_full_batch") if result else None
+
+    def rows(self) -> list[tuple[str, str, str, str, str]]:
+        best = self.best_static_hf()
+        rows = []
+        for r in self.results:
+            ratio = f"{r.tokens_per_s / best.tokens_per_s:.2f}x" if best and best.tokens_per_s else "-"
+            mark = " (best)" if best is r else ""
+            rows.append((r.label + mark, r.dtype, f"{r.tokens_per_s:.1f}", ratio, r.note))
+        return rows
+
+    def targets(self, dtype: str) -> list[str]:
+        lines = []
+        engine, best, triton = self.find(f"engine-{dtype}"), self.best_static_hf(), self.find(f"triton-{dtype}")
+        if engine and best:
+            ratio = engine.tokens_per_s / best.tokens_per_s
+            lines.append(f"engine offline / best static-batch HF ({dtype}): {ratio:.2f}x "
+                         f"(target >= {ENGINE_OVER_HF_BATCH}x): {'met' if ratio >= ENGINE_OVER_HF_BATCH else 'NOT met'}")
+        if engine and triton:
+            ratio = triton.tokens_per_s / engine.tokens_per_s
+            lines.append(f"ensemble / engine offline ({dtype}): {ratio:.2f}x "
+                         f"(target >= {ENSEMBLE_OVER_OFFLINE}x): {'met' if ratio >= ENSEMBLE_OVER_OFFLINE else 'NOT met'}")
+        overhead = self.overhead(dtype)
+        if overhead and overhead.get("steps"):
+            ms = overhead["overhead_ms_mean"]
+            lines.append(f"engine overhead per step at {overhead['batch']} seqs ({dtype}): {ms:.2f} ms mean, "
+                         f"{overhead['overhead_ms_median']:.2f} ms median of {overhead['steps']} pure-decode steps "
+                         f"(step {overhead['step_ms_mean']:.1f} ms, model {overhead['model_ms_mean']:.1f} ms) "
+                         f"(target <= {MAX_OVERHEAD_MS} ms): {'met' if ms <= MAX_OVERHEAD_MS else 'NOT met'}")
+        return lines
+
+    def print(self, console: Console, dtype: str) -> None:
+        table = Table(title="Output tokens/s (useful tokens / wall time)")
+        for column in ("method", "dtype", "tokens/s", "vs best static HF", "note"):
+            table.add_column(column, justify="right" if column in ("tokens/s", "vs best static HF") else "left")
+        for row in self.rows():
+            table.add_row(*row)
+        console.print(table)
+        for name, error in self.failures.items():
+            console.print(f"[red]{name} failed:[/red] {error}")
+        for line in self.targets(dtype):
+            console.print(line)
+
+    def markdown(self) -> str:
+        lines = ["| method | dtype | tokens/s | vs best static HF | note |", "|---|---|---:|---:|---|"]
+        lines += [f"| {' | '.join(row)} |" for row in self.rows()]
+        return "\n".join(lines)
+
+    def as_dict(self, dtype: str) -> dict[str, Any]:
+        return {"machine": vars(self.machine), "workload": self.workload,
+                "results": [r.as_dict() for r in self.results], "failures": self.failures,
+                "targets": self.targets(dtype)}
+
+    def write_json(self, path: str | Path, dtype: str) -> None:
+        Path(path).write_text(json.dumps(self.as_dict(dtype), indent=2) + "\n")
