@@ -68,6 +68,7 @@ def test_retry_rides_out_a_server_restart(start_triton):
         thread.join(timeout=90)
         assert not thread.is_alive(), "the retrying request did not finish after the restart"
 
+    assert set(results) == set(budgets)
     for transport, outcome in results.items():
         assert isinstance(outcome, GenerationResult), f"{transport}: {outcome!r}"
         print(f"[{transport}] {outcome.attempts} attempts, text {outcome.text!r}")

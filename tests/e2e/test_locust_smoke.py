@@ -29,12 +29,15 @@ def test_locust_smoke_both_transports(triton_server, tmp_path):
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     completed_streams = [s for s in samples if not s["error"] and not s["cancelled"]]
     assert completed_streams
-    itl_samples = sum(len(s["itl_ms"]) for s in completed_streams)
-    expected = sum(max(0, s["output_tokens"] - 1) for s in completed_streams)
-    # One ITL sample per streamed token after the first; re-tokenizing the text
-    # can differ slightly from the engine's tokens (merges across deltas).
-    assert abs(itl_samples - expected) <= 0.1 * expected + 2 * len(completed_streams)
     for sample in completed_streams:
-        assert abs(len(sample["itl_ms"]) - (sample["output_tokens"] - 1)) <= 3, sample
+        # ITL is measured between responses that carry tokens: one sample per gap.
+        assert len(sample["itl_ms"]) == max(0, sample["responses_with_tokens"] - 1), sample
+        # A response carries at least one token (slack: re-tokenizing the text can merge across deltas).
+        assert sample["responses_with_tokens"] <= sample["output_tokens"] + 2, sample
+    # English deltas carry one token each; a Chinese answer from this model holds
+    # back incomplete UTF-8 (measured: 16 tokens in 9 text deltas), so the bound is loose.
+    responses = sum(s["responses_with_tokens"] for s in completed_streams)
+    tokens = sum(s["output_tokens"] for s in completed_streams)
+    assert responses >= 0.5 * tokens, (responses, tokens)
     for plot in ("ttft.png", "itl.png", "throughput_users.png", "report.html", "locust_stats.csv"):
         assert (out / plot).stat().st_size > 0

@@ -162,6 +162,7 @@ def test_stop_string_across_tokens_stops_and_frees_the_kv(triton_server, tokeniz
     _wait_kv_idle(triton_server, f"{model} stop string")
     # without the stop the engine would have run to max_tokens (ignore_eos)
     generated = _metric(triton_server, "llm_generation_tokens_total") - generated_before
+    print(f"[{model} stop string: the engine generated {generated:.0f} of at most 200 tokens]")
     assert generated < 100, f"the engine generated {generated:.0f} tokens after a stop at token ~6"
 
 
