@@ -16,7 +16,10 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
+import resource
 import sys
+import time
 from collections.abc import Callable
 
 import torch
@@ -66,13 +69,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _cpu_seconds() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)   # tritonserver, once stopped
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def _attempt(report: Report, console: Console, name: str, run: Callable[[], list[MethodResult]]) -> None:
-    """A failing method is reported and the others still run."""
+    """A failing method is reported and the others still run. Each row also
+    records the load average before it and the CPU this process (and its
+    stopped children) got while it ran, loading included: on a shared
+    machine that says how much of the measured time was someone else's."""
+    load_before = os.getloadavg()[0]
+    cpu_before, wall_before = _cpu_seconds(), time.perf_counter()
     try:
-        for result in run():
+        results = run()
+        cores_used = (_cpu_seconds() - cpu_before) / max(1e-9, time.perf_counter() - wall_before)
+        for result in results:
+            result.extra.update(load_1min_before=load_before, cores_used_avg=round(cores_used, 2))
             report.results.append(result)
             console.print(f"  {result.label} [{result.dtype}]: {result.tokens_per_s:.1f} tok/s "
-                          f"({result.useful_output_tokens} tokens in {result.seconds:.1f} s)")
+                          f"({result.useful_output_tokens} tokens in {result.seconds:.1f} s; "
+                          f"load before {load_before:.1f}, {cores_used:.2f} cores used on average)")
     except Exception as exc:   # noqa: BLE001 -- recorded and shown in the report
         logging.getLogger(__name__).exception("%s failed", name)
         report.failures[name] = f"{type(exc).__name__}: {exc}"
@@ -97,7 +115,8 @@ def _hf_rows(args: argparse.Namespace, model_dir: str, workload: list) -> list[M
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    console = Console()
+    # wide enough that the table never wraps when the output is a file
+    console = Console(width=max(140, Console().width))
     torch.set_num_threads(args.threads)
     machine = MachineInfo.collect(torch.get_num_threads())
     if args.model_dir is None:
@@ -141,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     console.print()
     report.print(console, args.dtype)
     if args.markdown:
-        console.print(report.markdown(), markup=False, highlight=False)
+        print(report.markdown(), flush=True)
     if args.json_path:
         report.write_json(args.json_path, args.dtype)
         console.print(f"wrote {args.json_path}")

@@ -19,6 +19,7 @@ from .result import MethodResult
 ENGINE_OVER_HF_BATCH = 2.0        # engine offline fp32 >= 2x best static-batch HF
 ENSEMBLE_OVER_OFFLINE = 0.8       # through the ensemble >= 0.8x offline
 MAX_OVERHEAD_MS = 1.0             # per step at 64 sequences
+COLUMNS = ("method", "dtype", "tokens/s", "vs best static HF", "load before / cores used", "note")
 
 
 @dataclass
@@ -68,13 +69,16 @@ class Report:
         result = self.find(f"engine-{dtype}")
         return result.extra.get("overhead_at_full_batch") if result else None
 
-    def rows(self) -> list[tuple[str, str, str, str, str]]:
+    def rows(self) -> list[tuple[str, ...]]:
         best = self.best_static_hf()
         rows = []
         for r in self.results:
             ratio = f"{r.tokens_per_s / best.tokens_per_s:.2f}x" if best and best.tokens_per_s else "-"
             mark = " (best)" if best is r else ""
-            rows.append((r.label + mark, r.dtype, f"{r.tokens_per_s:.1f}", ratio, r.note))
+            load = r.extra.get("load_1min_before")
+            cores = r.extra.get("cores_used_avg")
+            contention = f"{load:.1f} / {cores:.2f}" if load is not None and cores is not None else "-"
+            rows.append((r.label + mark, r.dtype, f"{r.tokens_per_s:.1f}", ratio, contention, r.note))
         return rows
 
     def targets(self, dtype: str) -> list[str]:
@@ -99,7 +103,7 @@ class Report:
 
     def print(self, console: Console, dtype: str) -> None:
         table = Table(title="Output tokens/s (useful tokens / wall time)")
-        for column in ("method", "dtype", "tokens/s", "vs best static HF", "note"):
+        for column in COLUMNS:
             table.add_column(column, justify="right" if column in ("tokens/s", "vs best static HF") else "left")
         for row in self.rows():
             table.add_row(*row)
@@ -110,7 +114,7 @@ class Report:
             console.print(line)
 
     def markdown(self) -> str:
-        lines = ["| method | dtype | tokens/s | vs best static HF | note |", "|---|---|---:|---:|---|"]
+        lines = [f"| {' | '.join(COLUMNS)} |", "|---|---|---:|---:|---|---|"]
         lines += [f"| {' | '.join(row)} |" for row in self.rows()]
         return "\n".join(lines)
 

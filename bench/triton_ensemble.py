@@ -122,7 +122,7 @@ async def _run_all(grpc_url: str, texts: list[str], workload: list[BenchRequest]
     async with grpcclient.InferenceServerClient(grpc_url) as client:
         # warm-up: one short request through every stage, untimed
         await _one_stream(client, "bench-warmup", texts[0][:64] or "hello", 4, timeout_s, lambda n: None)
-        with progress_bar(total_output_tokens(workload), "tritonserver ensemble, 64 gRPC streams") as bar:
+        with progress_bar(total_output_tokens(workload), f"tritonserver ensemble, {len(workload)} gRPC streams") as bar:
             started = time.perf_counter()
             tallies = await asyncio.gather(*(
                 _one_stream(client, f"bench-{i}", text, request.max_tokens, timeout_s, bar.update)

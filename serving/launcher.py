@@ -168,6 +168,12 @@ class TritonServer:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
             code = proc.returncode
+            # Its Python stubs share its process group; after a crash they would
+            # outlive it (1.5 GB each), so the group goes with it.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         if self._log_handle is not None:
             self._log_handle.close()
             self._log_handle = None
