@@ -12,7 +12,6 @@ import threading
 import time
 import uuid
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from python_llm.config_params import engine_config_from_parameters

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import queue
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -86,8 +87,6 @@ def test_bad_requests_get_400_naming_the_field(triton_server, endpoint, case, bo
 
 
 def _grpc_error(triton_server, inputs: list[grpcclient.InferInput]) -> str:
-    from .triton_calls import StreamResult  # noqa: F401 (same module family)
-    import queue
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(triton_server.grpc_url)
     try:

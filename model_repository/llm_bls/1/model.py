@@ -3,22 +3,17 @@ tensors, orchestrating prompt building, the LLM step and the text stages in
 Python (ensemble.bls_flow). Decoupled: each request runs on a worker thread."""
 from __future__ import annotations
 
-import json
 import logging
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ensemble.bls_flow import BLSCallbacks, LLMStepError, run_bls_request
-from ensemble.content_filter import ContentFilterRules
-from ensemble.llm_request import LLMRequestBuilder, RequestLimits
-from ensemble.prompt import PromptBuilder, PromptConfig
 from ensemble.public_outputs import LLMResponse
 from ensemble.shared_state import InProcessStateStore
+from ensemble.stage_settings import TextStageSettings
 from ensemble.stream_postprocessor import StreamPostprocessor
-from ensemble.tokenizer_info import load_tokenizer_info
 
 log = logging.getLogger("llm_bls")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -48,18 +43,13 @@ def _to_response(response) -> LLMResponse:
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        config = json.loads(args["model_config"])
-        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        info = load_tokenizer_info(params["model_dir"])
-        prompts = PromptBuilder(info, PromptConfig(default_system_prompt=params.get("default_system_prompt") or None))
-        self.builder = LLMRequestBuilder(info, prompts, RequestLimits(
-            default_max_tokens=int(params["default_max_tokens"]), max_tokens_limit=int(params["max_tokens_limit"])))
-        rules_path = params.get("content_filter_rules") or ""
-        rules = ContentFilterRules.from_json_file(rules_path) if rules_path else None
+        settings = TextStageSettings.from_model_config(args["model_config"])
+        self.builder = settings.request_builder()
         # one request = one thread here, so stream state never leaves it
-        self.post = StreamPostprocessor(info.tokenizer, InProcessStateStore(), rules)
-        self.llm_model = params.get("llm_model_name", "python_llm")
-        self.pool = ThreadPoolExecutor(max_workers=int(params.get("max_concurrent_requests", "256")),
+        self.post = StreamPostprocessor(settings.tokenizer_info.tokenizer, InProcessStateStore(),
+                                        settings.content_filter())
+        self.llm_model = settings.parameters.get("llm_model_name", "python_llm")
+        self.pool = ThreadPoolExecutor(max_workers=int(settings.parameters.get("max_concurrent_requests", "256")),
                                        thread_name_prefix="llm_bls")
 
     def execute(self, requests: list) -> None:

@@ -4,21 +4,19 @@ logic lives in ensemble.stream_postprocessor."""
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from ensemble.content_filter import ContentFilterRules
 from ensemble.errors import InvalidInputError
 from ensemble.llm_request import scalar
 from ensemble.public_outputs import LLMResponse, ReturnFlags, public_output_arrays
 from ensemble.request_context import RequestContext
 from ensemble.shared_state import InProcessStateStore, SqliteStateStore, StreamOrderError
+from ensemble.stage_settings import TextStageSettings
 from ensemble.stream_postprocessor import LLMDelta, StreamPostprocessor
-from ensemble.tokenizer_info import load_tokenizer_info
 
 log = logging.getLogger("postprocessing")
 # public outputs whose names this model also takes as inputs carry a suffix
@@ -38,13 +36,9 @@ def _state_store(args: dict, instances: int):
 
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
-        config = json.loads(args["model_config"])
-        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        info = load_tokenizer_info(params["model_dir"])
-        rules_path = params.get("content_filter_rules") or ""
-        rules = ContentFilterRules.from_json_file(rules_path) if rules_path else None
-        instances = sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
-        self.steps = StreamPostprocessor(info.tokenizer, _state_store(args, instances), rules)
+        settings = TextStageSettings.from_model_config(args["model_config"])
+        self.steps = StreamPostprocessor(settings.tokenizer_info.tokenizer,
+                                         _state_store(args, settings.instance_count), settings.content_filter())
 
     def execute(self, requests: list) -> list:
         # in arrival order: a later delta of a stream may wait for an earlier one
