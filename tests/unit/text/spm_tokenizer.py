@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 import sentencepiece as spm
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
 
 _ENGLISH = ("the quick brown fox jumps over lazy dog streaming tokens arrive one at a time and "
             "spaces between words must never vanish while the server answers every request").split()
