@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .default_model import resolve_model_dir
 from .launcher import LaunchOptions, TritonServer, TritonStartError
-from .paths import BUILD_DIR
+from .paths import BUILD_DIR, REPO_ROOT
 from .repository import DeploymentSettings, render_repository
 from .triton_binary import TritonSetupError
 
@@ -46,7 +46,8 @@ def _curl_example(server: TritonServer) -> str:
 def cmd_serve(args: argparse.Namespace) -> int:
     options = LaunchOptions(settings=_settings_from_args(args), http_port=args.http_port, grpc_port=args.grpc_port,
                             metrics_port=args.metrics_port, address=args.address,
-                            log_file=Path(args.log_file) if args.log_file else None)
+                            log_file=Path(args.log_file) if args.log_file else None,
+                            repository_source=Path(args.model_repository))
     server = TritonServer(options)
     print(f"starting tritonserver (model {options.settings.model_dir}); log: {server.log_path}", flush=True)
     stop = threading.Event()
@@ -79,7 +80,7 @@ def cmd_prepare_model(args: argparse.Namespace) -> int:
 
 def cmd_render(args: argparse.Namespace) -> int:
     target = Path(args.output)
-    render_repository(_settings_from_args(args), target)
+    render_repository(_settings_from_args(args), target, source=Path(args.model_repository))
     print(target)
     return 0
 
@@ -101,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--metrics-port", type=int, default=8002)
     serve.add_argument("--address", default="0.0.0.0")
     serve.add_argument("--log-file", help=f"server log (default {BUILD_DIR}/tritonserver.log)")
+    serve.add_argument("--model-repository", default=str(REPO_ROOT / "model_repository"),
+                       help="the template repository to render and serve")
     serve.set_defaults(func=cmd_serve)
 
     prep = sub.add_parser("prepare-model", help="convert the default model once; print its folder")
@@ -110,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     render = sub.add_parser("render", help="render the model repository for another deployment")
     model_args(render)
     render.add_argument("--output", default=str(BUILD_DIR / "model_repository"))
+    render.add_argument("--model-repository", default=str(REPO_ROOT / "model_repository"),
+                        help="the template repository to render")
     render.set_defaults(func=cmd_render)
 
     args = parser.parse_args(argv)

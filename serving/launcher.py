@@ -15,7 +15,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .paths import BUILD_DIR
+from .paths import BUILD_DIR, REPO_ROOT
 from .repository import DeploymentSettings, render_repository
 from .triton_binary import TritonSetupError, find_triton, prepare_backends
 
@@ -41,6 +41,7 @@ class LaunchOptions:
     metrics_port: int = 8002
     address: str = "0.0.0.0"
     work_dir: Path = BUILD_DIR
+    repository_source: Path = REPO_ROOT / "model_repository"   # templates + model.py files
     log_file: Path | None = None          # default: <work_dir>/tritonserver.log
     ready_timeout_s: float = 600.0
     log_verbose: int = 0
@@ -96,7 +97,7 @@ class TritonServer:
     def start(self) -> "TritonServer":
         o = self.options
         o.work_dir.mkdir(parents=True, exist_ok=True)
-        repository = render_repository(o.settings, o.work_dir / "model_repository")
+        repository = render_repository(o.settings, o.work_dir / "model_repository", source=o.repository_source)
         backends = prepare_backends(find_triton(), o.work_dir / "backends")
         env = os.environ.copy()
         # The stub embeds CPython and ignores PYTHONPATH; it finds the venv's

@@ -1,0 +1,84 @@
+"""The python_llm adapter's Triton-free parts: parameters, input tensors,
+stream bookkeeping."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from python_llm.config_params import engine_config_from_parameters
+from python_llm.engine.config import ConfigError
+from python_llm.engine.errors import DuplicateRequestError
+from python_llm.engine.sampling_params import InvalidRequestError
+from python_llm.request_inputs import parse_llm_request, parse_word_list
+from python_llm.stream_registry import LiveStream, StreamRegistry
+
+
+def test_parameters_become_a_validated_engine_config():
+    config = engine_config_from_parameters({
+        "model_dir": "/m", "max_queue_size": "3", "enable_kv_cache_reuse": "false", "dtype": "bfloat16",
+        "gpt_model_type": "inflight_fused_batching", "kv_cache_free_gpu_mem_fraction": "0.5"})
+    assert (config.max_queue_size, config.enable_kv_cache_reuse, config.dtype) == (3, False, "bfloat16")
+    assert config.kv_cache_free_gpu_mem_fraction == 0.5
+    with pytest.raises(ConfigError, match="model_dir"):
+        engine_config_from_parameters({})
+    with pytest.raises(ConfigError, match="enable_kv_cache_reuse"):
+        engine_config_from_parameters({"model_dir": "/m", "enable_kv_cache_reuse": "maybe"})
+
+
+def test_word_lists_in_tensorrt_llm_layout():
+    array = np.array([[[5, 6, 7, -0], [2, 3, -1, -1]]], dtype=np.int32)
+    assert parse_word_list(array, "stop_words_list") == [[5, 6], [7]]
+    assert parse_word_list(np.array([[0], [-1]], dtype=np.int32), "stop_words_list") == []
+    with pytest.raises(InvalidRequestError, match="stop_words_list"):
+        parse_word_list(np.array([[1, 2], [3, -1]], dtype=np.int32), "stop_words_list")
+
+
+def test_inputs_become_an_engine_request():
+    config = engine_config_from_parameters({"model_dir": "/m", "max_tokens_limit": "100"})
+    tensors = {"input_ids": np.array([[1, 2, 3, 4]], dtype=np.int32), "input_lengths": np.array([[3]]),
+               "request_output_len": np.array([[9]]), "temperature": np.array([[0.0]], dtype=np.float32),
+               "end_id": np.array([[-1]]), "streaming": np.array([[True]]),
+               "request_key": np.array([[b"k1"]], dtype=object)}
+    request = parse_llm_request(tensors, config, eos_token_ids=[2, 7])
+    assert request.prompt_token_ids == [1, 2, 3]
+    assert request.sampling.max_tokens == 9 and request.sampling.greedy
+    assert request.sampling.stop_token_ids == [2, 7]          # -1: all of the model's EOS ids
+    assert request.streaming and request.request_key == "k1"
+    with pytest.raises(InvalidRequestError, match="max_tokens"):
+        parse_llm_request({**tensors, "request_output_len": np.array([[101]])}, config, [2])
+    with pytest.raises(InvalidRequestError, match="input_ids"):
+        parse_llm_request({}, config, [2])
+    stop = parse_llm_request({"stop": np.array([[True]]), "request_key": np.array([[b"k1"]], dtype=object)},
+                             config, [2])
+    assert stop.stop and stop.request_key == "k1"
+
+
+class FakeSender:
+    def __init__(self) -> None:
+        self.cancelled = False
+        self.sent: list[tuple[object, int]] = []
+
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
+    def send(self, response=None, flags: int = 0) -> None:
+        self.sent.append((response, flags))
+
+
+def test_registry_names_cancels_and_closes_streams():
+    registry = StreamRegistry()
+    sender = FakeSender()
+    stream = LiveStream("engine-1", "client-1", sender, True, [1], True)
+    registry.register(stream)
+    with pytest.raises(DuplicateRequestError):
+        registry.register(LiveStream("engine-2", "client-1", FakeSender(), True, [1], True))
+    assert registry.resolve("client-1") == registry.resolve("engine-1") == "engine-1"
+    assert registry.newly_cancelled() == []
+    sender.cancelled = True
+    assert registry.newly_cancelled() == ["engine-1"]
+    assert registry.newly_cancelled() == []                  # reported once
+    stream.send("last", 1, final=True)
+    stream.send("after", 0, final=False)                     # never touches a closed sender
+    assert sender.sent == [("last", 1)]
+    registry.remove("engine-1")
+    assert registry.resolve("client-1") is None and len(registry) == 0
