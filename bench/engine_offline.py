@@ -1,6 +1,6 @@
 """This project's engine, offline: every request submitted at once, then
 `step()` until all finish (what `LLMEngine.generate_results` does, written out
-so the per-step overhead can be read between steps at no extra cost)."""
+so that progress can be shown), and its per-step overhead at full batch."""
 from __future__ import annotations
 
 import statistics
@@ -109,6 +109,8 @@ def measure_step_overhead(engine: LLMEngine, workload: list[BenchRequest], batch
     A separate phase because in the throughput run the shortest requests end
     before the last prompts are prefilled, leaving few full-batch decode steps."""
     overhead = StepOverhead(batch=batch)
+    # the throughput run's prompts: mostly prefix-cache hits now, so this
+    # phase's prefill is short; the decode steps it times are unaffected
     prompts = [workload[i % len(workload)].prompt_ids for i in range(batch)]
     ids = [f"overhead-{i}" for i in range(batch)]
     for rid, prompt in zip(ids, prompts):
