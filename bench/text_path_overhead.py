@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import json
 import platform
-import socket
 import statistics
 import tempfile
 import time
@@ -189,17 +188,6 @@ def print_table(config: BenchConfig, results: list[PassResult]) -> None:
           f"throughput {full['tokens_per_s']:.0f} vs {bare['tokens_per_s']:.0f} tokens/s")
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--grpc-url", help="a running server; default: start one on free ports")
@@ -216,13 +204,13 @@ def main(argv: list[str] | None = None) -> None:
         return
 
     from serving.default_model import ensure_default_model
-    from serving.launcher import LaunchOptions, TritonServer
+    from serving.launcher import LaunchOptions, TritonServer, free_local_ports
     from serving.repository import DeploymentSettings
 
     settings = DeploymentSettings(model_dir=str(ensure_default_model()),
                                   postprocessing_instances=args.postprocessing_instances,
                                   max_queue_size=max(256, 2 * args.concurrency))
-    http, grpc, metrics = _free_ports(3)
+    http, grpc, metrics = free_local_ports(3)
     with tempfile.TemporaryDirectory(prefix="text-path-bench-") as work:
         with TritonServer(LaunchOptions(settings=settings, http_port=http, grpc_port=grpc, metrics_port=metrics,
                                         address="127.0.0.1", work_dir=Path(work))) as server:

@@ -8,7 +8,6 @@ counted from `num_output_tokens` (per streamed delta)."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import tempfile
 import time
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ import tritonclient.grpc.aio as grpcclient
 from tokenizers import Tokenizer
 from tritonclient.utils import np_to_triton_dtype
 
-from serving.launcher import LaunchOptions, TritonServer
+from serving.launcher import LaunchOptions, TritonServer, free_local_ports
 from serving.repository import DeploymentSettings
 
 from .progress import progress_bar
@@ -47,17 +46,6 @@ class StreamTally:
     output_tokens: int = 0
     input_tokens: int = 0
     finish_reason: str | None = None
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 def _tensor(name: str, array: np.ndarray) -> grpcclient.InferInput:
@@ -139,7 +127,7 @@ def run_triton_ensemble(settings: TritonBenchSettings, workload: list[BenchReque
         max_num_batched_tokens=settings.max_num_batched_tokens, max_tokens_in_paged_kv_cache=settings.kv_tokens,
         num_threads=settings.num_threads, max_queue_size=max(256, 2 * len(workload)),
         postprocessing_instances=settings.postprocessing_instances)
-    http, grpc, metrics = _free_ports(3)
+    http, grpc, metrics = free_local_ports(3)
     with tempfile.TemporaryDirectory(prefix="bench-triton-") as work:
         options = LaunchOptions(settings=deployment, http_port=http, grpc_port=grpc, metrics_port=metrics,
                                 address="127.0.0.1", work_dir=Path(work), ready_timeout_s=600)

@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,6 +32,19 @@ _FATAL = ("error while loading shared libraries", "failed to load", "Traceback (
 
 class TritonStartError(RuntimeError):
     pass
+
+
+def free_local_ports(count: int) -> list[int]:
+    """Ports free on 127.0.0.1 now, for servers that must not collide with a
+    `make serve` on 8000-8002 (tests, benchmarks)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 @dataclass

@@ -11,7 +11,6 @@ import os
 # processes (servers, clients) that share the 2 cores of a CI machine
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,24 +18,13 @@ from pathlib import Path
 import pytest
 
 from serving.default_model import ensure_default_model
-from serving.launcher import LaunchOptions, TritonServer
+from serving.launcher import LaunchOptions, TritonServer, free_local_ports
 from serving.repository import DeploymentSettings
 
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
     return ensure_default_model()
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 ServerFactory = Callable[..., TritonServer]
@@ -50,7 +38,7 @@ def start_triton(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 
     def start(**overrides: object) -> TritonServer:
         settings = DeploymentSettings(model_dir=str(model_dir), **overrides)  # type: ignore[arg-type]
-        http, grpc, metrics = _free_ports(3)
+        http, grpc, metrics = free_local_ports(3)
         work = tmp_path_factory.mktemp("triton")
         server = TritonServer(LaunchOptions(settings=settings, http_port=http, grpc_port=grpc,
                                             metrics_port=metrics, address="127.0.0.1", work_dir=work,

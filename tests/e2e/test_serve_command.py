@@ -12,13 +12,13 @@ import time
 
 import pytest
 
-from tests.conftest import _free_ports
+from serving.launcher import free_local_ports
 
 pytestmark = pytest.mark.e2e
 
 
 def test_serve_prints_a_working_curl_and_stops_on_ctrl_c(model_dir, tmp_path):
-    http, grpc, metrics = _free_ports(3)
+    http, grpc, metrics = free_local_ports(3)
     env = {**os.environ, "LLM_BUILD_DIR": str(tmp_path), "LLM_MODEL_DIR": str(model_dir)}
     proc = subprocess.Popen([sys.executable, "-m", "serving", "serve", "--http-port", str(http),
                              "--grpc-port", str(grpc), "--metrics-port", str(metrics), "--address", "127.0.0.1"],
