@@ -27,7 +27,6 @@ from python_llm.triton_metrics import TritonMetrics
 log = logging.getLogger("python_llm")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _REJECTIONS = (InvalidRequestError, OverloadedError, DuplicateRequestError, EngineDeadError)
-CANCEL_POLL_S = 0.05
 
 
 def _kill_server_after(grace_s: float) -> None:
@@ -49,9 +48,6 @@ class TritonPythonModel:
         self.eos_token_ids = list(self.engine.model_info.eos_token_ids)
         self.registry = StreamRegistry()
         self.engine.start()
-        self._stopping = threading.Event()
-        self._watcher = threading.Thread(target=self._watch_cancellations, name="python_llm-cancel", daemon=True)
-        self._watcher.start()
         log.info("python_llm ready: %s", {"model_dir": self.config.model_dir, "device": self.config.device,
                                            "dtype": self.config.dtype, "kv_blocks": self.engine.stats()})
 
@@ -104,6 +100,12 @@ class TritonPythonModel:
         stream = self.registry.get(out.request_id)
         if stream is None:
             return
+        # The client's disconnect / gRPC cancel is checked here, on the engine
+        # thread, once per step of a running request: a separate polling thread
+        # calling into the stub concurrently crashed it under load. A request
+        # still queued is noticed when it starts (its timeouts bound the wait).
+        if not out.finished and self.registry.is_newly_cancelled(stream):
+            self.engine.abort(out.request_id, "cancelled")
         if out.finished:
             self.registry.remove(out.request_id)
         if out.error is not None and (not stream.sent_any or out.finish_reason == "error"):
@@ -135,11 +137,6 @@ class TritonPythonModel:
             self.registry.remove(stream.engine_id)
             self.engine.abort(stream.engine_id, "cancelled")
 
-    def _watch_cancellations(self) -> None:
-        while not self._stopping.wait(CANCEL_POLL_S):
-            for engine_id in self.registry.newly_cancelled():
-                self.engine.abort(engine_id, "cancelled")
-
     def _on_engine_dead(self, exc: BaseException) -> None:
         """The engine already ended every in-flight request with an error and
         rejects new ones. Triton 2.51 keeps reporting a broken Python model as
@@ -152,5 +149,4 @@ class TritonPythonModel:
             threading.Thread(target=_kill_server_after, args=(grace,), name="python_llm-exit", daemon=True).start()
 
     def finalize(self) -> None:
-        self._stopping.set()
         self.engine.shutdown(timeout=10)

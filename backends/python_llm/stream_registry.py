@@ -78,18 +78,14 @@ class StreamRegistry:
                 self._by_client_id.pop(stream.client_id, None)
             return stream
 
-    def newly_cancelled(self) -> list[str]:
-        """Engine ids whose client went away since the last call."""
-        with self._lock:
-            streams = list(self._by_engine_id.values())
-        found = []
-        for stream in streams:
-            with stream.lock:
-                if stream.closed or stream.cancel_requested or not stream.sender.is_cancelled():
-                    continue
-                stream.cancel_requested = True
-            found.append(stream.engine_id)
-        return found
+    @staticmethod
+    def is_newly_cancelled(stream: LiveStream) -> bool:
+        """True once, when the stream's client has gone away."""
+        with stream.lock:
+            if stream.closed or stream.cancel_requested or not stream.sender.is_cancelled():
+                return False
+            stream.cancel_requested = True
+            return True
 
     def __len__(self) -> int:
         with self._lock:

@@ -73,10 +73,10 @@ def test_registry_names_cancels_and_closes_streams():
     with pytest.raises(DuplicateRequestError):
         registry.register(LiveStream("engine-2", "client-1", FakeSender(), True, [1], True))
     assert registry.resolve("client-1") == registry.resolve("engine-1") == "engine-1"
-    assert registry.newly_cancelled() == []
+    assert not registry.is_newly_cancelled(stream)
     sender.cancelled = True
-    assert registry.newly_cancelled() == ["engine-1"]
-    assert registry.newly_cancelled() == []                  # reported once
+    assert registry.is_newly_cancelled(stream)
+    assert not registry.is_newly_cancelled(stream)           # reported once
     stream.send("last", 1, final=True)
     stream.send("after", 0, final=False)                     # never touches a closed sender
     assert sender.sent == [("last", 1)]
