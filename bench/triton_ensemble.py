@@ -22,6 +22,7 @@ from tritonclient.utils import np_to_triton_dtype
 from serving.launcher import LaunchOptions, TritonServer, free_local_ports
 from serving.repository import DeploymentSettings
 
+from .engine_offline import EngineBenchSettings
 from .progress import progress_bar
 from .result import MethodResult
 from .workload import BenchRequest, total_output_tokens
@@ -30,13 +31,8 @@ MODEL = "ensemble"
 
 
 @dataclass
-class TritonBenchSettings:
-    model_dir: str
-    dtype: str = "float32"
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    num_threads: int = 2
-    kv_tokens: int = 32768
+class TritonBenchSettings(EngineBenchSettings):
+    """The offline engine's settings, served; plus what only a server has."""
     postprocessing_instances: int = 1
     request_timeout_s: float = 1800.0
 
