@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test test-unit test-e2e bench venv model clean
+.PHONY: serve test test-unit test-e2e bench venv model kernels clean
 
 venv: $(STAMP)
 
@@ -22,10 +22,15 @@ $(STAMP): pyproject.toml Makefile
 model: $(STAMP)
 	$(PY) -m serving prepare-model
 
-serve: $(STAMP)
+# the native CPU attention kernel (a few seconds with g++); without a
+# compiler the engine runs its PyTorch path, hence the leading '-'
+kernels: $(STAMP)
+	-$(PY) -m python_llm.engine.kernels
+
+serve: $(STAMP) kernels
 	$(PY) -m serving serve
 
-test: $(STAMP)
+test: $(STAMP) kernels
 	$(PY) -m serving prepare-model
 	$(PY) -m pytest
 
@@ -35,7 +40,7 @@ test-unit: $(STAMP)
 test-e2e: $(STAMP)
 	$(PY) -m pytest tests/e2e
 
-bench: $(STAMP)
+bench: $(STAMP) kernels
 	$(PY) -m serving prepare-model
 	$(PY) -m bench
 

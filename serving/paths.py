@@ -4,7 +4,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from python_llm.cache import CACHE_DIR
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_DIR = Path(os.environ.get("LLM_BUILD_DIR", REPO_ROOT / "build"))
-CACHE_DIR = Path(os.environ.get("LLM_CACHE_DIR",
-                                Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "triton-llm"))
+
+__all__ = ["BUILD_DIR", "CACHE_DIR", "REPO_ROOT"]

@@ -36,6 +36,7 @@ class DeploymentSettings:
     device: str = "cpu"
     dtype: str = "float32"
     num_threads: int = 0
+    attention_backend: str = "auto"         # "auto": native CPU decode kernel when it builds; "torch"
     debug_step_delay_ms: int = 0
     debug_fail_after_steps: int = 0
     exit_on_engine_failure_s: float = 2.0

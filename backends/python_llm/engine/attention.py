@@ -1,7 +1,9 @@
-"""Paged attention over the block-structured K/V cache, built from PyTorch's
-`scaled_dot_product_attention` so it runs unchanged on CPU and CUDA.
+"""Paged attention over the block-structured K/V cache.
 
-Decodes (one new token each) are batched: every sequence's blocks are
+Decodes (one new token each) on the CPU go to the native kernel
+(`kernels/`, reads the blocks in place) when it is available; a
+`DecodeBatch` carries their block tables. Otherwise (CUDA, no compiler,
+`attention_backend: torch`) they are batched in PyTorch: every sequence's blocks are
 gathered into one padded [seqs, kv_heads, context, head_dim] tensor and a
 boolean mask hides the padding. Decode attention is memory-bound (it reads
 all cached K/V), so decodes are grouped by context length, each group padded
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .kernels import CpuKernels
 from .kv_cache import PagedKVCache
 
 
@@ -45,9 +48,21 @@ class DecodeGroup:
 
 
 @dataclass
+class DecodeBatch:
+    """All decodes (rows 0 .. num_seqs-1), for the native kernel."""
+    num_seqs: int
+    block_tables: torch.Tensor     # [num_seqs, width] int32, padded with block 0
+    context_lens: torch.Tensor     # [num_seqs] int32
+    kernel: CpuKernels
+
+
+@dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor                 # [T] cache slot of every new token
-    decodes: list[DecodeGroup] = field(default_factory=list)   # rows before all prefill chunks
+    # decodes come first in the step batch: either one kernel batch or
+    # PyTorch groups
+    decode_batch: DecodeBatch | None = None
+    decodes: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
@@ -66,6 +81,13 @@ def paged_attention(layer: int, query: torch.Tensor, key: torch.Tensor, value: t
     kv_heads = key.shape[1]
     group = num_heads // kv_heads
     outputs: list[torch.Tensor] = []
+
+    batch = meta.decode_batch
+    if batch is not None:
+        out = query.new_empty(batch.num_seqs, num_heads * d)
+        outputs.append(batch.kernel.paged_decode_attention(
+            out, query[:batch.num_seqs], cache.keys[layer], cache.values[layer], batch.block_tables,
+            batch.context_lens, scale))
 
     for decode in meta.decodes:
         n = decode.num_seqs

@@ -27,6 +27,9 @@ class EngineConfig:
     enable_kv_cache_reuse: bool = True
     enable_chunked_context: bool = True
     num_threads: int = 0                      # torch threads; 0 = torch's default
+    # decode attention: "auto" = the native CPU kernel on the CPU when it
+    # builds (else PyTorch), "torch" = always the PyTorch path
+    attention_backend: str = "auto"
     debug_step_delay_ms: int = 0              # test-only stall injected per step
     debug_fail_after_steps: int = 0           # test-only: the loop fails after N steps (0 = never)
     # What a dead engine loop does to its server: after this grace period (so
@@ -41,6 +44,8 @@ class EngineConfig:
                 raise ConfigError(msg)
 
         check(self.dtype in ("float32", "bfloat16", "float16"), f"dtype: unsupported {self.dtype!r}")
+        check(self.attention_backend in ("auto", "torch"),
+              f"attention_backend: 'auto' or 'torch', got {self.attention_backend!r}")
         check(self.device == "cpu" or self.device.startswith("cuda"), f"device: unsupported {self.device!r}")
         check(self.block_size > 0 and self.block_size & (self.block_size - 1) == 0,
               f"block_size: must be a power of two, got {self.block_size}")

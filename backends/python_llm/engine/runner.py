@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention import AttentionMetadata, DecodeGroup, PrefillChunk
+from .attention import AttentionMetadata, DecodeBatch, DecodeGroup, PrefillChunk
 from .config import EngineConfig
+from .kernels import CpuKernels, cpu_kernels
 from .kv_cache import KVCacheShape, PagedKVCache, bytes_per_block
 from .model_info import ModelInfo
 from .models import build_model
@@ -56,8 +57,11 @@ class ModelRunner:
             self.dtype, self.device)
         self.sampler = Sampler(self.device)
         self._generators: dict[str, torch.Generator] = {}
+        self.decode_kernel: CpuKernels | None = (
+            cpu_kernels() if self.device.type == "cpu" and config.attention_backend == "auto" else None)
         log.info("model runner ready", extra={"device": str(self.device), "dtype": config.dtype,
-                                              "kv_blocks": self.num_blocks, "block_size": self.block_size})
+                                              "kv_blocks": self.num_blocks, "block_size": self.block_size,
+                                              "decode_attention": "native" if self.decode_kernel else "torch"})
 
     def _kv_budget_blocks(self) -> int:
         info = self.model_info
@@ -103,16 +107,19 @@ class ModelRunner:
     def _prepare(self, seqs: list[ScheduledSequence]) -> StepBatch:
         """Flatten the step into index tensors built once and shared by all layers.
 
-        Single-token sequences at the head of the list are decodes; they are
-        laid out sorted by context length (grouped, see DecodeGroup), then the
-        prefill chunks follow in order. Output order is the input order.
+        Single-token sequences at the head of the list are decodes, then the
+        prefill chunks follow in order. For the PyTorch decode path the
+        decodes are laid out sorted by context length (grouped, see
+        DecodeGroup). Output order is the input order.
         """
         bs = self.block_size
         num_decodes = 0
         while num_decodes < len(seqs) and seqs[num_decodes].num_tokens == 1:
             num_decodes += 1
         tables = [self._checked_table(seq) for seq in seqs]
-        decode_order = sorted(range(num_decodes), key=lambda i: len(tables[i]))
+        decode_order = list(range(num_decodes))
+        if self.decode_kernel is None:
+            decode_order.sort(key=lambda i: len(tables[i]))
         order = decode_order + list(range(num_decodes, len(seqs)))
 
         input_ids: list[int] = []
@@ -136,14 +143,18 @@ class ModelRunner:
             rows[index] = offset + n - 1
 
         device = self.device
+        decode_seqs = [seqs[i] for i in decode_order]
+        decode_tables = [tables[i] for i in decode_order]
+        meta = AttentionMetadata(slot_mapping=torch.tensor(slots, device=device), prefills=prefills)
+        if self.decode_kernel is not None:
+            meta.decode_batch = self._decode_batch(decode_seqs, decode_tables, self.decode_kernel)
+        else:
+            meta.decodes = self._decode_groups(decode_seqs, decode_tables)
         sampled = [seq for seq in seqs if seq.sample]
         return StepBatch(
             input_ids=torch.tensor(input_ids, device=device),
             positions=torch.tensor(positions, device=device),
-            meta=AttentionMetadata(slot_mapping=torch.tensor(slots, device=device),
-                                   decodes=self._decode_groups([seqs[i] for i in decode_order],
-                                                               [tables[i] for i in decode_order]),
-                                   prefills=prefills),
+            meta=meta,
             sample_rows=torch.tensor([rows[i] for i, seq in enumerate(seqs) if seq.sample],
                                      device=device, dtype=torch.long),
             sampled=sampled,
@@ -178,6 +189,18 @@ class ModelRunner:
             groups.append(DecodeGroup(first, i - first, torch.tensor(flat, device=self.device), mask))
             first = i
         return groups
+
+    @staticmethod
+    def _decode_batch(seqs: list[ScheduledSequence], tables: list[list[int]],
+                      kernel: CpuKernels) -> DecodeBatch | None:
+        if not seqs:
+            return None
+        width = max(len(table) for table in tables)
+        # padding points at block 0; the kernel reads only context_lens tokens
+        padded = [table + [0] * (width - len(table)) for table in tables]
+        return DecodeBatch(num_seqs=len(seqs), block_tables=torch.tensor(padded, dtype=torch.int32),
+                           context_lens=torch.tensor([s.start_position + 1 for s in seqs], dtype=torch.int32),
+                           kernel=kernel)
 
     def _prefill_chunk(self, offset: int, n: int, start: int, table: list[int]) -> PrefillChunk:
         chunk = PrefillChunk(token_offset=offset, num_tokens=n, context_len=start + n)

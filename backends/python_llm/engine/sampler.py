@@ -22,6 +22,29 @@ from .scheduler_output import ScheduledSequence
 LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
 
 
+# torch's CPU argmax is a scalar loop (~4 ms over 64 x 49k logits) while
+# amax is vectorized (~0.3 ms): on the CPU argmax goes through chunk maxima
+ARGMAX_CHUNK = 512
+
+
+def argmax_rows(x: torch.Tensor) -> torch.Tensor:
+    """`x.argmax(dim=-1)` for [rows, vocab] (first maximum on ties, NaN counts
+    as the maximum, as torch's)."""
+    rows, vocab = x.shape
+    if x.device.type != "cpu" or vocab < 4 * ARGMAX_CHUNK or x.stride(1) != 1:
+        return x.argmax(dim=-1)
+    size = ARGMAX_CHUNK
+    whole = vocab // size
+    best = x.as_strided((rows, whole, size), (x.stride(0), size, 1)).amax(dim=-1)   # [rows, chunks]
+    if vocab % size:
+        best = torch.cat([best, x[:, whole * size:].amax(dim=-1, keepdim=True)], dim=1)
+    starts = best.argmax(dim=-1) * size                                            # first chunk with the max
+    # the tail chunk is shorter: clamping repeats its last column after itself,
+    # which cannot win a first-occurrence argmax
+    columns = (starts.unsqueeze(1) + torch.arange(size, device=x.device)).clamp_(max=vocab - 1)
+    return starts + x.gather(1, columns).argmax(dim=-1)
+
+
 @dataclass
 class SamplerResult:
     token_ids: list[int]
@@ -76,12 +99,12 @@ class Sampler:
         processed = [_needs_processing(p, len(s.output_token_ids)) for p, s in zip(params, seqs)]
 
         if not any(processed) and all(p.greedy for p in params):   # the common fast path
-            tokens = logits.argmax(dim=-1)
+            tokens = argmax_rows(logits)
             return SamplerResult(tokens.tolist(), self._logprobs(logits, tokens, want_logprobs))
 
         if any(processed):
             self._process(logits, seqs, processed)
-        tokens = logits.argmax(dim=-1)
+        tokens = argmax_rows(logits)
         sample_rows = [i for i, p in enumerate(params) if not p.greedy]
         if sample_rows:
             rows = torch.tensor(sample_rows, device=self.device)
@@ -173,7 +196,7 @@ class Sampler:
         else:
             for row, generator in enumerate(seeded):
                 noise[row].exponential_(generator=generator)
-        return (probs / noise).argmax(dim=-1)
+        return argmax_rows(probs / noise)
 
     @staticmethod
     def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, wanted: list[bool]) -> list[float | None]:

@@ -99,10 +99,16 @@ def test_num_threads_applied(tmp_path: Path) -> None:
         torch.set_num_threads(before)
 
 
-def test_decodes_of_different_lengths_are_grouped_and_match_single_runs(runner: ModelRunner) -> None:
-    """Decodes are re-laid out by context length into several padded groups;
-    each sequence's token must equal its token when decoded alone, and the
-    output keeps the input order."""
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_decodes_of_different_lengths_match_single_runs(tmp_path_factory: pytest.TempPathFactory,
+                                                        backend: str) -> None:
+    """PyTorch path: decodes are re-laid out by context length into several
+    padded groups. Native kernel (auto on the CPU): one ragged batch. Either
+    way each sequence's token must equal its token when decoded alone, and
+    the output keeps the input order."""
+    folder = save_tiny(tmp_path_factory.mktemp("tiny") / "llama", "llama")
+    runner = ModelRunner(EngineConfig(model_dir=str(folder), max_tokens_in_paged_kv_cache=2048, block_size=8,
+                                      num_threads=2, attention_backend=backend))
     lengths = [100, 3, 40, 9, 100, 12]
     seqs = []
     for i, length in enumerate(lengths):
@@ -111,8 +117,13 @@ def test_decodes_of_different_lengths_are_grouped_and_match_single_runs(runner: 
         runner.execute(SchedulerOutput([one(f"g{i}", prompt[:-1], 0, table, sample=False)], length - 1))
         seqs.append(one(f"g{i}", prompt[-1:], length - 1, table, return_log_probs=True))
     alone = [runner.execute(SchedulerOutput([s], 1)).sampled[0] for s in seqs]
-    groups = runner._prepare(seqs).meta.decodes
-    assert len(groups) >= 3 and sum(g.num_seqs for g in groups) == len(seqs)
+    meta = runner._prepare(seqs).meta
+    if backend == "torch":
+        assert meta.decode_batch is None
+        assert len(meta.decodes) >= 3 and sum(g.num_seqs for g in meta.decodes) == len(seqs)
+    else:
+        assert not meta.decodes and meta.decode_batch is not None
+        assert meta.decode_batch.context_lens.tolist() == lengths
     together = runner.execute(SchedulerOutput(seqs, len(seqs))).sampled
     assert [t.request_id for t in together] == [s.request_id for s in seqs]
     assert [t.token_id for t in together] == [t.token_id for t in alone]

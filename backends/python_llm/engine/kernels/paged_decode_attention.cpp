@@ -1,0 +1,305 @@
+// Decode attention that reads the paged K/V cache in place (CPU).
+//
+// The PyTorch path gathers every decode's blocks into a padded copy before
+// calling SDPA; on a CPU that copy (and reading it back) is most of the
+// attention time. Here each (sequence, KV head) pair walks its block table
+// and reads the cached rows where they are, for each query head that shares
+// the KV head (GQA: the block is re-read from L1/L2, not from memory).
+// fp32 accumulation whatever the cache dtype; two-pass softmax.
+//
+// Plain C ABI (no PyTorch headers), loaded with ctypes: it compiles in about
+// a second with the system C++ compiler.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include <omp.h>
+
+namespace {
+
+struct bf16 { uint16_t bits; };
+
+inline float to_float(float x) { return x; }
+inline float to_float(bf16 x) { return __builtin_bit_cast(float, static_cast<uint32_t>(x.bits) << 16); }
+inline float to_float(_Float16 x) { return static_cast<float>(x); }
+
+template <typename T> inline T from_float(float x);
+template <> inline float from_float<float>(float x) { return x; }
+template <> inline _Float16 from_float<_Float16>(float x) { return static_cast<_Float16>(x); }
+template <> inline bf16 from_float<bf16>(float x) {   // round to nearest even, as PyTorch does
+  uint32_t u = __builtin_bit_cast(uint32_t, x);
+  if (std::isnan(x)) return bf16{0x7fc0};
+  u += 0x7fff + ((u >> 16) & 1);
+  return bf16{static_cast<uint16_t>(u >> 16)};
+}
+
+// exp for x <= 0 (scores minus their maximum), branch-free so that the loop
+// vectorizes: Cephes' expf (range reduction by ln 2, degree-6 polynomial,
+// about 1 ulp); below -87 it returns 0 instead of a denormal
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r * r + r + 1.0f;
+  return y * __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
+}
+
+// rows [group, ctx] of scores → unnormalised probabilities; totals[g] their sums
+inline void softmax_rows(float* rows, int64_t group, int64_t ctx, const float* maxima, float* totals) {
+  for (int64_t g = 0; g < group; ++g) {
+    float* row = rows + g * ctx;
+    const float maximum = maxima[g];
+    float total = 0.f;
+#pragma omp simd reduction(+ : total)
+    for (int64_t t = 0; t < ctx; ++t) {
+      row[t] = exp_nonpositive(row[t] - maximum);
+      total += row[t];
+    }
+    totals[g] = total;
+  }
+}
+
+#ifndef PREFETCH_BLOCKS
+#define PREFETCH_BLOCKS 2
+#endif
+inline void prefetch_row(const void* row, int64_t bytes) {
+  const char* p = static_cast<const char*>(row);
+  for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(p + offset, 0, 3);
+}
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define PLD_HAVE_AVX2 1
+#include <immintrin.h>
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const bf16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+inline __m256 load8(const _Float16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// four 8-wide partial sums → their four totals
+inline __m128 reduce4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d);
+  const __m256 abcd = _mm256_hadd_ps(ab, cd);
+  return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+// HD a multiple of 8 (64, 128). Scores: one query head's vector stays in
+// registers while K rows stream past, four rows at a time, their dot
+// products reduced together (no horizontal sum per row). Values: the
+// accumulator stays in registers for the whole context. A sequence's K/V
+// for one head is small (ctx x HD floats), so the group's query heads after
+// the first read it from L1/L2.
+template <int HD, typename T>
+void attend_avx2(const float* q, int64_t group, const T* const* k_blocks, const T* const* v_blocks,
+                 int64_t ctx, int64_t block_size, float* rows, float* maxima, float* totals, float* acc) {
+  constexpr int V = HD / 8;
+  const int64_t num_blocks = (ctx + block_size - 1) / block_size;
+  for (int64_t b = 0; b < std::min<int64_t>(PREFETCH_BLOCKS, num_blocks); ++b)
+    prefetch_row(k_blocks[b], block_size * HD * sizeof(T));
+  for (int64_t g = 0; g < group; ++g) {
+    __m256 qr[V];
+    for (int j = 0; j < V; ++j) qr[j] = _mm256_loadu_ps(q + g * HD + j * 8);
+    float* row = rows + g * ctx;
+    __m128 running_max = _mm_set1_ps(-INFINITY);
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const T* k = k_blocks[b];
+      const int64_t n = std::min(block_size, ctx - b * block_size);
+      if (g == 0) {   // keep several blocks in flight: K ahead of use, and V for the second pass
+        if (b + PREFETCH_BLOCKS < num_blocks) prefetch_row(k_blocks[b + PREFETCH_BLOCKS], block_size * HD * sizeof(T));
+        prefetch_row(v_blocks[b], block_size * HD * sizeof(T));
+      }
+      float* out = row + b * block_size;
+      int64_t t = 0;
+      for (; t + 4 <= n; t += 4) {
+        const T* k0 = k + t * HD;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int j = 0; j < V; ++j) {
+          a0 = _mm256_fmadd_ps(qr[j], load8(k0 + j * 8), a0);
+          a1 = _mm256_fmadd_ps(qr[j], load8(k0 + HD + j * 8), a1);
+          a2 = _mm256_fmadd_ps(qr[j], load8(k0 + 2 * HD + j * 8), a2);
+          a3 = _mm256_fmadd_ps(qr[j], load8(k0 + 3 * HD + j * 8), a3);
+        }
+        const __m128 dots = reduce4(a0, a1, a2, a3);
+        _mm_storeu_ps(out + t, dots);
+        running_max = _mm_max_ps(running_max, dots);
+      }
+      for (; t < n; ++t) {
+        const T* kt = k + t * HD;
+        __m256 a0 = _mm256_setzero_ps();
+        for (int j = 0; j < V; ++j) a0 = _mm256_fmadd_ps(qr[j], load8(kt + j * 8), a0);
+        const __m128 dot = reduce4(a0, a0, a0, a0);   // every lane holds the total
+        _mm_store_ss(out + t, dot);
+        running_max = _mm_max_ps(running_max, dot);
+      }
+    }
+    float lanes[4];
+    _mm_storeu_ps(lanes, running_max);
+    maxima[g] = std::max(std::max(lanes[0], lanes[1]), std::max(lanes[2], lanes[3]));
+  }
+  softmax_rows(rows, group, ctx, maxima, totals);
+  for (int64_t g = 0; g < group; ++g) {
+    const float* row = rows + g * ctx;
+    __m256 a[V];
+    for (int j = 0; j < V; ++j) a[j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const T* v = v_blocks[b];
+      const int64_t n = std::min(block_size, ctx - b * block_size);
+      for (int64_t t = 0; t < n; ++t) {
+        const __m256 p = _mm256_set1_ps(row[b * block_size + t]);
+        for (int j = 0; j < V; ++j) a[j] = _mm256_fmadd_ps(p, load8(v + t * HD + j * 8), a[j]);
+      }
+    }
+    for (int j = 0; j < V; ++j) _mm256_storeu_ps(acc + g * HD + j * 8, a[j]);
+  }
+}
+#endif
+
+// any head_dim: plain loops (vectorized by the compiler where it can)
+template <typename T>
+void attend_scalar(const float* q, int64_t group, int64_t head_dim, const T* const* k_blocks,
+                   const T* const* v_blocks, int64_t ctx, int64_t block_size, float* rows, float* maxima,
+                   float* totals, float* acc) {
+  const int64_t num_blocks = (ctx + block_size - 1) / block_size;
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const int64_t n = std::min(block_size, ctx - b * block_size);
+    for (int64_t t = 0; t < n; ++t) {
+      const T* kt = k_blocks[b] + t * head_dim;
+      for (int64_t g = 0; g < group; ++g) {
+        const float* qg = q + g * head_dim;
+        float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t i = 0; i < head_dim; ++i) dot += qg[i] * to_float(kt[i]);
+        rows[g * ctx + b * block_size + t] = dot;
+        maxima[g] = std::max(maxima[g], dot);
+      }
+    }
+  }
+  softmax_rows(rows, group, ctx, maxima, totals);
+  for (int64_t i = 0; i < group * head_dim; ++i) acc[i] = 0.f;
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const int64_t n = std::min(block_size, ctx - b * block_size);
+    for (int64_t t = 0; t < n; ++t) {
+      const T* vt = v_blocks[b] + t * head_dim;
+      for (int64_t g = 0; g < group; ++g) {
+        const float p = rows[g * ctx + b * block_size + t];
+        float* ag = acc + g * head_dim;
+#pragma omp simd
+        for (int64_t i = 0; i < head_dim; ++i) ag[i] += p * to_float(vt[i]);
+      }
+    }
+  }
+}
+
+// HD > 0: head_dim (a multiple of 8) fixed at compile time; HD == 0: any head_dim
+template <int HD, typename T>
+void decode_attention(T* out, int64_t out_seq_stride, const T* query, int64_t q_seq_stride,
+                      const T* key_cache, const T* value_cache, const int32_t* block_tables,
+                      int64_t table_width, const int32_t* context_lens, int64_t num_seqs, int64_t num_heads,
+                      int64_t kv_heads, int64_t head_dim_runtime, int64_t num_blocks, int64_t block_size,
+                      float scale, int num_threads) {
+  const int64_t head_dim = HD > 0 ? HD : head_dim_runtime;
+  const int64_t group = num_heads / kv_heads;
+  const int64_t block_stride = block_size * head_dim;
+  const int64_t work = num_seqs * kv_heads;
+
+  // dynamic schedule: contexts differ in length, so equal shares of pairs
+  // are not equal shares of work
+#pragma omp parallel num_threads(num_threads)
+  {
+    std::vector<float> q_buf(group * head_dim), acc_buf(group * head_dim), scores;
+    std::vector<float> maxima(group), totals(group);
+    std::vector<const T*> k_blocks(table_width), v_blocks(table_width);
+    float* q = q_buf.data();
+    float* acc = acc_buf.data();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < work; ++item) {
+      const int64_t s = item / kv_heads, h = item % kv_heads;
+      const int64_t ctx = context_lens[s];
+      const int64_t used_blocks = (ctx + block_size - 1) / block_size;
+      const int32_t* table = block_tables + s * table_width;
+      const T* k_head = key_cache + h * num_blocks * block_stride;
+      const T* v_head = value_cache + h * num_blocks * block_stride;
+      scores.resize(group * ctx);
+      float* rows = scores.data();   // [group, ctx]
+      for (int64_t g = 0; g < group; ++g) {
+        const T* src = query + s * q_seq_stride + (h * group + g) * head_dim;
+        for (int64_t i = 0; i < head_dim; ++i) q[g * head_dim + i] = to_float(src[i]) * scale;
+        maxima[g] = -INFINITY;
+      }
+      for (int64_t b = 0; b < used_blocks; ++b) {
+        k_blocks[b] = k_head + static_cast<int64_t>(table[b]) * block_stride;
+        v_blocks[b] = v_head + static_cast<int64_t>(table[b]) * block_stride;
+      }
+#ifdef PLD_HAVE_AVX2
+      if constexpr (HD > 0) {
+        attend_avx2<HD, T>(q, group, k_blocks.data(), v_blocks.data(), ctx, block_size, rows,
+                           maxima.data(), totals.data(), acc);
+      } else
+#endif
+      {
+        attend_scalar<T>(q, group, head_dim, k_blocks.data(), v_blocks.data(), ctx, block_size, rows,
+                         maxima.data(), totals.data(), acc);
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        const float inv = 1.f / totals[g];
+        T* dst = out + s * out_seq_stride + (h * group + g) * head_dim;
+        for (int64_t i = 0; i < head_dim; ++i) dst[i] = from_float<T>(acc[g * head_dim + i] * inv);
+      }
+    }
+  }
+}
+
+template <typename T>
+void dispatch(void* out, int64_t out_seq_stride, const void* query, int64_t q_seq_stride, const void* key_cache,
+              const void* value_cache, const int32_t* block_tables, int64_t table_width,
+              const int32_t* context_lens, int64_t num_seqs, int64_t num_heads, int64_t kv_heads, int64_t head_dim,
+              int64_t num_blocks, int64_t block_size, float scale, int num_threads) {
+  auto run = [&](auto fn) {
+    fn(static_cast<T*>(out), out_seq_stride, static_cast<const T*>(query), q_seq_stride,
+       static_cast<const T*>(key_cache), static_cast<const T*>(value_cache), block_tables, table_width,
+       context_lens, num_seqs, num_heads, kv_heads, head_dim, num_blocks, block_size, scale, num_threads);
+  };
+  if (head_dim == 64) run(decode_attention<64, T>);
+  else if (head_dim == 128) run(decode_attention<128, T>);
+  else run(decode_attention<0, T>);
+}
+
+}  // namespace
+
+extern "C" {
+
+// dtype: 0 float32, 1 bfloat16, 2 float16. Shapes: out [seqs, heads*head_dim]
+// (row stride out_seq_stride elements), query [seqs, heads, head_dim] (row
+// stride q_seq_stride), caches [kv_heads, num_blocks, block_size, head_dim]
+// contiguous, block_tables [seqs, table_width] int32, context_lens [seqs]
+// int32. The caller checks shapes and block ids.
+int paged_decode_attention(int dtype, void* out, int64_t out_seq_stride, const void* query, int64_t q_seq_stride,
+                           const void* key_cache, const void* value_cache, const int32_t* block_tables,
+                           int64_t table_width, const int32_t* context_lens, int64_t num_seqs, int64_t num_heads,
+                           int64_t kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size, float scale,
+                           int num_threads) {
+  switch (dtype) {
+    case 0: dispatch<float>(out, out_seq_stride, query, q_seq_stride, key_cache, value_cache, block_tables,
+                            table_width, context_lens, num_seqs, num_heads, kv_heads, head_dim, num_blocks,
+                            block_size, scale, num_threads); return 0;
+    case 1: dispatch<bf16>(out, out_seq_stride, query, q_seq_stride, key_cache, value_cache, block_tables,
+                           table_width, context_lens, num_seqs, num_heads, kv_heads, head_dim, num_blocks,
+                           block_size, scale, num_threads); return 0;
+    case 2: dispatch<_Float16>(out, out_seq_stride, query, q_seq_stride, key_cache, value_cache, block_tables,
+                               table_width, context_lens, num_seqs, num_heads, kv_heads, head_dim, num_blocks,
+                               block_size, scale, num_threads); return 0;
+    default: return 1;
+  }
+}
+
+}

@@ -1,0 +1,121 @@
+"""The native CPU decode-attention kernel against PyTorch SDPA on the same
+gathered K/V, and the fallback when it cannot be built."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from python_llm.engine import kernels
+from python_llm.engine.kernels import cpu_kernels
+
+
+@pytest.fixture(scope="module")
+def native() -> kernels.CpuKernels:
+    built = cpu_kernels()
+    assert built is not None, "the CPU kernel did not build on this machine (see the warning log)"
+    return built
+
+
+def random_case(seed: int, heads: int, kv_heads: int, head_dim: int, lens: list[int], block_size: int = 16,
+                num_blocks: int = 96, dtype: torch.dtype = torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    keys = torch.randn(kv_heads, num_blocks, block_size, head_dim, generator=gen).to(dtype)
+    values = torch.randn(kv_heads, num_blocks, block_size, head_dim, generator=gen).to(dtype)
+    # scattered, shuffled blocks, as a long-running block pool hands them out
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    tables, taken = [], 0
+    for length in lens:
+        need = -(-length // block_size)
+        tables.append(order[taken:taken + need])
+        taken += need
+    assert taken <= num_blocks
+    width = max(len(t) for t in tables)
+    padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    # the query is a strided view, as the model hands it over (q out of a fused qkv)
+    qkv = torch.randn(len(lens), heads + 2 * kv_heads, head_dim, generator=gen).to(dtype)
+    return qkv[:, :heads], keys, values, tables, padded, torch.tensor(lens, dtype=torch.int32)
+
+
+def reference(query, keys, values, tables, lens, scale) -> torch.Tensor:
+    kv_heads, _, _, head_dim = keys.shape
+    heads = query.shape[1]
+    rows = []
+    for s, (table, length) in enumerate(zip(tables, lens)):
+        index = torch.tensor(table)
+        k = keys.float().index_select(1, index).reshape(kv_heads, -1, head_dim)[:, :length]
+        v = values.float().index_select(1, index).reshape(kv_heads, -1, head_dim)[:, :length]
+        q = query[s].float().reshape(kv_heads, heads // kv_heads, head_dim)
+        rows.append(F.scaled_dot_product_attention(q, k, v, scale=scale).reshape(-1))
+    return torch.stack(rows)
+
+
+CASES = {   # heads, kv_heads, head_dim: the vectorized sizes (64, 128) and the generic path (32, 80)
+    "gqa3-d64": (9, 3, 64),
+    "mha-d64": (4, 4, 64),
+    "gqa4-d128": (8, 2, 128),
+    "mqa-d32": (4, 1, 32),
+    "gqa2-d80": (4, 2, 80),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_sdpa_fp32(native, case: str) -> None:
+    heads, kv_heads, head_dim = CASES[case]
+    # lengths: a single token, exact block multiples, ragged, one long
+    lens = [1, 16, 17, 31, 32, 5, 250, 3]
+    query, keys, values, tables, padded, context = random_case(1, heads, kv_heads, head_dim, lens)
+    scale = head_dim ** -0.5
+    out = torch.empty(len(lens), heads * head_dim)
+    native.paged_decode_attention(out, query, keys, values, padded, context, scale)
+    expected = reference(query, keys, values, tables, lens, scale)
+    torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_accumulates_in_fp32(native, dtype: torch.dtype) -> None:
+    lens = [7, 40, 129]
+    query, keys, values, tables, padded, context = random_case(2, 9, 3, 64, lens, dtype=dtype)
+    out = torch.empty(len(lens), 9 * 64, dtype=dtype)
+    native.paged_decode_attention(out, query, keys, values, padded, context, 0.125)
+    expected = reference(query, keys, values, tables, lens, 0.125)
+    # inputs are the same rounded values; the only extra error is rounding the output
+    torch.testing.assert_close(out.float(), expected, atol=1e-2, rtol=1e-2)
+
+
+def test_large_score_range_stays_finite(native) -> None:
+    """Scores far apart (one token dominates): the softmax must not overflow
+    or produce NaN, and the output is that token's value."""
+    query, keys, values, tables, padded, context = random_case(3, 4, 4, 64, [48])
+    keys[:, tables[0][1], 3] = query[0].reshape(4, 64) * 50.0   # token 19 dominates every head
+    out = torch.empty(1, 4 * 64)
+    native.paged_decode_attention(out, query, keys, values, padded, context, 1.0)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.reshape(4, 64), values[:, tables[0][1], 3], atol=1e-5, rtol=1e-5)
+
+
+def test_rejects_bad_arguments(native) -> None:
+    query, keys, values, _, padded, context = random_case(4, 9, 3, 64, [20, 30])
+    out = torch.empty(2, 9 * 64)
+    with pytest.raises(ValueError, match="block_tables"):
+        native.paged_decode_attention(out, query, keys, values, padded.long(), context, 0.1)
+    with pytest.raises(ValueError, match="out"):
+        native.paged_decode_attention(torch.empty(3, 9 * 64), query, keys, values, padded, context, 0.1)
+    with pytest.raises(ValueError, match="dtype"):
+        native.paged_decode_attention(out, query.double(), keys, values, padded, context, 0.1)
+
+
+def test_no_compiler_falls_back(tmp_path: Path, monkeypatch, caplog) -> None:
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    with caplog.at_level("WARNING"):
+        assert cpu_kernels(tmp_path) is None
+    assert "PyTorch attention path" in caplog.text
+    assert not list((tmp_path / "kernels").glob("*.so"))   # no half-written library left behind
+
+
+def test_library_name_follows_source_and_cpu(tmp_path: Path, monkeypatch) -> None:
+    first = kernels.library_path(tmp_path)
+    monkeypatch.setattr(kernels, "_cpu_features", lambda: "another cpu")
+    assert kernels.library_path(tmp_path) != first
