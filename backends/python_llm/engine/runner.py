@@ -7,6 +7,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .attention import AttentionMetadata, DecodeBatch, DecodeGroup, PrefillChunk
@@ -24,6 +25,13 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 # a decode group grows while its widest table is at most this many times its
 # narrowest: bounds padding waste, keeps the number of attention calls small
 DECODE_GROUP_SPREAD = 1.5
+
+
+def index_tensor(values: list[int] | list[list[int]], device: torch.device, dtype: np.dtype = np.int64) -> torch.Tensor:
+    """A tensor of Python ints. Through NumPy: `torch.tensor(list)` costs
+    ~0.3 µs per element (440 µs for a 64 x 25 block table), NumPy a sixth."""
+    tensor = torch.from_numpy(np.array(values, dtype=dtype))
+    return tensor if device.type == "cpu" else tensor.to(device)
 
 
 class SchedulingError(ValueError):
@@ -55,10 +63,10 @@ class ModelRunner:
         self.kv_cache = PagedKVCache(
             KVCacheShape(info.num_layers, self.num_blocks, self.block_size, info.num_kv_heads, info.head_dim),
             self.dtype, self.device)
-        self.sampler = Sampler(self.device)
         self._generators: dict[str, torch.Generator] = {}
         self.decode_kernel: CpuKernels | None = (
             cpu_kernels() if self.device.type == "cpu" and config.attention_backend == "auto" else None)
+        self.sampler = Sampler(self.device, self.decode_kernel)
         log.info("model runner ready", extra={"device": str(self.device), "dtype": config.dtype,
                                               "kv_blocks": self.num_blocks, "block_size": self.block_size,
                                               "decode_attention": "native" if self.decode_kernel else "torch"})
@@ -145,18 +153,17 @@ class ModelRunner:
         device = self.device
         decode_seqs = [seqs[i] for i in decode_order]
         decode_tables = [tables[i] for i in decode_order]
-        meta = AttentionMetadata(slot_mapping=torch.tensor(slots, device=device), prefills=prefills)
+        meta = AttentionMetadata(slot_mapping=index_tensor(slots, device), prefills=prefills)
         if self.decode_kernel is not None:
             meta.decode_batch = self._decode_batch(decode_seqs, decode_tables, self.decode_kernel)
         else:
             meta.decodes = self._decode_groups(decode_seqs, decode_tables)
         sampled = [seq for seq in seqs if seq.sample]
         return StepBatch(
-            input_ids=torch.tensor(input_ids, device=device),
-            positions=torch.tensor(positions, device=device),
+            input_ids=index_tensor(input_ids, device),
+            positions=index_tensor(positions, device),
             meta=meta,
-            sample_rows=torch.tensor([rows[i] for i, seq in enumerate(seqs) if seq.sample],
-                                     device=device, dtype=torch.long),
+            sample_rows=index_tensor([rows[i] for i, seq in enumerate(seqs) if seq.sample], device),
             sampled=sampled,
         )
 
@@ -183,10 +190,10 @@ class ModelRunner:
             width = len(tables[i - 1])
             # padding points at block 0 (any valid block); the mask hides it
             flat = [b for table in tables[first:i] for b in (table + [0] * (width - len(table)))]
-            lengths = torch.tensor([s.start_position + 1 for s in seqs[first:i]], device=self.device)
+            lengths = index_tensor([s.start_position + 1 for s in seqs[first:i]], self.device)
             columns = torch.arange(width * self.block_size, device=self.device)
             mask = (columns.unsqueeze(0) < lengths.unsqueeze(1)).view(i - first, 1, 1, -1)
-            groups.append(DecodeGroup(first, i - first, torch.tensor(flat, device=self.device), mask))
+            groups.append(DecodeGroup(first, i - first, index_tensor(flat, self.device), mask))
             first = i
         return groups
 
@@ -198,8 +205,9 @@ class ModelRunner:
         width = max(len(table) for table in tables)
         # padding points at block 0; the kernel reads only context_lens tokens
         padded = [table + [0] * (width - len(table)) for table in tables]
-        return DecodeBatch(num_seqs=len(seqs), block_tables=torch.tensor(padded, dtype=torch.int32),
-                           context_lens=torch.tensor([s.start_position + 1 for s in seqs], dtype=torch.int32),
+        cpu = torch.device("cpu")
+        return DecodeBatch(num_seqs=len(seqs), block_tables=index_tensor(padded, cpu, np.int32),
+                           context_lens=index_tensor([s.start_position + 1 for s in seqs], cpu, np.int32),
                            kernel=kernel)
 
     def _prefill_chunk(self, offset: int, n: int, start: int, table: list[int]) -> PrefillChunk:
@@ -207,6 +215,6 @@ class ModelRunner:
         if start > 0:
             rows = torch.arange(start, start + n, device=self.device).unsqueeze(1)
             columns = torch.arange(start + n, device=self.device).unsqueeze(0)
-            chunk.block_ids = torch.tensor(table, device=self.device)
+            chunk.block_ids = index_tensor(table, self.device)
             chunk.mask = columns <= rows
         return chunk

@@ -15,34 +15,12 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
+from .kernels import CpuKernels
 from .sampling_params import SamplingParams
 from .scheduler_output import ScheduledSequence
 
 # fn(output_token_ids, logits[vocab]) -> logits[vocab]; may modify in place
 LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
-
-
-# torch's CPU argmax is a scalar loop (~4 ms over 64 x 49k logits) while
-# amax is vectorized (~0.3 ms): on the CPU argmax goes through chunk maxima
-ARGMAX_CHUNK = 512
-
-
-def argmax_rows(x: torch.Tensor) -> torch.Tensor:
-    """`x.argmax(dim=-1)` for [rows, vocab] (first maximum on ties, NaN counts
-    as the maximum, as torch's)."""
-    rows, vocab = x.shape
-    if x.device.type != "cpu" or vocab < 4 * ARGMAX_CHUNK or x.stride(1) != 1:
-        return x.argmax(dim=-1)
-    size = ARGMAX_CHUNK
-    whole = vocab // size
-    best = x.as_strided((rows, whole, size), (x.stride(0), size, 1)).amax(dim=-1)   # [rows, chunks]
-    if vocab % size:
-        best = torch.cat([best, x[:, whole * size:].amax(dim=-1, keepdim=True)], dim=1)
-    starts = best.argmax(dim=-1) * size                                            # first chunk with the max
-    # the tail chunk is shorter: clamping repeats its last column after itself,
-    # which cannot win a first-occurrence argmax
-    columns = (starts.unsqueeze(1) + torch.arange(size, device=x.device)).clamp_(max=vocab - 1)
-    return starts + x.gather(1, columns).argmax(dim=-1)
 
 
 @dataclass
@@ -84,8 +62,16 @@ def _banned_tokens(seq: ScheduledSequence) -> list[int]:
 
 
 class Sampler:
-    def __init__(self, device: torch.device | str = "cpu") -> None:
+    def __init__(self, device: torch.device | str = "cpu", kernels: CpuKernels | None = None) -> None:
         self.device = torch.device(device)
+        # torch's CPU argmax is a scalar loop (~4 ms over 64 x 49k logits);
+        # the native one is a vectorized single pass
+        self.kernels = kernels if self.device.type == "cpu" else None
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.kernels is not None and logits.dtype == torch.float32 and logits.stride(1) == 1:
+            return self.kernels.argmax_rows(logits)
+        return logits.argmax(dim=-1)
 
     def __call__(self, logits: torch.Tensor, seqs: Sequence[ScheduledSequence],
                  generators: Mapping[str, torch.Generator] | None = None) -> SamplerResult:
@@ -99,12 +85,12 @@ class Sampler:
         processed = [_needs_processing(p, len(s.output_token_ids)) for p, s in zip(params, seqs)]
 
         if not any(processed) and all(p.greedy for p in params):   # the common fast path
-            tokens = argmax_rows(logits)
+            tokens = self.argmax(logits)
             return SamplerResult(tokens.tolist(), self._logprobs(logits, tokens, want_logprobs))
 
         if any(processed):
             self._process(logits, seqs, processed)
-        tokens = argmax_rows(logits)
+        tokens = self.argmax(logits)
         sample_rows = [i for i, p in enumerate(params) if not p.greedy]
         if sample_rows:
             rows = torch.tensor(sample_rows, device=self.device)
@@ -196,7 +182,7 @@ class Sampler:
         else:
             for row, generator in enumerate(seeded):
                 noise[row].exponential_(generator=generator)
-        return argmax_rows(probs / noise)
+        return self.argmax(probs / noise)
 
     @staticmethod
     def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, wanted: list[bool]) -> list[float | None]:

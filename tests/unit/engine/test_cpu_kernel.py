@@ -111,7 +111,7 @@ def test_no_compiler_falls_back(tmp_path: Path, monkeypatch, caplog) -> None:
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     with caplog.at_level("WARNING"):
         assert cpu_kernels(tmp_path) is None
-    assert "PyTorch attention path" in caplog.text
+    assert "PyTorch attention and argmax paths" in caplog.text
     assert not list((tmp_path / "kernels").glob("*.so"))   # no half-written library left behind
 
 
@@ -119,3 +119,16 @@ def test_library_name_follows_source_and_cpu(tmp_path: Path, monkeypatch) -> Non
     first = kernels.library_path(tmp_path)
     monkeypatch.setattr(kernels, "_cpu_features", lambda: "another cpu")
     assert kernels.library_path(tmp_path) != first
+
+
+def test_rejects_tables_outside_the_cache(native) -> None:
+    query, keys, values, _, padded, context = random_case(5, 9, 3, 64, [20, 30])
+    out = torch.empty(2, 9 * 64)
+    beyond = padded.clone()
+    beyond[0, 0] = keys.shape[1]            # one past the last block
+    with pytest.raises(ValueError, match="outside the cache"):
+        native.paged_decode_attention(out, query, keys, values, beyond, context, 0.1)
+    too_long = context.clone()
+    too_long[1] = padded.shape[1] * keys.shape[2] + 1
+    with pytest.raises(ValueError, match="outside the cache"):
+        native.paged_decode_attention(out, query, keys, values, padded, too_long, 0.1)

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from python_llm.engine.kernels import cpu_kernels
 from python_llm.engine.sampler import Sampler
 from python_llm.engine.sampling_params import SamplingParams
 from python_llm.engine.scheduler_output import ScheduledSequence
@@ -162,3 +163,33 @@ def test_logprob_of_sampled_token_uses_processed_distribution(sampler: Sampler) 
 def test_rows_must_match_sequences(sampler: Sampler) -> None:
     with pytest.raises(ValueError):
         sampler(torch.zeros(2, VOCAB), [seq()])
+
+
+# --- the CPU argmax ---------------------------------------------------------------
+ARGMAX_VOCABS = [49152, 49153, 5000, 1003]   # a multiple of the 8-wide lanes, and ragged tails
+
+
+def tricky_logits(vocab: int, seed: int) -> torch.Tensor:
+    """Random rows plus the cases an argmax gets wrong: ties (first wins),
+    a maximum in the short last chunk, a NaN (counts as the maximum)."""
+    x = torch.randn(6, vocab, generator=torch.Generator().manual_seed(seed))
+    x[1, [7, vocab - 1]] = 50.0           # tie across chunks
+    x[2, [600, 601]] = 50.0               # tie inside a chunk
+    x[3, vocab - 1] = 60.0                # the last column
+    x[4, 1000] = float("nan")
+    x[5, :] = 1.0                         # all equal
+    return x
+
+
+@pytest.mark.parametrize("vocab", ARGMAX_VOCABS)
+def test_native_argmax_equals_torch(vocab: int) -> None:
+    kernels = cpu_kernels()
+    assert kernels is not None, "the CPU kernels did not build on this machine"
+    x = tricky_logits(vocab, 0)
+    assert torch.equal(kernels.argmax_rows(x), x.argmax(dim=-1))
+    # the sampler's greedy path uses it, on a strided view too
+    sampler = Sampler("cpu", kernels)
+    seqs = [seq(f"r{i}") for i in range(x.shape[0])]
+    assert sampler(x.clone(), seqs).token_ids == x.argmax(dim=-1).tolist()
+    wide = torch.cat([x, torch.zeros(x.shape[0], 3)], dim=1)[:, :vocab]
+    assert torch.equal(sampler.argmax(wide), x.argmax(dim=-1))

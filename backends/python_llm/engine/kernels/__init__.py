@@ -1,12 +1,13 @@
-"""The engine's native CPU kernel: paged decode attention
-(`paged_decode_attention.cpp`, plain C ABI, loaded with ctypes).
+"""The engine's native CPU kernels, plain C ABI, loaded with ctypes:
+paged decode attention (`paged_decode_attention.cpp`) and the greedy argmax
+over logit rows (`argmax_rows.cpp`).
 
-It is compiled on first use with the system C++ compiler (about 3 s) for the
+They are compiled on first use with the system C++ compiler (about 3 s) for the
 CPU it runs on (-march=native) and cached under `LLM_CACHE_DIR/kernels`; the
 file name carries a digest of the source, the flags and the CPU's feature
 flags, so an edited source or another CPU never picks up a stale binary.
 Without a compiler, or when the build fails, `cpu_kernels()` returns None
-(logged once) and the engine uses its PyTorch attention path.
+(logged once) and the engine uses its PyTorch paths.
 `python -m python_llm.engine.kernels` builds it ahead of time and checks it.
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ...cache import CACHE_DIR
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("paged_decode_attention.cpp")
+SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode_attention.cpp", "argmax_rows.cpp")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=gnu++20", "-shared", "-fPIC"]
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -52,8 +53,9 @@ def _cpu_features() -> str:
 
 
 def library_path(cache_dir: Path = CACHE_DIR) -> Path:
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + _cpu_features().encode())
-    return cache_dir / "kernels" / f"paged_decode_attention-{digest.hexdigest()[:16]}.so"
+    digest = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + " ".join(FLAGS).encode()
+                            + _cpu_features().encode())
+    return cache_dir / "kernels" / f"python_llm_cpu_kernels-{digest.hexdigest()[:16]}.so"
 
 
 def build(target: Path) -> Path:
@@ -66,7 +68,7 @@ def build(target: Path) -> Path:
     fd, partial = tempfile.mkstemp(prefix=target.stem, suffix=".so.partial", dir=target.parent)
     os.close(fd)
     try:
-        result = subprocess.run([compiler, *FLAGS, "-o", partial, str(SOURCE)],
+        result = subprocess.run([compiler, *FLAGS, "-o", partial, *map(str, SOURCES)],
                                 capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
             raise KernelBuildError(f"{compiler} exited {result.returncode}: {result.stderr[-2000:]}")
@@ -78,8 +80,8 @@ def build(target: Path) -> Path:
 
 
 class CpuKernels:
-    """ctypes binding of the compiled library, with the shape checks the C
-    side leaves to its caller (a wrong shape there is memory corruption)."""
+    """ctypes binding of the compiled library, with the checks the C side
+    leaves to its caller."""
 
     def __init__(self, path: Path) -> None:
         # torch first: the library links libgomp.so.1, which must resolve to
@@ -92,13 +94,50 @@ class CpuKernels:
                        ctypes.c_float, ctypes.c_int]
         fn.restype = ctypes.c_int
         self._fn = fn
+        argmax = self._lib.argmax_rows_f32
+        argmax.argtypes = [ptr, i64, i64, i64, ptr, ctypes.c_int]
+        argmax.restype = None
+        self._argmax = argmax
+
+    def argmax_rows(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits.argmax(dim=-1) for fp32 [rows, vocab] on the CPU (same ties
+        and NaN rule as torch)."""
+        rows, vocab = logits.shape
+        if logits.dtype != torch.float32 or logits.stride(1) != 1 or logits.device.type != "cpu":
+            raise ValueError("argmax_rows: fp32 CPU logits with contiguous rows expected")
+        if not 0 < vocab < 2**31:
+            raise ValueError(f"argmax_rows: vocab must be in 1 .. 2^31-1, got {vocab}")
+        out = torch.empty(rows, dtype=torch.int64)
+        if rows:
+            self._argmax(logits.data_ptr(), rows, vocab, logits.stride(0), out.data_ptr(), torch.get_num_threads())
+        return out
 
     def paged_decode_attention(self, out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
                                value_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
-                               scale: float) -> torch.Tensor:
+                               scale: float, check: bool = True) -> torch.Tensor:
         """out [S, H*D] = attention of query [S, H, D] over each sequence's
         first context_lens[s] cached tokens, found through block_tables [S, W]
-        (int32) in caches [kv_heads, blocks, block_size, D]."""
+        (int32) in caches [kv_heads, blocks, block_size, D]. `check=False`
+        skips the argument checks: for the layers after the first of a step,
+        whose arguments have the same shapes, strides and dtypes."""
+        seqs, heads, head_dim = query.shape
+        kv_heads, num_blocks, block_size, _ = key_cache.shape
+        if check:
+            self._check_decode_arguments(out, query, key_cache, value_cache, block_tables, context_lens)
+        status = self._fn(DTYPE_CODES[query.dtype], out.data_ptr(), out.stride(0), query.data_ptr(),
+                          query.stride(0), key_cache.data_ptr(), value_cache.data_ptr(), block_tables.data_ptr(),
+                          block_tables.shape[1], context_lens.data_ptr(), seqs, heads, kv_heads, head_dim,
+                          num_blocks, block_size, float(scale), torch.get_num_threads())
+        if status != 0:
+            raise RuntimeError(f"paged_decode_attention failed with status {status}")
+        return out
+
+    @staticmethod
+    def _check_decode_arguments(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
+                                value_cache: torch.Tensor, block_tables: torch.Tensor,
+                                context_lens: torch.Tensor) -> None:
+        """What the C side trusts its caller with (a wrong shape there is
+        memory corruption, not an exception)."""
         seqs, heads, head_dim = query.shape
         kv_heads, num_blocks, block_size, cache_dim = key_cache.shape
         checks = [
@@ -114,16 +153,13 @@ class CpuKernels:
             (query.dtype == key_cache.dtype == out.dtype and query.dtype in DTYPE_CODES, "one supported dtype"),
             (all(t.device.type == "cpu" for t in (out, query, key_cache, block_tables, context_lens)), "CPU tensors"),
         ]
+        if seqs and (int(context_lens.min()) < 1
+                     or int(context_lens.max()) > block_tables.shape[1] * block_size
+                     or int(block_tables.min()) < 0 or int(block_tables.max()) >= num_blocks):
+            checks.append((False, "context_lens / block ids outside the cache"))
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"paged_decode_attention: {message}")
-        status = self._fn(DTYPE_CODES[query.dtype], out.data_ptr(), out.stride(0), query.data_ptr(),
-                          query.stride(0), key_cache.data_ptr(), value_cache.data_ptr(), block_tables.data_ptr(),
-                          block_tables.shape[1], context_lens.data_ptr(), seqs, heads, kv_heads, head_dim,
-                          num_blocks, block_size, float(scale), torch.get_num_threads())
-        if status != 0:
-            raise RuntimeError(f"paged_decode_attention failed with status {status}")
-        return out
 
 
 def cpu_kernels(cache_dir: Path = CACHE_DIR) -> CpuKernels | None:
@@ -137,11 +173,11 @@ def cpu_kernels(cache_dir: Path = CACHE_DIR) -> CpuKernels | None:
         try:
             path = library_path(cache_dir)
             if not path.exists():
-                log.info("compiling the CPU attention kernel", extra={"target": str(path)})
+                log.info("compiling the CPU kernels", extra={"target": str(path)})
                 build(path)
             kernels = CpuKernels(path)
         except (OSError, KernelBuildError, subprocess.SubprocessError) as exc:
-            log.warning("CPU attention kernel unavailable; using the PyTorch attention path",
+            log.warning("CPU kernels unavailable; using the PyTorch attention and argmax paths",
                         extra={"error": f"{type(exc).__name__}: {exc}"[:2000]})
         _loaded[key] = kernels
         return kernels

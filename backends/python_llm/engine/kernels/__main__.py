@@ -1,9 +1,10 @@
-"""Build the CPU kernel ahead of time and check it against PyTorch SDPA.
+"""Build the CPU kernels ahead of time and check them against PyTorch
+(SDPA for the decode attention, torch.argmax for the argmax).
 
     python -m python_llm.engine.kernels
 
 Exit status 0 when it is built and agrees; 1 when it cannot be built here
-(the engine then uses its PyTorch attention path).
+(the engine then uses its PyTorch paths).
 """
 from __future__ import annotations
 
@@ -38,16 +39,24 @@ def self_check(kernels) -> float:
     return worst
 
 
+def argmax_agrees(kernels) -> bool:
+    logits = torch.randn(8, 49157, generator=torch.Generator().manual_seed(1))
+    logits[3, [11, 40000]] = 30.0   # a tie: the first one wins
+    return torch.equal(kernels.argmax_rows(logits), logits.argmax(dim=-1))
+
+
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    print(f"CPU attention kernel: {library_path()}")
+    print(f"CPU kernels: {library_path()}")
     kernels = cpu_kernels()
     if kernels is None:
-        print("not available here: the engine will use its PyTorch attention path")
+        print("not available here: the engine will use its PyTorch paths")
         return 1
     worst = self_check(kernels)
-    print(f"built; largest difference from SDPA: {worst:.2e}")
-    return 0 if worst < 1e-4 else 1
+    argmax_ok = argmax_agrees(kernels)
+    print(f"built; decode attention's largest difference from SDPA: {worst:.2e}; "
+          f"argmax {'equals' if argmax_ok else 'DIFFERS FROM'} torch.argmax")
+    return 0 if worst < 1e-4 and argmax_ok else 1
 
 
 if __name__ == "__main__":
