@@ -64,15 +64,20 @@ def main() -> None:
     parser.add_argument("--prefill-tokens", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--attention-backend", nargs="+", default=["auto"], choices=("auto", "torch"),
+                        help="auto: the native CPU kernels; torch: the PyTorch paths")
     args = parser.parse_args()
     if args.model_dir is None:
         from serving.default_model import ensure_default_model
         args.model_dir = str(ensure_default_model())
 
-    for dtype in args.dtype:
+    for dtype, backend in [(d, b) for d in args.dtype for b in args.attention_backend]:
         config = EngineConfig(model_dir=args.model_dir, dtype=dtype, num_threads=args.threads,
-                              max_tokens_in_paged_kv_cache=args.seqs * (args.context + 80) + 1024)
+                              max_tokens_in_paged_kv_cache=args.seqs * (args.context + 80) + 1024,
+                              attention_backend=backend)
         runner = ModelRunner(config)
+        print(f"{dtype} attention_backend={backend} "
+              f"(decode attention: {'native' if runner.decode_kernel else 'torch'})")
         total, model = measure(runner, lambda r: decode_step(runner, args.seqs, args.context, r), args.repeats)
         print(f"{dtype:9s} decode {args.seqs} seqs x ~{args.context} ctx: step {total * 1e3:7.1f} ms "
               f"(layers+LM head {model * 1e3:7.1f} ms, rest {(total - model) * 1e3:5.1f} ms) "
