@@ -7,8 +7,8 @@
 // the KV head (GQA: the block is re-read from L1/L2, not from memory).
 // fp32 accumulation whatever the cache dtype; two-pass softmax.
 //
-// Plain C ABI (no PyTorch headers), loaded with ctypes: it compiles in about
-// a second with the system C++ compiler.
+// Plain C ABI (no PyTorch headers), loaded with ctypes: it compiles in a few
+// seconds with the system C++ compiler.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -37,7 +37,8 @@ template <> inline bf16 from_float<bf16>(float x) {   // round to nearest even, 
 
 // exp for x <= 0 (scores minus their maximum), branch-free so that the loop
 // vectorizes: Cephes' expf (range reduction by ln 2, degree-6 polynomial,
-// about 1 ulp); below -87 it returns 0 instead of a denormal
+// about 1 ulp). Inputs below -87 are clamped there: e^-87 ~ 1.6e-38 is still
+// a normal float (no denormal arithmetic) and negligible next to the maximum's 1.
 inline float exp_nonpositive(float x) {
   x = std::max(x, -87.0f);
   const float n = std::floor(x * 1.44269504088896341f + 0.5f);
