@@ -11,12 +11,13 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
+from python_llm.engine.runner import DTYPES
+
 from .progress import progress_bar
 from .result import MethodResult
 from .workload import BenchRequest, total_output_tokens
 
 log = logging.getLogger(__name__)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 NO_EOS = -1   # what transformers' continuous batching reads as "no EOS"
 
 

@@ -77,7 +77,7 @@ def main() -> None:
                               attention_backend=backend)
         runner = ModelRunner(config)
         print(f"{dtype} attention_backend={backend} "
-              f"(decode attention: {'native' if runner.decode_kernel else 'torch'})")
+              f"(decode attention: {'native' if runner.kernels else 'torch'})")
         total, model = measure(runner, lambda r: decode_step(runner, args.seqs, args.context, r), args.repeats)
         print(f"{dtype:9s} decode {args.seqs} seqs x ~{args.context} ctx: step {total * 1e3:7.1f} ms "
               f"(layers+LM head {model * 1e3:7.1f} ms, rest {(total - model) * 1e3:5.1f} ms) "

@@ -34,6 +34,12 @@ def index_tensor(values: list[int] | list[list[int]], device: torch.device, dtyp
     return tensor if device.type == "cpu" else tensor.to(device)
 
 
+def padded_tables(tables: list[list[int]], width: int) -> list[list[int]]:
+    """Block tables padded to `width` with block 0 (any valid block: the
+    padding is never attended to)."""
+    return [table + [0] * (width - len(table)) for table in tables]
+
+
 class SchedulingError(ValueError):
     """A SchedulerOutput the runner cannot execute (a scheduler bug, not bad user input)."""
 
@@ -64,12 +70,13 @@ class ModelRunner:
             KVCacheShape(info.num_layers, self.num_blocks, self.block_size, info.num_kv_heads, info.head_dim),
             self.dtype, self.device)
         self._generators: dict[str, torch.Generator] = {}
-        self.decode_kernel: CpuKernels | None = (
+        # native decode attention + argmax (None: the PyTorch paths)
+        self.kernels: CpuKernels | None = (
             cpu_kernels() if self.device.type == "cpu" and config.attention_backend == "auto" else None)
-        self.sampler = Sampler(self.device, self.decode_kernel)
+        self.sampler = Sampler(self.device, self.kernels)
         log.info("model runner ready", extra={"device": str(self.device), "dtype": config.dtype,
                                               "kv_blocks": self.num_blocks, "block_size": self.block_size,
-                                              "decode_attention": "native" if self.decode_kernel else "torch"})
+                                              "decode_attention": "native" if self.kernels else "torch"})
 
     def _kv_budget_blocks(self) -> int:
         info = self.model_info
@@ -126,7 +133,7 @@ class ModelRunner:
             num_decodes += 1
         tables = [self._checked_table(seq) for seq in seqs]
         decode_order = list(range(num_decodes))
-        if self.decode_kernel is None:
+        if self.kernels is None:
             decode_order.sort(key=lambda i: len(tables[i]))
         order = decode_order + list(range(num_decodes, len(seqs)))
 
@@ -154,8 +161,8 @@ class ModelRunner:
         decode_seqs = [seqs[i] for i in decode_order]
         decode_tables = [tables[i] for i in decode_order]
         meta = AttentionMetadata(slot_mapping=index_tensor(slots, device), prefills=prefills)
-        if self.decode_kernel is not None:
-            meta.decode_batch = self._decode_batch(decode_seqs, decode_tables, self.decode_kernel)
+        if self.kernels is not None:
+            meta.decode_batch = self._decode_batch(decode_seqs, decode_tables, self.kernels)
         else:
             meta.decodes = self._decode_groups(decode_seqs, decode_tables)
         sampled = [seq for seq in seqs if seq.sample]
@@ -188,8 +195,8 @@ class ModelRunner:
             if i < len(seqs) and len(tables[i]) <= DECODE_GROUP_SPREAD * len(tables[first]):
                 continue
             width = len(tables[i - 1])
-            # padding points at block 0 (any valid block); the mask hides it
-            flat = [b for table in tables[first:i] for b in (table + [0] * (width - len(table)))]
+            # the mask hides the padding
+            flat = [b for table in padded_tables(tables[first:i], width) for b in table]
             lengths = index_tensor([s.start_position + 1 for s in seqs[first:i]], self.device)
             columns = torch.arange(width * self.block_size, device=self.device)
             mask = (columns.unsqueeze(0) < lengths.unsqueeze(1)).view(i - first, 1, 1, -1)
@@ -202,9 +209,8 @@ class ModelRunner:
                       kernel: CpuKernels) -> DecodeBatch | None:
         if not seqs:
             return None
-        width = max(len(table) for table in tables)
-        # padding points at block 0; the kernel reads only context_lens tokens
-        padded = [table + [0] * (width - len(table)) for table in tables]
+        # the kernel reads only context_lens tokens, never the padding
+        padded = padded_tables(tables, max(len(table) for table in tables))
         cpu = torch.device("cpu")
         return DecodeBatch(num_seqs=len(seqs), block_tables=index_tensor(padded, cpu, np.int32),
                            context_lens=index_tensor([s.start_position + 1 for s in seqs], cpu, np.int32),

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from python_llm.engine import kernels
 from python_llm.engine.kernels import cpu_kernels
+from python_llm.engine.kernels.reference import decode_attention_reference
 
 
 @pytest.fixture(scope="module")
@@ -39,19 +39,6 @@ def random_case(seed: int, heads: int, kv_heads: int, head_dim: int, lens: list[
     return qkv[:, :heads], keys, values, tables, padded, torch.tensor(lens, dtype=torch.int32)
 
 
-def reference(query, keys, values, tables, lens, scale) -> torch.Tensor:
-    kv_heads, _, _, head_dim = keys.shape
-    heads = query.shape[1]
-    rows = []
-    for s, (table, length) in enumerate(zip(tables, lens)):
-        index = torch.tensor(table)
-        k = keys.float().index_select(1, index).reshape(kv_heads, -1, head_dim)[:, :length]
-        v = values.float().index_select(1, index).reshape(kv_heads, -1, head_dim)[:, :length]
-        q = query[s].float().reshape(kv_heads, heads // kv_heads, head_dim)
-        rows.append(F.scaled_dot_product_attention(q, k, v, scale=scale).reshape(-1))
-    return torch.stack(rows)
-
-
 CASES = {   # heads, kv_heads, head_dim: the vectorized sizes (64, 128) and the generic path (32, 80)
     "gqa3-d64": (9, 3, 64),
     "mha-d64": (4, 4, 64),
@@ -70,7 +57,7 @@ def test_matches_sdpa_fp32(native, case: str) -> None:
     scale = head_dim ** -0.5
     out = torch.empty(len(lens), heads * head_dim)
     native.paged_decode_attention(out, query, keys, values, padded, context, scale)
-    expected = reference(query, keys, values, tables, lens, scale)
+    expected = decode_attention_reference(query, keys, values, tables, lens, scale)
     torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
 
 
@@ -80,7 +67,7 @@ def test_half_precision_accumulates_in_fp32(native, dtype: torch.dtype) -> None:
     query, keys, values, tables, padded, context = random_case(2, 9, 3, 64, lens, dtype=dtype)
     out = torch.empty(len(lens), 9 * 64, dtype=dtype)
     native.paged_decode_attention(out, query, keys, values, padded, context, 0.125)
-    expected = reference(query, keys, values, tables, lens, 0.125)
+    expected = decode_attention_reference(query, keys, values, tables, lens, 0.125)
     # inputs are the same rounded values; the only extra error is rounding the output
     torch.testing.assert_close(out.float(), expected, atol=1e-2, rtol=1e-2)
 

@@ -86,7 +86,6 @@ class CpuKernels:
     def __init__(self, path: Path) -> None:
         # torch first: the library links libgomp.so.1, which must resolve to
         # the OpenMP runtime torch already loaded (one thread pool, not two)
-        self.path = path
         self._lib = ctypes.CDLL(str(path))
         fn = self._lib.paged_decode_attention
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
