@@ -98,12 +98,23 @@ class ModelRunner:
             return RunnerOutput(sampled=[])
         batch = self._prepare(scheduled.sequences)
 
+        fused_greedy = self._fuses_greedy(batch.sampled)
         started = time.perf_counter()
         hidden = self.model(batch.input_ids, batch.positions, batch.meta, self.kv_cache)
-        logits = self.model.compute_logits(hidden[batch.sample_rows]) if batch.sampled else None
+        logits = greedy = None
+        if fused_greedy:
+            # the argmax happens inside the LM-head kernel: no logits at all
+            greedy = self.kernels.lm_head_argmax(self.model.norm(hidden[batch.sample_rows]),  # type: ignore[union-attr]
+                                                 self.model.lm_head)
+        elif batch.sampled:
+            logits = self.model.compute_logits(hidden[batch.sample_rows])
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         model_seconds = time.perf_counter() - started
+        if greedy is not None:
+            return RunnerOutput(sampled=[SampledToken(seq.request_id, token)
+                                         for seq, token in zip(batch.sampled, greedy.tolist())],
+                                model_seconds=model_seconds)
         if logits is None:
             return RunnerOutput(sampled=[], model_seconds=model_seconds)
 
@@ -111,6 +122,12 @@ class ModelRunner:
         sampled = [SampledToken(seq.request_id, token, logprob)
                    for seq, token, logprob in zip(batch.sampled, result.token_ids, result.logprobs)]
         return RunnerOutput(sampled=sampled, model_seconds=model_seconds)
+
+    def _fuses_greedy(self, sampled: list[ScheduledSequence]) -> bool:
+        """Whether this step's tokens come from the fused LM head + argmax
+        kernel: native kernels, fp32 weights, every sampled row plain greedy."""
+        return (bool(sampled) and self.kernels is not None and self.dtype == torch.float32
+                and Sampler.plain_greedy(sampled))
 
     def _generators_for(self, seqs: list[ScheduledSequence]) -> dict[str, torch.Generator]:
         for seq in seqs:

@@ -73,6 +73,14 @@ class Sampler:
             return self.kernels.argmax_rows(logits)
         return logits.argmax(dim=-1)
 
+    @staticmethod
+    def plain_greedy(seqs: Sequence[ScheduledSequence]) -> bool:
+        """True when every sequence just takes the argmax of its raw logits
+        (greedy, no logits processing, no log-probabilities): the fast path,
+        which the runner may fuse into the LM head."""
+        return all(s.sampling.greedy and not s.sampling.return_log_probs
+                   and not _needs_processing(s.sampling, len(s.output_token_ids)) for s in seqs)
+
     def __call__(self, logits: torch.Tensor, seqs: Sequence[ScheduledSequence],
                  generators: Mapping[str, torch.Generator] | None = None) -> SamplerResult:
         """`logits` [len(seqs), vocab] fp32, one row per sampled sequence (it is
@@ -82,12 +90,10 @@ class Sampler:
         generators = generators or {}
         params = [s.sampling for s in seqs]
         want_logprobs = [p.return_log_probs for p in params]
+        if self.plain_greedy(seqs):
+            return SamplerResult(self.argmax(logits).tolist(), [None] * len(seqs))
+
         processed = [_needs_processing(p, len(s.output_token_ids)) for p, s in zip(params, seqs)]
-
-        if not any(processed) and all(p.greedy for p in params):   # the common fast path
-            tokens = self.argmax(logits)
-            return SamplerResult(tokens.tolist(), self._logprobs(logits, tokens, want_logprobs))
-
         if any(processed):
             self._process(logits, seqs, processed)
         tokens = self.argmax(logits)

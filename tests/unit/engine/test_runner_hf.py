@@ -86,6 +86,35 @@ def test_greedy_matches_hf_generate(hf_model, prompts, single_runs) -> None:
             assert ours == expected
 
 
+@torch.inference_mode()
+def hf_greedy_tokens(hf_model, prompt: list[int], n: int) -> list[int]:
+    """HF's own forward and KV cache, argmax at every step: what
+    `generate(do_sample=False)` computes, without its EOS stopping (a plain
+    greedy request runs through an EOS here, as the runner does)."""
+    ids, cache, tokens = torch.tensor([prompt]), None, []
+    for _ in range(n):
+        out = hf_model(input_ids=ids, cache=cache, use_cache=True)
+        cache = out.cache
+        tokens.append(int(out.logits[0, -1].argmax()))
+        ids = torch.tensor([[tokens[-1]]])
+    return tokens
+
+
+def test_fused_greedy_matches_hf(runner, hf_model, prompts, monkeypatch) -> None:
+    """Plain greedy requests (no EOS ban, no log-probs) get their tokens from
+    the fused LM-head + argmax kernel, which sums each logit in another order
+    than MKL's GEMM: still token-identical to HF, run alone."""
+    assert runner.kernels is not None, "the native kernels did not build here"
+    fused = runner.kernels.lm_head_argmax
+    calls = []
+    monkeypatch.setattr(runner.kernels, "lm_head_argmax", lambda *a: calls.append(1) or fused(*a))
+    for i, prompt in enumerate(prompts):
+        driver = RunnerDriver(runner)
+        driver.add(f"fused-{i}", prompt, NEW_TOKENS, SamplingParams())
+        assert driver.run()[f"fused-{i}"] == hf_greedy_tokens(hf_model, prompt, NEW_TOKENS), f"prompt {i}"
+    assert len(calls) == len(prompts) * NEW_TOKENS
+
+
 def test_chunked_prefill_gives_same_tokens(runner, prompts, single_runs, hf_logits) -> None:
     prompt = prompts[4]
     driver = RunnerDriver(runner, chunk=-(-len(prompt) // 3))

@@ -1,6 +1,7 @@
 """The engine's native CPU kernels, plain C ABI, loaded with ctypes:
-paged decode attention (`paged_decode_attention.cpp`) and the greedy argmax
-over logit rows (`argmax_rows.cpp`).
+paged decode attention (`paged_decode_attention.cpp`), the greedy argmax
+over logit rows (`argmax_rows.cpp`) and the LM head fused with that argmax
+for all-greedy steps (`lm_head_argmax.cpp`).
 
 They are compiled on first use with the system C++ compiler (about 3 s) for the
 CPU it runs on (-march=native) and cached under `LLM_CACHE_DIR/kernels`; the
@@ -29,7 +30,8 @@ from ...cache import CACHE_DIR
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode_attention.cpp", "argmax_rows.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode_attention.cpp", "argmax_rows.cpp",
+                                                          "lm_head_argmax.cpp")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=gnu++20", "-shared", "-fPIC"]
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -97,6 +99,10 @@ class CpuKernels:
         argmax.argtypes = [ptr, i64, i64, i64, ptr, ctypes.c_int]
         argmax.restype = None
         self._argmax = argmax
+        fused = self._lib.lm_head_argmax_f32
+        fused.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, ptr, ptr, ctypes.c_int]
+        fused.restype = ctypes.c_int
+        self._lm_head_argmax = fused
 
     def argmax_rows(self, logits: torch.Tensor) -> torch.Tensor:
         """logits.argmax(dim=-1) for fp32 [rows, vocab] on the CPU (same ties
@@ -109,6 +115,25 @@ class CpuKernels:
         out = torch.empty(rows, dtype=torch.int64)
         if rows:
             self._argmax(logits.data_ptr(), rows, vocab, logits.stride(0), out.data_ptr(), torch.get_num_threads())
+        return out
+
+    def lm_head_argmax(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """(hidden @ weight.T).argmax(dim=-1) without the logits: hidden
+        [rows, dim], weight [vocab, dim], both fp32 on the CPU with contiguous
+        rows. Same ties and NaN rule as torch.argmax; a logit's last bits may
+        differ from a GEMM's (another summation order)."""
+        if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+            raise ValueError(f"lm_head_argmax: hidden [rows, dim] and weight [vocab, dim] expected, "
+                             f"got {tuple(hidden.shape)} and {tuple(weight.shape)}")
+        if any(t.dtype != torch.float32 or t.device.type != "cpu" or t.stride(1) != 1 for t in (hidden, weight)):
+            raise ValueError("lm_head_argmax: fp32 CPU tensors with contiguous rows expected")
+        rows, dim = hidden.shape
+        out = torch.empty(rows, dtype=torch.int64)
+        status = self._lm_head_argmax(hidden.data_ptr(), rows, hidden.stride(0), weight.data_ptr(),
+                                      weight.shape[0], weight.stride(0), dim, out.data_ptr(), None,
+                                      torch.get_num_threads())
+        if status != 0:
+            raise ValueError(f"lm_head_argmax: arguments out of range (status {status})")
         return out
 
     def paged_decode_attention(self, out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
