@@ -19,8 +19,9 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.pool = BlockPool(num_blocks, enable_caching)
         self._blocks: dict[str, list[KVBlock]] = {}
-        # the same tables as block ids; handed to the runner by reference
-        self._block_ids: dict[str, list[int]] = {}
+        # the same tables as block ids, by request id (read-only outside this
+        # class); handed to the runner by reference
+        self.tables: dict[str, list[int]] = {}
         self._num_cached_blocks: dict[str, int] = {}   # leading blocks already published
 
     # -- queries ---------------------------------------------------------------
@@ -37,7 +38,7 @@ class KVCacheManager:
         return self.pool.capacity
 
     def block_ids(self, request_id: str) -> list[int]:
-        return self._block_ids.get(request_id, [])
+        return self.tables.get(request_id, [])
 
     def num_requests(self) -> int:
         return len(self._blocks)
@@ -87,9 +88,9 @@ class KVCacheManager:
             return False
         if blocks is None:
             blocks = self._blocks[rid] = []
-            self._block_ids[rid] = []
+            self.tables[rid] = []
             self._num_cached_blocks[rid] = 0
-        ids = self._block_ids[rid]
+        ids = self.tables[rid]
         if num_hit:
             self.pool.touch(new_computed_blocks)  # type: ignore[arg-type]
             blocks.extend(new_computed_blocks)  # type: ignore[arg-type]
@@ -122,7 +123,7 @@ class KVCacheManager:
         they are the least likely to be shared by another prompt."""
         rid = request.request_id
         blocks = self._blocks.pop(rid, None)
-        self._block_ids.pop(rid, None)
+        self.tables.pop(rid, None)
         self._num_cached_blocks.pop(rid, None)
         if blocks:
             self.pool.free(reversed(blocks))

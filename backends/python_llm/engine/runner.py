@@ -11,13 +11,14 @@ import numpy as np
 import torch
 
 from .attention import AttentionMetadata, DecodeBatch, DecodeGroup, PrefillChunk
+from .block_table_rows import BlockTableRows
 from .config import EngineConfig
 from .kernels import CpuKernels, cpu_kernels
 from .kv_cache import KVCacheShape, PagedKVCache, bytes_per_block
 from .model_info import ModelInfo
 from .models import build_model
 from .sampler import Sampler
-from .scheduler_output import RunnerOutput, SampledToken, ScheduledSequence, SchedulerOutput
+from .scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,7 @@ class ModelRunner:
         self.kernels: CpuKernels | None = (
             cpu_kernels() if self.device.type == "cpu" and config.attention_backend == "auto" else None)
         self.sampler = Sampler(self.device, self.kernels)
+        self.block_rows = BlockTableRows(-(-self.model_info.max_model_len // self.block_size), config.max_num_seqs)
         log.info("model runner ready", extra={"device": str(self.device), "dtype": config.dtype,
                                               "kv_blocks": self.num_blocks, "block_size": self.block_size,
                                               "decode_attention": "native" if self.kernels else "torch"})
@@ -94,8 +96,9 @@ class ModelRunner:
     def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
         for request_id in scheduled.finished_request_ids:
             self._generators.pop(request_id, None)
+        self.block_rows.release(scheduled.finished_request_ids)
         if scheduled.is_empty:
-            return RunnerOutput(sampled=[])
+            return RunnerOutput(token_ids=[])
         batch = self._prepare(scheduled.sequences)
 
         fused_greedy = self._fuses_greedy(batch.sampled)
@@ -112,16 +115,14 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
         model_seconds = time.perf_counter() - started
         if greedy is not None:
-            return RunnerOutput(sampled=[SampledToken(seq.request_id, token)
-                                         for seq, token in zip(batch.sampled, greedy.tolist())],
-                                model_seconds=model_seconds)
+            return RunnerOutput(token_ids=greedy.tolist(), model_seconds=model_seconds)
         if logits is None:
-            return RunnerOutput(sampled=[], model_seconds=model_seconds)
+            return RunnerOutput(token_ids=[], model_seconds=model_seconds)
 
         result = self.sampler(logits, batch.sampled, self._generators_for(batch.sampled))
-        sampled = [SampledToken(seq.request_id, token, logprob)
-                   for seq, token, logprob in zip(batch.sampled, result.token_ids, result.logprobs)]
-        return RunnerOutput(sampled=sampled, model_seconds=model_seconds)
+        wanted = any(lp is not None for lp in result.logprobs)
+        return RunnerOutput(token_ids=result.token_ids, logprobs=result.logprobs if wanted else None,
+                            model_seconds=model_seconds)
 
     def _fuses_greedy(self, sampled: list[ScheduledSequence]) -> bool:
         """Whether this step's tokens come from the fused LM head + argmax
@@ -142,54 +143,58 @@ class ModelRunner:
         Single-token sequences at the head of the list are decodes, then the
         prefill chunks follow in order. For the PyTorch decode path the
         decodes are laid out sorted by context length (grouped, see
-        DecodeGroup). Output order is the input order.
+        DecodeGroup). Output order is the input order. The decode loop runs
+        for every running sequence every step, so it stays inline and all
+        int64 indices go through a single NumPy conversion.
         """
         bs = self.block_size
+        max_len = self.model_info.max_model_len
         num_decodes = 0
-        while num_decodes < len(seqs) and seqs[num_decodes].num_tokens == 1:
+        while num_decodes < len(seqs) and len(seqs[num_decodes].token_ids) == 1:
             num_decodes += 1
-        tables = [self._checked_table(seq) for seq in seqs]
         decode_order = list(range(num_decodes))
         if self.kernels is None:
-            decode_order.sort(key=lambda i: len(tables[i]))
-        order = decode_order + list(range(num_decodes, len(seqs)))
+            decode_order.sort(key=lambda i: seqs[i].start_position // bs)
+        decodes = [seqs[i] for i in decode_order] if self.kernels is None else seqs[:num_decodes]
 
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
+        for seq in decodes:
+            start, table = seq.start_position, seq.block_table
+            block = start // bs
+            if start < 0 or start >= max_len or block >= len(table):
+                self._checked_table(seq)   # raises, naming what is wrong
+            input_ids.append(seq.token_ids[0])
+            positions.append(start)
+            slots.append(table[block] * bs + start % bs)
         rows = [0] * len(seqs)           # last row of each sequence in the flat batch
+        for row, index in enumerate(decode_order):
+            rows[index] = row
         prefills: list[PrefillChunk] = []
-        for index in order:
-            seq, table = seqs[index], tables[index]
+        for index in range(num_decodes, len(seqs)):
+            seq = seqs[index]
+            table = self._checked_table(seq)
             n, start = seq.num_tokens, seq.start_position
             offset = len(input_ids)
             input_ids.extend(seq.token_ids)
-            if n == 1:
-                positions.append(start)
-                slots.append(table[start // bs] * bs + start % bs)
-            else:
-                positions.extend(range(start, start + n))
-                slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
-            if index >= num_decodes:
-                prefills.append(self._prefill_chunk(offset, n, start, table))
+            positions.extend(range(start, start + n))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+            prefills.append(self._prefill_chunk(offset, n, start, table))
             rows[index] = offset + n - 1
 
-        device = self.device
-        decode_seqs = [seqs[i] for i in decode_order]
-        decode_tables = [tables[i] for i in decode_order]
-        meta = AttentionMetadata(slot_mapping=index_tensor(slots, device), prefills=prefills)
-        if self.kernels is not None:
-            meta.decode_batch = self._decode_batch(decode_seqs, decode_tables, self.kernels)
-        else:
-            meta.decodes = self._decode_groups(decode_seqs, decode_tables)
         sampled = [seq for seq in seqs if seq.sample]
-        return StepBatch(
-            input_ids=index_tensor(input_ids, device),
-            positions=index_tensor(positions, device),
-            meta=meta,
-            sample_rows=index_tensor([rows[i] for i, seq in enumerate(seqs) if seq.sample], device),
-            sampled=sampled,
-        )
+        sample_rows = [rows[i] for i, seq in enumerate(seqs) if seq.sample]
+        t = len(input_ids)
+        flat = np.array(input_ids + positions + slots + sample_rows, dtype=np.int64)
+        indices = torch.from_numpy(flat) if self.device.type == "cpu" else torch.from_numpy(flat).to(self.device)
+        meta = AttentionMetadata(slot_mapping=indices[2 * t:3 * t], prefills=prefills)
+        if self.kernels is not None:
+            meta.decode_batch = self._decode_batch(decodes, flat[t:t + num_decodes], self.kernels)
+        else:
+            meta.decodes = self._decode_groups(decodes, [self._checked_table(seq) for seq in decodes])
+        return StepBatch(input_ids=indices[:t], positions=indices[t:2 * t], meta=meta,
+                         sample_rows=indices[3 * t:], sampled=sampled)
 
     def _checked_table(self, seq: ScheduledSequence) -> list[int]:
         """The blocks covering the sequence's context, after checking the schedule."""
@@ -221,17 +226,15 @@ class ModelRunner:
             first = i
         return groups
 
-    @staticmethod
-    def _decode_batch(seqs: list[ScheduledSequence], tables: list[list[int]],
+    def _decode_batch(self, seqs: list[ScheduledSequence], positions: np.ndarray,
                       kernel: CpuKernels) -> DecodeBatch | None:
         if not seqs:
             return None
+        context_lens = positions.astype(np.int32) + 1
+        width = int(context_lens.max() - 1) // self.block_size + 1
         # the kernel reads only context_lens tokens, never the padding
-        padded = padded_tables(tables, max(len(table) for table in tables))
-        cpu = torch.device("cpu")
-        return DecodeBatch(num_seqs=len(seqs), block_tables=index_tensor(padded, cpu, np.int32),
-                           context_lens=index_tensor([s.start_position + 1 for s in seqs], cpu, np.int32),
-                           kernel=kernel)
+        return DecodeBatch(num_seqs=len(seqs), block_tables=torch.from_numpy(self.block_rows.gather(seqs, width)),
+                           context_lens=torch.from_numpy(context_lens), kernel=kernel)
 
     def _prefill_chunk(self, offset: int, n: int, start: int, table: list[int]) -> PrefillChunk:
         chunk = PrefillChunk(token_offset=offset, num_tokens=n, context_len=start + n)

@@ -86,23 +86,33 @@ class Scheduler:
         prefilling: list[Request] = []
         preempted = False
 
-        # 1. decodes; a decode that finds no block preempts from the back
+        # 1. decodes; a decode that finds no block preempts from the back.
+        # This loop runs for every running sequence every step: the common
+        # case (room left in the last block) is checked here, inline.
+        tables = kv.tables
+        block_size = self.block_size
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            if req.num_tokens - req.num_computed_tokens != 1:
+            computed = req.num_computed_tokens
+            if len(req.all_token_ids) - computed != 1:
                 prefilling.append(req)
                 i += 1
                 continue
-            while not kv.allocate_slots(req, 1):
-                victim = running.pop()
-                self._preempt(victim)
-                preempted = True
-                if victim is req:
+            table = tables.get(req.request_id)
+            if table is None or computed >= len(table) * block_size:
+                while not kv.allocate_slots(req, 1):
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted = True
+                    if victim is req:
+                        break
+                if req.status is not RUNNING:
                     break
-            if req.status is not RUNNING:
-                break
-            decodes.append(self._scheduled(req, 1))
+                table = tables[req.request_id]
+            sampling = req.sampling
+            decodes.append(ScheduledSequence(req.request_id, [req.all_token_ids[computed]], computed, table, True,
+                                             sampling, req.output_token_ids, req.prompt_token_ids, sampling.seed))
             decode_reqs.append(req)
             budget -= 1
             i += 1
@@ -204,7 +214,11 @@ class Scheduler:
     def update_from_output(self, scheduled: SchedulerOutput, runner_output: RunnerOutput) -> list[RequestOutput]:
         if scheduled is not self._last_output:
             raise RuntimeError("update_from_output: not the output of the last schedule() call")
-        sampled = {s.request_id: s for s in runner_output.sampled}
+        token_ids = runner_output.token_ids
+        logprobs = runner_output.logprobs
+        num_sampled = sum(1 for seq in scheduled.sequences if seq.sample)
+        if len(token_ids) != num_sampled or (logprobs is not None and len(logprobs) != num_sampled):
+            raise RuntimeError(f"runner returned {len(token_ids)} tokens for {num_sampled} sampled sequences")
         now = time.time_ns()
         now_mono = time.monotonic_ns()
         outputs: list[RequestOutput] = []
@@ -212,17 +226,22 @@ class Scheduler:
         finished_running = False
         num_applied = 0
         kv = self.kv
+        block_size = self.block_size
+        index = -1   # into token_ids: one per sampled sequence
         for seq, req in zip(scheduled.sequences, self._last_requests):
+            if seq.sample:
+                index += 1
             if req.status is not RUNNING:
                 continue   # ended between execute and update (timeout)
-            req.num_computed_tokens += len(seq.token_ids)
-            kv.cache_computed_blocks(req)
+            num_new = len(seq.token_ids)
+            req.num_computed_tokens += num_new
+            # a decode fills its last block only at a block boundary
+            if num_new > 1 or req.num_computed_tokens % block_size == 0:
+                kv.cache_computed_blocks(req)
             if not seq.sample:
                 continue
-            token = sampled.get(req.request_id)
-            if token is None:
-                raise RuntimeError(f"runner returned no token for request {req.request_id!r}")
-            req.append_output_token(token.token_id, token.logprob)
+            token = token_ids[index]
+            req.append_output_token(token, None if logprobs is None else logprobs[index])
             num_applied += 1
             if req.first_token_time_ns is None:
                 req.first_token_time_ns = now
@@ -232,9 +251,9 @@ class Scheduler:
             req.last_token_time_ns = now
             if req.token_timeout_ns:
                 req.deadline_mono_ns = now_mono + req.token_timeout_ns
-            reason, returned = self._check_stop(req, token.token_id)
+            reason, returned = self._check_stop(req, token)
             if returned:
-                new_ids = [token.token_id]
+                new_ids = [token]
                 new_lps = None if req.output_logprobs is None else [req.output_logprobs[-1]]
                 req.num_returned_tokens += 1
             else:
@@ -333,10 +352,14 @@ class Scheduler:
 
     @staticmethod
     def _output(req: Request, new_ids: list[int], new_lps: list[float] | None, finished: bool) -> RequestOutput:
+        if not finished:   # every running sequence, every step: positional and without branches
+            return RequestOutput(req.request_id, new_ids, new_lps, False, None, None, len(req.prompt_token_ids),
+                                 req.num_returned_tokens, req.num_cached_tokens, req.cum_log_prob,
+                                 req.arrival_time_ns, req.first_token_time_ns, req.last_token_time_ns)
         return RequestOutput(
-            request_id=req.request_id, new_token_ids=new_ids, new_logprobs=new_lps, finished=finished,
-            finish_reason=req.finish_reason.value if finished and req.finish_reason is not None else None,
-            error=req.error if finished else None, num_prompt_tokens=req.num_prompt_tokens,
+            request_id=req.request_id, new_token_ids=new_ids, new_logprobs=new_lps, finished=True,
+            finish_reason=req.finish_reason.value if req.finish_reason is not None else None,
+            error=req.error, num_prompt_tokens=req.num_prompt_tokens,
             num_output_tokens=req.num_returned_tokens, num_cached_prompt_tokens=req.num_cached_tokens,
             cum_log_prob=req.cum_log_prob, arrival_time_ns=req.arrival_time_ns,
             first_token_time_ns=req.first_token_time_ns, last_token_time_ns=req.last_token_time_ns)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from .sampling_params import SamplingParams
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledSequence:
     """One sequence's work in this step.
 
@@ -17,6 +17,9 @@ class ScheduledSequence:
     0 .. start_position+len-1 (the cached prefix plus this chunk).
     When `sample` is true this chunk reaches the end of the known tokens and
     the runner samples the next token from its last position.
+    `block_table` is the request's own table (the KV manager's list, passed
+    by reference): while the request holds its blocks it only grows, so the
+    runner may keep a copy keyed by this list's identity and append to it.
     """
     request_id: str
     token_ids: list[int]
@@ -49,15 +52,13 @@ class SchedulerOutput:
 
 
 @dataclass
-class SampledToken:
-    request_id: str
-    token_id: int
-    logprob: float | None = None   # log p of the chosen token, when asked
-
-
-@dataclass
 class RunnerOutput:
-    """What the runner returns: one sampled token per `sample=True` sequence."""
-    sampled: list[SampledToken]
+    """What the runner returns: one sampled token per `sample=True` sequence,
+    in the order of SchedulerOutput.sequences (parallel lists, not an object
+    per token: a step at 64 sequences is budgeted in microseconds)."""
+    token_ids: list[int]
+    # log p of each chosen token; None when no sequence of the step asked,
+    # else None in the rows that did not
+    logprobs: list[float | None] | None = None
     # seconds spent inside decoder layers + LM head (for overhead accounting)
     model_seconds: float = 0.0

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from python_llm.engine.config import EngineConfig
-from python_llm.engine.scheduler_output import RunnerOutput, SampledToken, SchedulerOutput
+from python_llm.engine.scheduler_output import RunnerOutput, SchedulerOutput
 
 EOS = 2
 VOCAB = 1000
@@ -74,14 +74,17 @@ class FakeRunner:
         self.num_batched_tokens.append(scheduled.num_batched_tokens)
         self.dropped_ids.extend(scheduled.finished_request_ids)
         self.history.append([(s.request_id, s.start_position, s.num_tokens, s.sample) for s in scheduled.sequences])
-        sampled = []
+        token_ids: list[int] = []
+        logprobs: list[float | None] = []
         for seq in scheduled.sequences:
             if self.check_kv:
                 self._check_and_write(seq)
             if seq.sample:
-                sampled.append(SampledToken(seq.request_id, self.token_fn(seq.request_id, len(seq.output_token_ids)),
-                                            logprob=-0.5 if seq.sampling.return_log_probs else None))
-        return RunnerOutput(sampled=sampled, model_seconds=self.model_seconds)
+                token_ids.append(self.token_fn(seq.request_id, len(seq.output_token_ids)))
+                logprobs.append(-0.5 if seq.sampling.return_log_probs else None)
+        wanted = any(lp is not None for lp in logprobs)
+        return RunnerOutput(token_ids=token_ids, logprobs=logprobs if wanted else None,
+                            model_seconds=self.model_seconds)
 
     def _slot(self, table: list[int], position: int) -> int:
         index = position // self.block_size

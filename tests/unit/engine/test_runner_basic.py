@@ -36,20 +36,20 @@ def test_kv_budget_on_cpu(runner: ModelRunner) -> None:
 
 def test_partial_chunk_samples_nothing(runner: ModelRunner) -> None:
     out = runner.execute(SchedulerOutput([one("p", list(range(3, 13)), 0, [0, 1], sample=False)], 10))
-    assert out.sampled == []
+    assert out.token_ids == [] and out.logprobs is None
     assert out.model_seconds > 0
 
 
 def test_empty_step(runner: ModelRunner) -> None:
-    assert runner.execute(SchedulerOutput([], 0)).sampled == []
+    assert runner.execute(SchedulerOutput([], 0)).token_ids == []
 
 
 def test_logprobs_returned_when_asked(runner: ModelRunner) -> None:
     out = runner.execute(SchedulerOutput([one("a", [5, 6, 7], 0, [0], return_log_probs=True),
                                           one("b", [5, 6, 7], 0, [1])], 6))
-    assert out.sampled[0].logprob is not None and out.sampled[0].logprob <= 0
-    assert out.sampled[1].logprob is None
-    assert out.sampled[0].token_id == out.sampled[1].token_id
+    assert out.logprobs is not None and out.logprobs[0] is not None and out.logprobs[0] <= 0
+    assert out.logprobs[1] is None
+    assert out.token_ids[0] == out.token_ids[1]
 
 
 def test_seeded_sampling_reproducible_and_state_dropped_when_finished(runner: ModelRunner) -> None:
@@ -73,9 +73,9 @@ def test_single_token_chunk_after_prefill_matches_decode_path(runner: ModelRunne
     prefill path; both must give the same token."""
     prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19]
     runner.execute(SchedulerOutput([one("x", prompt[:-1], 0, [10, 11], sample=False)], 8))
-    as_decode = runner.execute(SchedulerOutput([one("x", prompt[-1:], 8, [10, 11])], 1)).sampled[0].token_id
+    as_decode = runner.execute(SchedulerOutput([one("x", prompt[-1:], 8, [10, 11])], 1)).token_ids[0]
     as_prefill = runner.execute(SchedulerOutput([one("y", [3, 4, 5], 0, [12]),
-                                                 one("x", prompt[-1:], 8, [10, 11])], 4)).sampled[1].token_id
+                                                 one("x", prompt[-1:], 8, [10, 11])], 4)).token_ids[1]
     assert as_decode == as_prefill
 
 
@@ -116,7 +116,7 @@ def test_decodes_of_different_lengths_match_single_runs(tmp_path_factory: pytest
         prompt = [(7 * i + j) % 90 + 3 for j in range(length)]
         runner.execute(SchedulerOutput([one(f"g{i}", prompt[:-1], 0, table, sample=False)], length - 1))
         seqs.append(one(f"g{i}", prompt[-1:], length - 1, table, return_log_probs=True))
-    alone = [runner.execute(SchedulerOutput([s], 1)).sampled[0] for s in seqs]
+    alone = [runner.execute(SchedulerOutput([s], 1)) for s in seqs]
     meta = runner._prepare(seqs).meta
     if backend == "torch":
         assert meta.decode_batch is None
@@ -124,7 +124,6 @@ def test_decodes_of_different_lengths_match_single_runs(tmp_path_factory: pytest
     else:
         assert not meta.decodes and meta.decode_batch is not None
         assert meta.decode_batch.context_lens.tolist() == lengths
-    together = runner.execute(SchedulerOutput(seqs, len(seqs))).sampled
-    assert [t.request_id for t in together] == [s.request_id for s in seqs]
-    assert [t.token_id for t in together] == [t.token_id for t in alone]
-    assert [t.logprob for t in together] == pytest.approx([t.logprob for t in alone], abs=1e-4)
+    together = runner.execute(SchedulerOutput(seqs, len(seqs)))
+    assert together.token_ids == [out.token_ids[0] for out in alone]   # in the input order
+    assert together.logprobs == pytest.approx([out.logprobs[0] for out in alone], abs=1e-4)

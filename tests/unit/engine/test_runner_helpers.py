@@ -121,8 +121,8 @@ class RunnerDriver:
             self.steps.append(out)
             result = self.runner.execute(out)
             by_id = {r.request_id: r for r in self.requests}
-            for token in result.sampled:
-                by_id[token.request_id].output.append(token.token_id)
+            for seq, token in zip([s for s in scheduled if s.sample], result.token_ids, strict=True):
+                by_id[seq.request_id].output.append(token)
             step += 1
         return {r.request_id: r.output for r in self.requests}
 
