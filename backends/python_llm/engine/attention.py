@@ -51,8 +51,9 @@ class DecodeGroup:
 class DecodeBatch:
     """All decodes (rows 0 .. num_seqs-1), for the native kernel."""
     num_seqs: int
-    block_tables: torch.Tensor     # [num_seqs, width] int32, padded with block 0
-    context_lens: torch.Tensor     # [num_seqs] int32
+    block_tables: torch.Tensor     # [rows, width] int32, padded with block 0 (BlockTableRows)
+    table_rows: torch.Tensor       # [num_seqs] int64: each decode's row of block_tables
+    context_lens: torch.Tensor     # [num_seqs] int64
     kernel: CpuKernels
 
 
@@ -89,7 +90,7 @@ def paged_attention(layer: int, query: torch.Tensor, key: torch.Tensor, value: t
         # the same shapes (the checks cost ~20 µs a call)
         outputs.append(batch.kernel.paged_decode_attention(
             out, query[:batch.num_seqs], cache.keys[layer], cache.values[layer], batch.block_tables,
-            batch.context_lens, scale, check=layer == 0))
+            batch.context_lens, scale, check=layer == 0, table_rows=batch.table_rows))
 
     for decode in meta.decodes:
         n = decode.num_seqs

@@ -2,9 +2,10 @@
 preallocated int32 array (vLLM v1's persistent block table).
 
 Building a [64, width] table from Python lists costs ~70 µs a step here
-(NumPy converts ~0.04 µs per element); most steps only add a block to a few
-tables, so each request keeps a row and only what its table grew by is
-written. A row is keyed by the request id and by the identity of the
+(NumPy converts ~0.04 µs per element), and gathering rows is one more array
+operation (~50-100 µs each on caches the model's weights just flushed). So
+each request keeps a row, only what its table grew by is written, and the
+decode kernel reads the rows in place through a row index. A row is keyed by the request id and by the identity of the
 request's table list (`ScheduledSequence.block_table`, append-only while
 the request holds its blocks): a request re-admitted after preemption comes
 with a new list and its row is rewritten.
@@ -14,6 +15,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 import numpy as np
+import torch
 
 from .scheduler_output import ScheduledSequence
 
@@ -24,15 +26,22 @@ class BlockTableRows:
         # request id -> [row, the table list last seen, entries of it written]
         self._entries: dict[str, list] = {}
         self._free_rows: list[int] = list(range(self._array.shape[0] - 1, -1, -1))
+        self._tensor: torch.Tensor | None = None
 
     @property
     def num_rows_in_use(self) -> int:
         return len(self._entries)
 
-    def gather(self, seqs: Sequence[ScheduledSequence], width: int) -> np.ndarray:
-        """[len(seqs), width] int32: each sequence's table, brought up to date,
-        padded with block 0 past its end (never read: the kernel stops at the
-        context length)."""
+    @property
+    def tensor(self) -> torch.Tensor:
+        """The whole array [rows, max blocks] as a tensor (shares memory)."""
+        if self._tensor is None:
+            self._tensor = torch.from_numpy(self._array)
+        return self._tensor
+
+    def rows_for(self, seqs: Sequence[ScheduledSequence]) -> list[int]:
+        """Each sequence's row, its table brought up to date (padded with block
+        0 past its end: never read, the kernel stops at the context length)."""
         entries = self._entries
         rows: list[int] = []
         for seq in seqs:
@@ -45,7 +54,7 @@ class BlockTableRows:
             if len(table) != entry[2]:
                 self._write(entry, table)
             rows.append(entry[0])
-        return self._array[rows, :width]
+        return rows
 
     def release(self, request_ids: Iterable[str]) -> None:
         for request_id in request_ids:
@@ -60,6 +69,7 @@ class BlockTableRows:
             written = 0
         if n > self._array.shape[1]:
             self._array = np.pad(self._array, ((0, 0), (0, n - self._array.shape[1])))
+            self._tensor = None
         if written == 0:
             self._array[row] = 0             # a reused row: no stale ids in the padding
         self._array[row, written:n] = table[written:n]
@@ -69,5 +79,6 @@ class BlockTableRows:
         if not self._free_rows:
             old = self._array.shape[0]
             self._array = np.pad(self._array, ((0, old), (0, 0)))
+            self._tensor = None
             self._free_rows = list(range(2 * old - 1, old - 1, -1))
         return self._free_rows.pop()

@@ -183,18 +183,27 @@ class ModelRunner:
             prefills.append(self._prefill_chunk(offset, n, start, table))
             rows[index] = offset + n - 1
 
+        native_decodes = self.kernels is not None and num_decodes > 0
+        table_rows = self.block_rows.rows_for(decodes) if native_decodes else []
+        context_lens = [p + 1 for p in positions[:num_decodes]] if native_decodes else []
         sampled = [seq for seq in seqs if seq.sample]
         sample_rows = [rows[i] for i, seq in enumerate(seqs) if seq.sample]
-        t = len(input_ids)
-        flat = np.array(input_ids + positions + slots + sample_rows, dtype=np.int64)
-        indices = torch.from_numpy(flat) if self.device.type == "cpu" else torch.from_numpy(flat).to(self.device)
-        meta = AttentionMetadata(slot_mapping=indices[2 * t:3 * t], prefills=prefills)
-        if self.kernels is not None:
-            meta.decode_batch = self._decode_batch(decodes, flat[t:t + num_decodes], self.kernels)
-        else:
+        # one conversion and one split: each NumPy / torch call costs tens of
+        # µs here, on caches the last step's weights have flushed
+        t, d = len(input_ids), len(table_rows)
+        flat = torch.from_numpy(np.array(input_ids + positions + slots + sample_rows + context_lens + table_rows,
+                                         dtype=np.int64))
+        if self.device.type != "cpu":
+            flat = flat.to(self.device)
+        ids, positions_t, slot_mapping, rows_t, context_t, table_rows_t = flat.split([t, t, t, len(sample_rows), d, d])
+        meta = AttentionMetadata(slot_mapping=slot_mapping, prefills=prefills)
+        if native_decodes:
+            meta.decode_batch = DecodeBatch(num_seqs=num_decodes, block_tables=self.block_rows.tensor,
+                                            table_rows=table_rows_t, context_lens=context_t,
+                                            kernel=self.kernels)  # type: ignore[arg-type]
+        elif self.kernels is None:
             meta.decodes = self._decode_groups(decodes, [self._checked_table(seq) for seq in decodes])
-        return StepBatch(input_ids=indices[:t], positions=indices[t:2 * t], meta=meta,
-                         sample_rows=indices[3 * t:], sampled=sampled)
+        return StepBatch(input_ids=ids, positions=positions_t, meta=meta, sample_rows=rows_t, sampled=sampled)
 
     def _checked_table(self, seq: ScheduledSequence) -> list[int]:
         """The blocks covering the sequence's context, after checking the schedule."""
@@ -225,16 +234,6 @@ class ModelRunner:
             groups.append(DecodeGroup(first, i - first, index_tensor(flat, self.device), mask))
             first = i
         return groups
-
-    def _decode_batch(self, seqs: list[ScheduledSequence], positions: np.ndarray,
-                      kernel: CpuKernels) -> DecodeBatch | None:
-        if not seqs:
-            return None
-        context_lens = positions.astype(np.int32) + 1
-        width = int(context_lens.max() - 1) // self.block_size + 1
-        # the kernel reads only context_lens tokens, never the padding
-        return DecodeBatch(num_seqs=len(seqs), block_tables=torch.from_numpy(self.block_rows.gather(seqs, width)),
-                           context_lens=torch.from_numpy(context_lens), kernel=kernel)
 
     def _prefill_chunk(self, offset: int, n: int, start: int, table: list[int]) -> PrefillChunk:
         chunk = PrefillChunk(token_offset=offset, num_tokens=n, context_len=start + n)

@@ -36,7 +36,7 @@ def random_case(seed: int, heads: int, kv_heads: int, head_dim: int, lens: list[
     padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
     # the query is a strided view, as the model hands it over (q out of a fused qkv)
     qkv = torch.randn(len(lens), heads + 2 * kv_heads, head_dim, generator=gen).to(dtype)
-    return qkv[:, :heads], keys, values, tables, padded, torch.tensor(lens, dtype=torch.int32)
+    return qkv[:, :heads], keys, values, tables, padded, torch.tensor(lens, dtype=torch.int64)
 
 
 CASES = {   # heads, kv_heads, head_dim: the vectorized sizes (64, 128) and the generic path (32, 80)
@@ -119,3 +119,23 @@ def test_rejects_tables_outside_the_cache(native) -> None:
     too_long[1] = padded.shape[1] * keys.shape[2] + 1
     with pytest.raises(ValueError, match="outside the cache"):
         native.paged_decode_attention(out, query, keys, values, padded, too_long, 0.1)
+
+
+def test_table_rows_pick_rows_of_a_larger_table(native) -> None:
+    """The engine's layout: tables live in rows of a persistent array and each
+    decode names its row."""
+    query, keys, values, tables, padded, context = random_case(6, 9, 3, 64, [20, 45, 7])
+    out_direct = torch.empty(3, 9 * 64)
+    native.paged_decode_attention(out_direct, query, keys, values, padded, context, 0.125)
+    persistent = torch.zeros(6, padded.shape[1] + 2, dtype=torch.int32)
+    rows = torch.tensor([4, 0, 2])
+    persistent[rows, :padded.shape[1]] = padded
+    out_rows = torch.empty(3, 9 * 64)
+    native.paged_decode_attention(out_rows, query, keys, values, persistent, context, 0.125, table_rows=rows)
+    assert torch.equal(out_rows, out_direct)
+    with pytest.raises(ValueError, match="table_rows outside"):
+        native.paged_decode_attention(out_rows, query, keys, values, persistent, context, 0.125,
+                                      table_rows=torch.tensor([4, 0, 6]))
+    with pytest.raises(ValueError, match="table_rows: contiguous int64"):
+        native.paged_decode_attention(out_rows, query, keys, values, persistent, context, 0.125,
+                                      table_rows=rows.int())

@@ -91,7 +91,7 @@ class CpuKernels:
         self._lib = ctypes.CDLL(str(path))
         fn = self._lib.paged_decode_attention
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        fn.argtypes = [ctypes.c_int, ptr, i64, ptr, i64, ptr, ptr, ptr, i64, ptr, i64, i64, i64, i64, i64, i64,
+        fn.argtypes = [ctypes.c_int, ptr, i64, ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, i64,
                        ctypes.c_float, ctypes.c_int]
         fn.restype = ctypes.c_int
         self._fn = fn
@@ -138,20 +138,23 @@ class CpuKernels:
 
     def paged_decode_attention(self, out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
                                value_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
-                               scale: float, check: bool = True) -> torch.Tensor:
+                               scale: float, check: bool = True,
+                               table_rows: torch.Tensor | None = None) -> torch.Tensor:
         """out [S, H*D] = attention of query [S, H, D] over each sequence's
-        first context_lens[s] cached tokens, found through block_tables [S, W]
-        (int32) in caches [kv_heads, blocks, block_size, D]. `check=False`
-        skips the argument checks: for the layers after the first of a step,
-        whose arguments have the same shapes, strides and dtypes."""
+        first context_lens[s] (int64) cached tokens, found through its row of
+        block_tables [R, W] (int32) in caches [kv_heads, blocks, block_size, D].
+        Sequence s uses row table_rows[s] (int64), or row s when table_rows is
+        None (then R == S). `check=False` skips the argument checks: for the
+        layers after the first of a step, whose arguments are the same."""
         seqs, heads, head_dim = query.shape
         kv_heads, num_blocks, block_size, _ = key_cache.shape
         if check:
-            self._check_decode_arguments(out, query, key_cache, value_cache, block_tables, context_lens)
+            self._check_decode_arguments(out, query, key_cache, value_cache, block_tables, context_lens, table_rows)
         status = self._fn(DTYPE_CODES[query.dtype], out.data_ptr(), out.stride(0), query.data_ptr(),
                           query.stride(0), key_cache.data_ptr(), value_cache.data_ptr(), block_tables.data_ptr(),
-                          block_tables.shape[1], context_lens.data_ptr(), seqs, heads, kv_heads, head_dim,
-                          num_blocks, block_size, float(scale), torch.get_num_threads())
+                          block_tables.shape[1], None if table_rows is None else table_rows.data_ptr(),
+                          context_lens.data_ptr(), seqs, heads, kv_heads, head_dim, num_blocks, block_size,
+                          float(scale), torch.get_num_threads())
         if status != 0:
             raise RuntimeError(f"paged_decode_attention failed with status {status}")
         return out
@@ -159,31 +162,36 @@ class CpuKernels:
     @staticmethod
     def _check_decode_arguments(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
                                 value_cache: torch.Tensor, block_tables: torch.Tensor,
-                                context_lens: torch.Tensor) -> None:
+                                context_lens: torch.Tensor, table_rows: torch.Tensor | None) -> None:
         """What the C side trusts its caller with (a wrong shape there is
         memory corruption, not an exception)."""
         seqs, heads, head_dim = query.shape
         kv_heads, num_blocks, block_size, cache_dim = key_cache.shape
+        rows = block_tables.shape[0] if block_tables.dim() == 2 else -1
         checks = [
             (query.stride(2) == 1 and query.stride(1) == head_dim, "query: heads and dims must be contiguous"),
             (key_cache.is_contiguous() and value_cache.is_contiguous()
              and key_cache.shape == value_cache.shape, "caches: contiguous and of one shape"),
             (cache_dim == head_dim and heads % kv_heads == 0, "query heads / head_dim do not fit the cache"),
-            (block_tables.dtype == torch.int32 and block_tables.is_contiguous()
-             and block_tables.shape[0] == seqs, "block_tables: contiguous int32 [seqs, width]"),
-            (context_lens.dtype == torch.int32 and context_lens.is_contiguous()
-             and context_lens.shape == (seqs,), "context_lens: contiguous int32 [seqs]"),
+            (block_tables.dtype == torch.int32 and block_tables.is_contiguous() and rows >= 0
+             and (table_rows is not None or rows == seqs), "block_tables: contiguous int32 [seqs or rows, width]"),
+            (table_rows is None or (table_rows.dtype == torch.int64 and table_rows.is_contiguous()
+                                    and table_rows.shape == (seqs,)), "table_rows: contiguous int64 [seqs]"),
+            (context_lens.dtype == torch.int64 and context_lens.is_contiguous()
+             and context_lens.shape == (seqs,), "context_lens: contiguous int64 [seqs]"),
             (out.shape == (seqs, heads * head_dim) and out.stride(1) == 1, "out: [seqs, heads*head_dim]"),
             (query.dtype == key_cache.dtype == out.dtype and query.dtype in DTYPE_CODES, "one supported dtype"),
             (all(t.device.type == "cpu" for t in (out, query, key_cache, block_tables, context_lens)), "CPU tensors"),
         ]
-        if seqs and (int(context_lens.min()) < 1
-                     or int(context_lens.max()) > block_tables.shape[1] * block_size
-                     or int(block_tables.min()) < 0 or int(block_tables.max()) >= num_blocks):
-            checks.append((False, "context_lens / block ids outside the cache"))
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"paged_decode_attention: {message}")
+        if seqs and (int(context_lens.min()) < 1
+                     or int(context_lens.max()) > block_tables.shape[1] * block_size
+                     or int(block_tables.min()) < 0 or int(block_tables.max()) >= num_blocks):
+            raise ValueError("paged_decode_attention: context_lens / block ids outside the cache")
+        if seqs and table_rows is not None and (int(table_rows.min()) < 0 or int(table_rows.max()) >= rows):
+            raise ValueError("paged_decode_attention: table_rows outside block_tables")
 
 
 def cpu_kernels(cache_dir: Path = CACHE_DIR) -> CpuKernels | None:

@@ -28,7 +28,7 @@ def self_check(kernels) -> float:
     query = torch.randn(len(lens), heads, head_dim, generator=gen)
     padded = torch.tensor([t + [0] * (7 - len(t)) for t in tables], dtype=torch.int32)
     out = torch.empty(len(lens), heads * head_dim)
-    kernels.paged_decode_attention(out, query, keys, values, padded, torch.tensor(lens, dtype=torch.int32),
+    kernels.paged_decode_attention(out, query, keys, values, padded, torch.tensor(lens, dtype=torch.int64),
                                    head_dim ** -0.5)
     expected = decode_attention_reference(query, keys, values, tables, lens, head_dim ** -0.5)
     return (out - expected).abs().max().item()

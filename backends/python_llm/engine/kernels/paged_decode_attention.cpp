@@ -205,7 +205,8 @@ void attend_scalar(const float* q, int64_t group, int64_t head_dim, const T* con
 template <int HD, typename T>
 void decode_attention(T* out, int64_t out_seq_stride, const T* query, int64_t q_seq_stride,
                       const T* key_cache, const T* value_cache, const int32_t* block_tables,
-                      int64_t table_width, const int32_t* context_lens, int64_t num_seqs, int64_t num_heads,
+                      int64_t table_width, const int64_t* table_rows, const int64_t* context_lens,
+                      int64_t num_seqs, int64_t num_heads,
                       int64_t kv_heads, int64_t head_dim_runtime, int64_t num_blocks, int64_t block_size,
                       float scale, int num_threads) {
   const int64_t head_dim = HD > 0 ? HD : head_dim_runtime;
@@ -227,7 +228,7 @@ void decode_attention(T* out, int64_t out_seq_stride, const T* query, int64_t q_
       const int64_t s = item / kv_heads, h = item % kv_heads;
       const int64_t ctx = context_lens[s];
       const int64_t used_blocks = (ctx + block_size - 1) / block_size;
-      const int32_t* table = block_tables + s * table_width;
+      const int32_t* table = block_tables + (table_rows != nullptr ? table_rows[s] : s) * table_width;
       const T* k_head = key_cache + h * num_blocks * block_stride;
       const T* v_head = value_cache + h * num_blocks * block_stride;
       scores.resize(group * ctx);
@@ -263,12 +264,13 @@ void decode_attention(T* out, int64_t out_seq_stride, const T* query, int64_t q_
 template <typename T>
 void dispatch(void* out, int64_t out_seq_stride, const void* query, int64_t q_seq_stride, const void* key_cache,
               const void* value_cache, const int32_t* block_tables, int64_t table_width,
-              const int32_t* context_lens, int64_t num_seqs, int64_t num_heads, int64_t kv_heads, int64_t head_dim,
+              const int64_t* table_rows, const int64_t* context_lens, int64_t num_seqs, int64_t num_heads,
+              int64_t kv_heads, int64_t head_dim,
               int64_t num_blocks, int64_t block_size, float scale, int num_threads) {
   auto run = [&](auto fn) {
     fn(static_cast<T*>(out), out_seq_stride, static_cast<const T*>(query), q_seq_stride,
        static_cast<const T*>(key_cache), static_cast<const T*>(value_cache), block_tables, table_width,
-       context_lens, num_seqs, num_heads, kv_heads, head_dim, num_blocks, block_size, scale, num_threads);
+       table_rows, context_lens, num_seqs, num_heads, kv_heads, head_dim, num_blocks, block_size, scale, num_threads);
   };
   if (head_dim == 64) run(decode_attention<64, T>);
   else if (head_dim == 128) run(decode_attention<128, T>);
@@ -282,22 +284,24 @@ extern "C" {
 // dtype: 0 float32, 1 bfloat16, 2 float16. Shapes: out [seqs, heads*head_dim]
 // (row stride out_seq_stride elements), query [seqs, heads, head_dim] (row
 // stride q_seq_stride), caches [kv_heads, num_blocks, block_size, head_dim]
-// contiguous, block_tables [seqs, table_width] int32, context_lens [seqs]
-// int32. The caller checks shapes and block ids.
+// contiguous, block_tables [rows, table_width] int32 (sequence s uses row
+// table_rows[s], or row s when table_rows is null), context_lens [seqs]
+// int64. The caller checks shapes, rows and block ids.
 int paged_decode_attention(int dtype, void* out, int64_t out_seq_stride, const void* query, int64_t q_seq_stride,
                            const void* key_cache, const void* value_cache, const int32_t* block_tables,
-                           int64_t table_width, const int32_t* context_lens, int64_t num_seqs, int64_t num_heads,
+                           int64_t table_width, const int64_t* table_rows, const int64_t* context_lens,
+                      int64_t num_seqs, int64_t num_heads,
                            int64_t kv_heads, int64_t head_dim, int64_t num_blocks, int64_t block_size, float scale,
                            int num_threads) {
   switch (dtype) {
     case 0: dispatch<float>(out, out_seq_stride, query, q_seq_stride, key_cache, value_cache, block_tables,
-                            table_width, context_lens, num_seqs, num_heads, kv_heads, head_dim, num_blocks,
+                            table_width, table_rows, context_lens, num_seqs, num_heads, kv_heads, head_dim, num_blocks,
                             block_size, scale, num_threads); return 0;
     case 1: dispatch<bf16>(out, out_seq_stride, query, q_seq_stride, key_cache, value_cache, block_tables,
-                           table_width, context_lens, num_seqs, num_heads, kv_heads, head_dim, num_blocks,
+                           table_width, table_rows, context_lens, num_seqs, num_heads, kv_heads, head_dim, num_blocks,
                            block_size, scale, num_threads); return 0;
     case 2: dispatch<_Float16>(out, out_seq_stride, query, q_seq_stride, key_cache, value_cache, block_tables,
-                               table_width, context_lens, num_seqs, num_heads, kv_heads, head_dim, num_blocks,
+                               table_width, table_rows, context_lens, num_seqs, num_heads, kv_heads, head_dim, num_blocks,
                                block_size, scale, num_threads); return 0;
     default: return 1;
   }
