@@ -78,8 +78,11 @@ class Sampler:
         """True when every sequence just takes the argmax of its raw logits
         (greedy, no logits processing, no log-probabilities): the fast path,
         which the runner may fuse into the LM head."""
-        return all(s.sampling.greedy and not s.sampling.return_log_probs
-                   and not _needs_processing(s.sampling, len(s.output_token_ids)) for s in seqs)
+        for seq in seqs:
+            params = seq.sampling
+            if not params.plain_greedy or (len(seq.output_token_ids) < params.min_tokens and params.stop_token_ids):
+                return False
+        return True
 
     def __call__(self, logits: torch.Tensor, seqs: Sequence[ScheduledSequence],
                  generators: Mapping[str, torch.Generator] | None = None) -> SamplerResult:

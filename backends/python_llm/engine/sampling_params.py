@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable
 
 
@@ -56,3 +57,14 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @cached_property
+    def plain_greedy(self) -> bool:
+        """Greedy, no log-probabilities, nothing that rewrites the logits
+        (processors, penalties, bad words). `min_tokens` is not included: it
+        depends on progress (see sampler.py). Computed once per request:
+        settings do not change after intake, and the sampler asks for every
+        sequence at every step."""
+        return (self.temperature == 0.0 and not self.return_log_probs and not self.logits_processors
+                and self.repetition_penalty == 1.0 and self.presence_penalty == 0.0
+                and self.frequency_penalty == 0.0 and not self.bad_words_ids)

@@ -13,6 +13,7 @@ Without a compiler, or when the build fails, `cpu_kernels()` returns None
 """
 from __future__ import annotations
 
+import array
 import ctypes
 import hashlib
 import logging
@@ -117,24 +118,25 @@ class CpuKernels:
             self._argmax(logits.data_ptr(), rows, vocab, logits.stride(0), out.data_ptr(), torch.get_num_threads())
         return out
 
-    def lm_head_argmax(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """(hidden @ weight.T).argmax(dim=-1) without the logits: hidden
-        [rows, dim], weight [vocab, dim], both fp32 on the CPU with contiguous
-        rows. Same ties and NaN rule as torch.argmax; a logit's last bits may
-        differ from a GEMM's (another summation order)."""
+    def lm_head_argmax(self, hidden: torch.Tensor, weight: torch.Tensor) -> list[int]:
+        """(hidden @ weight.T).argmax(dim=-1).tolist() without the logits:
+        hidden [rows, dim], weight [vocab, dim], both fp32 on the CPU with
+        contiguous rows. Same ties and NaN rule as torch.argmax; a logit's
+        last bits may differ from a GEMM's (another summation order). The ids
+        land in an `array.array`, whose `tolist` is a fraction of a tensor's."""
         if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
             raise ValueError(f"lm_head_argmax: hidden [rows, dim] and weight [vocab, dim] expected, "
                              f"got {tuple(hidden.shape)} and {tuple(weight.shape)}")
         if any(t.dtype != torch.float32 or t.device.type != "cpu" or t.stride(1) != 1 for t in (hidden, weight)):
             raise ValueError("lm_head_argmax: fp32 CPU tensors with contiguous rows expected")
         rows, dim = hidden.shape
-        out = torch.empty(rows, dtype=torch.int64)
+        out = array.array("q", bytes(8 * rows))
         status = self._lm_head_argmax(hidden.data_ptr(), rows, hidden.stride(0), weight.data_ptr(),
-                                      weight.shape[0], weight.stride(0), dim, out.data_ptr(), None,
+                                      weight.shape[0], weight.stride(0), dim, out.buffer_info()[0], None,
                                       torch.get_num_threads())
         if status != 0:
             raise ValueError(f"lm_head_argmax: arguments out of range (status {status})")
-        return out
+        return out.tolist()
 
     def paged_decode_attention(self, out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
                                value_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
