@@ -227,6 +227,7 @@ class Scheduler:
         num_applied = 0
         kv = self.kv
         block_size = self.block_size
+        max_model_len = self.max_model_len
         index = -1   # into token_ids: one per sampled sequence
         for seq, req in zip(scheduled.sequences, self._last_requests):
             if seq.sample:
@@ -251,7 +252,12 @@ class Scheduler:
             req.last_token_time_ns = now
             if req.token_timeout_ns:
                 req.deadline_mono_ns = now_mono + req.token_timeout_ns
-            reason, returned = self._check_stop(req, token)
+            sampling = req.sampling
+            if (token in req.stop_token_ids or sampling.stop_words_ids or len(req.output_token_ids) >= sampling.max_tokens
+                    or len(req.all_token_ids) >= max_model_len):
+                reason, returned = self._check_stop(req, token)
+            else:   # none of _check_stop's rules can fire: the common step, without the call
+                reason, returned = None, True
             if returned:
                 new_ids = [token]
                 new_lps = None if req.output_logprobs is None else [req.output_logprobs[-1]]
