@@ -62,7 +62,7 @@ class Request:
         "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
         "token_timeout_ns", "deadline_mono_ns", "admit_seq",
         "finish_reason", "error", "num_returned_tokens", "on_output",
-        "stop_token_ids", "parent_request_id",
+        "stop_token_ids", "parent_request_id", "scheduled_decode",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
@@ -97,6 +97,8 @@ class Request:
         self.on_output = on_output
         self.stop_token_ids = frozenset(sampling.stop_token_ids)
         self.parent_request_id: str | None = None
+        # the scheduler's reusable decode entry for this request (scheduler.py)
+        self.scheduled_decode: Any = None
 
     @property
     def num_tokens(self) -> int:

@@ -110,9 +110,18 @@ class Scheduler:
                 if req.status is not RUNNING:
                     break
                 table = tables[req.request_id]
-            sampling = req.sampling
-            decodes.append(ScheduledSequence(req.request_id, [req.all_token_ids[computed]], computed, table, True,
-                                             sampling, req.output_token_ids, req.prompt_token_ids, sampling.seed))
+            # one object per running request, updated in place: a new one per
+            # sequence per step costs more than the rest of this loop
+            scheduled_decode = req.scheduled_decode
+            if scheduled_decode is None or scheduled_decode.block_table is not table:
+                sampling = req.sampling
+                scheduled_decode = req.scheduled_decode = ScheduledSequence(
+                    req.request_id, [req.all_token_ids[computed]], computed, table, True, sampling,
+                    req.output_token_ids, req.prompt_token_ids, sampling.seed)
+            else:
+                scheduled_decode.token_ids[0] = req.all_token_ids[computed]
+                scheduled_decode.start_position = computed
+            decodes.append(scheduled_decode)
             decode_reqs.append(req)
             budget -= 1
             i += 1

@@ -20,6 +20,9 @@ class ScheduledSequence:
     `block_table` is the request's own table (the KV manager's list, passed
     by reference): while the request holds its blocks it only grows, so the
     runner may keep a copy keyed by this list's identity and append to it.
+    A running request's decode entry is one object reused from step to step
+    (its token and position updated in place), so a SchedulerOutput is valid
+    until the next `schedule()` call: copy what must outlive the step.
     """
     request_id: str
     token_ids: list[int]
