@@ -263,11 +263,16 @@ class LLMEngine:
     def _step_inner(self) -> tuple[list[RequestOutput], bool]:
         started = time.perf_counter()
         sched = self.scheduler
-        with self._cv:
-            new = list(self._intake)
-            self._intake.clear()
-            aborts = list(self._aborts)
-            self._aborts.clear()
+        new: list[Request] = []
+        aborts: list[tuple[Request, FinishReason]] = []
+        # unlocked peek (a deque's length is read atomically): most steps have
+        # no news, and the lock is a cold-cache cost at every step
+        if self._intake or self._aborts:
+            with self._cv:
+                new = list(self._intake)
+                self._intake.clear()
+                aborts = list(self._aborts)
+                self._aborts.clear()
         for req in new:
             sched.add_request(req)
         outputs: list[RequestOutput] = []

@@ -237,6 +237,8 @@ class Scheduler:
         kv = self.kv
         block_size = self.block_size
         max_model_len = self.max_model_len
+        output_for = self._output
+        add_gap = gaps.append
         index = -1   # into token_ids: one per sampled sequence
         for seq, req in zip(scheduled.sequences, self._last_requests):
             if seq.sample:
@@ -257,7 +259,7 @@ class Scheduler:
                 req.first_token_time_ns = now
                 self.metrics.histogram_observe(m.TIME_TO_FIRST_TOKEN, (now - req.arrival_time_ns) / 1e9)
             else:
-                gaps.append((now - req.last_token_time_ns) / 1e9)  # type: ignore[operator]
+                add_gap((now - req.last_token_time_ns) / 1e9)  # type: ignore[operator]
             req.last_token_time_ns = now
             if req.token_timeout_ns:
                 req.deadline_mono_ns = now_mono + req.token_timeout_ns
@@ -274,7 +276,7 @@ class Scheduler:
             else:
                 new_ids, new_lps = [], ([] if req.output_logprobs is not None else None)
             if reason is None:
-                outputs.append(self._output(req, new_ids, new_lps, False))
+                outputs.append(output_for(req, new_ids, new_lps, False))
             else:
                 outputs.append(self._finish(req, reason, None, new_ids, new_lps, remove=False))
                 finished_running = True
