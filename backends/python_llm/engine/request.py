@@ -62,7 +62,7 @@ class Request:
         "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
         "token_timeout_ns", "deadline_mono_ns", "admit_seq",
         "finish_reason", "error", "num_returned_tokens", "on_output",
-        "stop_token_ids", "parent_request_id", "scheduled_decode",
+        "stop_token_ids", "max_tokens", "has_stop_words", "parent_request_id", "scheduled_decode",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
@@ -95,7 +95,11 @@ class Request:
         self.error: str | None = None
         self.num_returned_tokens = 0          # output tokens handed out (the ending EOS is not)
         self.on_output = on_output
+        # read by the scheduler for every token: kept here, in slots, so the
+        # common step does not touch the SamplingParams (a dict-backed object)
         self.stop_token_ids = frozenset(sampling.stop_token_ids)
+        self.max_tokens = sampling.max_tokens
+        self.has_stop_words = bool(sampling.stop_words_ids)
         self.parent_request_id: str | None = None
         # the scheduler's reusable decode entry for this request (scheduler.py)
         self.scheduled_decode: Any = None

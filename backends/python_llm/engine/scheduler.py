@@ -263,8 +263,7 @@ class Scheduler:
             req.last_token_time_ns = now
             if req.token_timeout_ns:
                 req.deadline_mono_ns = now_mono + req.token_timeout_ns
-            sampling = req.sampling
-            if (token in req.stop_token_ids or sampling.stop_words_ids or len(req.output_token_ids) >= sampling.max_tokens
+            if (token in req.stop_token_ids or req.has_stop_words or len(req.output_token_ids) >= req.max_tokens
                     or len(req.all_token_ids) >= max_model_len):
                 reason, returned = self._check_stop(req, token)
             else:   # none of _check_stop's rules can fire: the common step, without the call
