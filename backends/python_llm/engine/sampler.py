@@ -79,8 +79,8 @@ class Sampler:
         (greedy, no logits processing, no log-probabilities): the fast path,
         which the runner may fuse into the LM head."""
         for seq in seqs:
-            params = seq.sampling
-            if not params.plain_greedy or (len(seq.output_token_ids) < params.min_tokens and params.stop_token_ids):
+            after = seq.greedy_after if seq.greedy_after is not None else seq.sampling.plain_greedy_after
+            if after < 0 or (after and len(seq.output_token_ids) < after):
                 return False
         return True
 

@@ -59,12 +59,15 @@ class SamplingParams:
         return self.temperature == 0.0
 
     @cached_property
-    def plain_greedy(self) -> bool:
-        """Greedy, no log-probabilities, nothing that rewrites the logits
-        (processors, penalties, bad words). `min_tokens` is not included: it
-        depends on progress (see sampler.py). Computed once per request:
-        settings do not change after intake, and the sampler asks for every
-        sequence at every step."""
-        return (self.temperature == 0.0 and not self.return_log_probs and not self.logits_processors
-                and self.repetition_penalty == 1.0 and self.presence_penalty == 0.0
-                and self.frequency_penalty == 0.0 and not self.bad_words_ids)
+    def plain_greedy_after(self) -> int:
+        """From how many generated tokens on the next token is a plain argmax
+        of the raw logits (greedy, no log-probabilities, nothing that rewrites
+        the logits: processors, penalties, bad words, the stop-token ban of
+        `min_tokens`); -1: never. Computed once per request: settings do not
+        change after intake, and the runner asks for every sequence at every
+        step."""
+        if (self.temperature != 0.0 or self.return_log_probs or self.logits_processors
+                or self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0 or self.bad_words_ids):
+            return -1
+        return self.min_tokens if self.stop_token_ids else 0

@@ -117,7 +117,7 @@ class Scheduler:
                 sampling = req.sampling
                 scheduled_decode = req.scheduled_decode = ScheduledSequence(
                     req.request_id, [req.all_token_ids[computed]], computed, table, True, sampling,
-                    req.output_token_ids, req.prompt_token_ids, sampling.seed)
+                    req.output_token_ids, req.prompt_token_ids, sampling.seed, sampling.plain_greedy_after)
             else:
                 scheduled_decode.token_ids[0] = req.all_token_ids[computed]
                 scheduled_decode.start_position = computed
@@ -209,7 +209,8 @@ class Scheduler:
             request_id=req.request_id, token_ids=token_ids, start_position=start,
             block_table=self.kv.block_ids(req.request_id), sample=start + num_new == req.num_tokens,
             sampling=req.sampling, output_token_ids=req.output_token_ids,
-            prompt_token_ids=req.prompt_token_ids, seed=req.sampling.seed)
+            prompt_token_ids=req.prompt_token_ids, seed=req.sampling.seed,
+            greedy_after=req.sampling.plain_greedy_after)
 
     def _preempt(self, req: Request) -> None:
         self.kv.free(req)

@@ -35,6 +35,9 @@ class ScheduledSequence:
     prompt_token_ids: list[int] = field(default_factory=list)
     # the request's private RNG seed state lives in the runner, keyed by id
     seed: int | None = None
+    # sampling.plain_greedy_after, copied by the scheduler so that the
+    # runner's per-step check reads this object only (None: not copied)
+    greedy_after: int | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -193,3 +193,26 @@ def test_native_argmax_equals_torch(vocab: int) -> None:
     assert sampler(x.clone(), seqs).token_ids == x.argmax(dim=-1).tolist()
     wide = torch.cat([x, torch.zeros(x.shape[0], 3)], dim=1)[:, :vocab]
     assert torch.equal(sampler.argmax(wide), x.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("params, outputs, plain", [
+    (SamplingParams(), 0, True),
+    (SamplingParams(min_tokens=3, stop_token_ids=[2]), 2, False),   # EOS still banned
+    (SamplingParams(min_tokens=3, stop_token_ids=[2]), 3, True),
+    (SamplingParams(min_tokens=3), 0, True),                         # nothing to ban
+    (SamplingParams(temperature=0.7), 0, False),
+    (SamplingParams(return_log_probs=True), 0, False),
+    (SamplingParams(repetition_penalty=1.1), 0, False),
+    (SamplingParams(bad_words_ids=[[5]]), 0, False),
+])
+def test_plain_greedy_decides_the_fused_path(params: SamplingParams, outputs: int, plain: bool) -> None:
+    """The runner fuses LM head + argmax only when the sampler would take a
+    plain argmax of the raw logits; the scheduler's copied value and the
+    sampling params' own must agree."""
+    def make() -> ScheduledSequence:
+        return ScheduledSequence("r", [0], 0, [0], True, params, output_token_ids=list(range(outputs)))
+    from_params, copied = make(), make()
+    copied.greedy_after = params.plain_greedy_after
+    assert Sampler.plain_greedy([from_params]) is plain
+    assert Sampler.plain_greedy([copied]) is plain
+    assert Sampler.plain_greedy([seq(), from_params]) is plain
