@@ -1,5 +1,6 @@
 """Build the CPU kernels ahead of time and check them against PyTorch
-(SDPA for the decode attention, torch.argmax for the argmax).
+(SDPA for the decode attention, torch.argmax for the argmax, a float64 GEMM
++ argmax for the fused LM head).
 
     python -m python_llm.engine.kernels
 
@@ -40,6 +41,12 @@ def argmax_agrees(kernels) -> bool:
     return torch.equal(kernels.argmax_rows(logits), logits.argmax(dim=-1))
 
 
+def lm_head_agrees(kernels) -> bool:
+    gen = torch.Generator().manual_seed(2)
+    hidden, weight = torch.randn(5, 200, generator=gen), torch.randn(3001, 200, generator=gen)
+    return kernels.lm_head_argmax(hidden, weight) == (hidden.double() @ weight.double().t()).argmax(-1).tolist()
+
+
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     print(f"CPU kernels: {library_path()}")
@@ -49,9 +56,11 @@ def main() -> int:
         return 1
     worst = self_check(kernels)
     argmax_ok = argmax_agrees(kernels)
+    lm_head_ok = lm_head_agrees(kernels)
     print(f"built; decode attention's largest difference from SDPA: {worst:.2e}; "
-          f"argmax {'equals' if argmax_ok else 'DIFFERS FROM'} torch.argmax")
-    return 0 if worst < 1e-4 and argmax_ok else 1
+          f"argmax {'equals' if argmax_ok else 'DIFFERS FROM'} torch.argmax; "
+          f"fused LM head {'agrees' if lm_head_ok else 'DISAGREES'} with GEMM + argmax")
+    return 0 if worst < 1e-4 and argmax_ok and lm_head_ok else 1
 
 
 if __name__ == "__main__":
