@@ -98,7 +98,8 @@ class ModelRunner:
     def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
         # the C++ guard, not the `torch.inference_mode` decorator: its Python
         # layers cost ~140 µs a step on caches the weights flushed, against ~55
-        # (torch is pinned, so this private name is checked by the tests)
+        # (a private name, but torch is pinned and every runner test goes
+        # through here)
         with torch._C._InferenceMode(True):
             return self._execute(scheduled)
 
@@ -153,8 +154,8 @@ class ModelRunner:
         prefill chunks follow in order. For the PyTorch decode path the
         decodes are laid out sorted by context length (grouped, see
         DecodeGroup). Output order is the input order. The decode loop runs
-        for every running sequence every step, so it stays inline and all
-        int64 indices go through a single NumPy conversion.
+        for every running sequence every step, so it stays inline, and all
+        int64 indices go through one `array.array` into one tensor.
         """
         bs = self.block_size
         max_len = self.model_info.max_model_len
