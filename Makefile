@@ -22,8 +22,8 @@ $(STAMP): pyproject.toml Makefile
 model: $(STAMP)
 	$(PY) -m serving prepare-model
 
-# the native CPU attention kernel (a few seconds with g++); without a
-# compiler the engine runs its PyTorch path, hence the leading '-'
+# the native CPU kernels (a few seconds with g++); without a compiler the
+# engine runs its PyTorch paths, hence the leading '-'
 kernels: $(STAMP)
 	-$(PY) -m python_llm.engine.kernels
 

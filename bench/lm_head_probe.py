@@ -19,16 +19,7 @@ from datetime import datetime, timezone
 import torch
 
 from python_llm.engine.kernels import cpu_kernels
-from python_llm.engine.models.llama import LM_HEAD_CHUNK
-
-
-def sliced_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    vocab = weight.shape[0]
-    logits = hidden.new_empty(hidden.shape[0], vocab)
-    for start in range(0, vocab, LM_HEAD_CHUNK):
-        end = min(start + LM_HEAD_CHUNK, vocab)
-        torch.mm(hidden, weight[start:end].t(), out=logits[:, start:end])
-    return logits
+from python_llm.engine.models.llama import sliced_lm_head
 
 
 def main() -> int:
@@ -56,7 +47,7 @@ def main() -> int:
         same = True
         for _ in range(args.repeats):
             t0 = time.perf_counter()
-            logits = sliced_logits(hidden, weight)
+            logits = sliced_lm_head(hidden, weight)
             t1 = time.perf_counter()
             ids = kernels.argmax_rows(logits).tolist()
             t2 = time.perf_counter()

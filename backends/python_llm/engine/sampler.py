@@ -30,14 +30,7 @@ class SamplerResult:
 
 
 def _needs_processing(params: SamplingParams, num_generated: int) -> bool:
-    return bool(
-        params.logits_processors
-        or params.repetition_penalty != 1.0
-        or params.presence_penalty != 0.0
-        or params.frequency_penalty != 0.0
-        or (num_generated < params.min_tokens and params.stop_token_ids)
-        or params.bad_words_ids
-    )
+    return params.rewrites_logits or bool(num_generated < params.min_tokens and params.stop_token_ids)
 
 
 def _banned_tokens(seq: ScheduledSequence) -> list[int]:
@@ -91,10 +84,10 @@ class Sampler:
         if logits.shape[0] != len(seqs):
             raise ValueError(f"logits rows ({logits.shape[0]}) != sequences ({len(seqs)})")
         generators = generators or {}
-        params = [s.sampling for s in seqs]
-        want_logprobs = [p.return_log_probs for p in params]
         if self.plain_greedy(seqs):
             return SamplerResult(self.argmax(logits).tolist(), [None] * len(seqs))
+        params = [s.sampling for s in seqs]
+        want_logprobs = [p.return_log_probs for p in params]
 
         processed = [_needs_processing(p, len(s.output_token_ids)) for p, s in zip(params, seqs)]
         if any(processed):

@@ -59,6 +59,15 @@ class SamplingParams:
         return self.temperature == 0.0
 
     @cached_property
+    def rewrites_logits(self) -> bool:
+        """Whether the sampler changes the logits whatever the progress
+        (processors, penalties, bad words); the `min_tokens` ban depends on
+        progress and is not included. Computed once: settings do not change
+        after intake."""
+        return bool(self.logits_processors or self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                    or self.frequency_penalty != 0.0 or self.bad_words_ids)
+
+    @cached_property
     def plain_greedy_after(self) -> int:
         """From how many generated tokens on the next token is a plain argmax
         of the raw logits (greedy, no log-probabilities, nothing that rewrites
@@ -66,8 +75,6 @@ class SamplingParams:
         `min_tokens`); -1: never. Computed once per request: settings do not
         change after intake, and the runner asks for every sequence at every
         step."""
-        if (self.temperature != 0.0 or self.return_log_probs or self.logits_processors
-                or self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
-                or self.frequency_penalty != 0.0 or self.bad_words_ids):
+        if self.temperature != 0.0 or self.return_log_probs or self.rewrites_logits:
             return -1
         return self.min_tokens if self.stop_token_ids else 0

@@ -114,10 +114,7 @@ class Scheduler:
             # sequence per step costs more than the rest of this loop
             scheduled_decode = req.scheduled_decode
             if scheduled_decode is None or scheduled_decode.block_table is not table:
-                sampling = req.sampling
-                scheduled_decode = req.scheduled_decode = ScheduledSequence(
-                    req.request_id, [req.all_token_ids[computed]], computed, table, True, sampling,
-                    req.output_token_ids, req.prompt_token_ids, sampling.seed, sampling.plain_greedy_after)
+                scheduled_decode = req.scheduled_decode = self._scheduled(req, 1)
             else:
                 scheduled_decode.token_ids[0] = req.all_token_ids[computed]
                 scheduled_decode.start_position = computed
@@ -201,12 +198,8 @@ class Scheduler:
 
     def _scheduled(self, req: Request, num_new: int) -> ScheduledSequence:
         start = req.num_computed_tokens
-        if num_new == 1:
-            token_ids = [req.all_token_ids[start]]
-        else:
-            token_ids = req.all_token_ids[start:start + num_new]
         return ScheduledSequence(
-            request_id=req.request_id, token_ids=token_ids, start_position=start,
+            request_id=req.request_id, token_ids=req.all_token_ids[start:start + num_new], start_position=start,
             block_table=self.kv.block_ids(req.request_id), sample=start + num_new == req.num_tokens,
             sampling=req.sampling, output_token_ids=req.output_token_ids,
             prompt_token_ids=req.prompt_token_ids, seed=req.sampling.seed,
@@ -369,14 +362,10 @@ class Scheduler:
 
     @staticmethod
     def _output(req: Request, new_ids: list[int], new_lps: list[float] | None, finished: bool) -> RequestOutput:
-        if not finished:   # every running sequence, every step: positional and without branches
-            return RequestOutput(req.request_id, new_ids, new_lps, False, None, None, len(req.prompt_token_ids),
-                                 req.num_returned_tokens, req.num_cached_tokens, req.cum_log_prob,
-                                 req.arrival_time_ns, req.first_token_time_ns, req.last_token_time_ns)
-        return RequestOutput(
-            request_id=req.request_id, new_token_ids=new_ids, new_logprobs=new_lps, finished=True,
-            finish_reason=req.finish_reason.value if req.finish_reason is not None else None,
-            error=req.error, num_prompt_tokens=req.num_prompt_tokens,
-            num_output_tokens=req.num_returned_tokens, num_cached_prompt_tokens=req.num_cached_tokens,
-            cum_log_prob=req.cum_log_prob, arrival_time_ns=req.arrival_time_ns,
-            first_token_time_ns=req.first_token_time_ns, last_token_time_ns=req.last_token_time_ns)
+        # positional: built for every running sequence at every step
+        reason = req.finish_reason
+        return RequestOutput(req.request_id, new_ids, new_lps, finished,
+                             reason.value if finished and reason is not None else None,
+                             req.error if finished else None, len(req.prompt_token_ids), req.num_returned_tokens,
+                             req.num_cached_tokens, req.cum_log_prob, req.arrival_time_ns,
+                             req.first_token_time_ns, req.last_token_time_ns)

@@ -101,7 +101,7 @@ class CpuKernels:
         argmax.restype = None
         self._argmax = argmax
         fused = self._lib.lm_head_argmax_f32
-        fused.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, ptr, ptr, ctypes.c_int]
+        fused.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, ptr, ctypes.c_int]
         fused.restype = ctypes.c_int
         self._lm_head_argmax = fused
 
@@ -132,7 +132,7 @@ class CpuKernels:
         rows, dim = hidden.shape
         out = array.array("q", bytes(8 * rows))
         status = self._lm_head_argmax(hidden.data_ptr(), rows, hidden.stride(0), weight.data_ptr(),
-                                      weight.shape[0], weight.stride(0), dim, out.buffer_info()[0], None,
+                                      weight.shape[0], weight.stride(0), dim, out.buffer_info()[0],
                                       torch.get_num_threads())
         if status != 0:
             raise ValueError(f"lm_head_argmax: arguments out of range (status {status})")

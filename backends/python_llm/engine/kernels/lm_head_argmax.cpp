@@ -151,13 +151,11 @@ void scan_vocabulary(const float* hidden, int64_t rows, int64_t hidden_stride, c
 
 extern "C" {
 
-// out_ids[r] = argmax over v of dot(hidden[r, :dim], weight[v, :dim]), and
-// out_values[r] that maximum (may be null). Rows of both inputs are
-// contiguous; strides are in floats. Returns 0, or 1 when an argument is
-// out of range.
+// out_ids[r] = argmax over v of dot(hidden[r, :dim], weight[v, :dim]). Rows
+// of both inputs are contiguous; strides are in floats. Returns 0, or 1 when
+// an argument is out of range.
 int lm_head_argmax_f32(const float* hidden, int64_t rows, int64_t hidden_stride, const float* weight,
-                       int64_t vocab, int64_t weight_stride, int64_t dim, int64_t* out_ids, float* out_values,
-                       int num_threads) {
+                       int64_t vocab, int64_t weight_stride, int64_t dim, int64_t* out_ids, int num_threads) {
   if (rows < 0 || vocab < 1 || dim < 1 || num_threads < 1) return 1;
   if (rows == 0) return 0;
   // each thread gets a contiguous slice of the vocabulary (a multiple of the
@@ -179,7 +177,6 @@ int lm_head_argmax_f32(const float* hidden, int64_t rows, int64_t hidden_stride,
       if (candidate.index >= 0 && better(candidate.value, best)) best = candidate;
     }
     out_ids[r] = best.index;
-    if (out_values != nullptr) out_values[r] = best.value;
   }
   return 0;
 }
