@@ -5,13 +5,15 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import signal
 import sys
 import threading
 from pathlib import Path
 
 from .default_model import resolve_model_dir
-from .launcher import LaunchOptions, TritonServer, TritonStartError
+from .launcher import (ADMIN_KEY_ENV, ADMIN_KEY_HEADER, DEFAULT_ADDRESS, RESTRICTED_APIS, LaunchOptions, TritonServer,
+                       TritonStartError, exposure_warning)
 from .paths import BUILD_DIR, REPO_ROOT
 from .repository import DeploymentSettings, render_repository
 from .triton_binary import TritonSetupError
@@ -43,12 +45,37 @@ def _curl_example(server: TritonServer) -> str:
             f"     -H 'Content-Type: application/json' \\\n     -d '{json.dumps(body)}'")
 
 
+def _admin_key_from_args(args: argparse.Namespace) -> str | None:
+    """--admin-key-file, else $LLM_TRITON_ADMIN_KEY, else None (the launcher makes one)."""
+    if args.admin_key_file:
+        try:
+            return Path(args.admin_key_file).read_text().strip()
+        except OSError as exc:
+            raise SystemExit(f"--admin-key-file: {exc}") from None
+    return os.environ.get(ADMIN_KEY_ENV, "").strip() or None
+
+
+def _ready_banner(server: TritonServer) -> str:
+    return (f"\nready.\n  HTTP     {server.http_url}  (generate, generate_stream)\n"
+            f"  gRPC     {server.grpc_url}  (ModelStreamInfer)\n  metrics  {server.metrics_url}\n"
+            f"  admin    key in {server.admin_key_path}  (header {ADMIN_KEY_HEADER}: {', '.join(RESTRICTED_APIS)})\n"
+            f"\ntry:\n{_curl_example(server)}\n\nCtrl-C stops the server.")
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     options = LaunchOptions(settings=_settings_from_args(args), http_port=args.http_port, grpc_port=args.grpc_port,
                             metrics_port=args.metrics_port, address=args.address,
+                            admin_key=_admin_key_from_args(args),
                             log_file=Path(args.log_file) if args.log_file else None,
                             repository_source=Path(args.model_repository))
-    server = TritonServer(options)
+    try:
+        server = TritonServer(options)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    warning = exposure_warning(options.address)
+    if warning:
+        print(f"WARNING: {warning}", flush=True)
     print(f"starting tritonserver (model {options.settings.model_dir}); log: {server.log_path}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -58,9 +85,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (TritonStartError, TritonSetupError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"\nready.\n  HTTP     {server.http_url}  (generate, generate_stream)\n"
-          f"  gRPC     {server.grpc_url}  (ModelStreamInfer)\n  metrics  {server.metrics_url}\n"
-          f"\ntry:\n{_curl_example(server)}\n\nCtrl-C stops the server.", flush=True)
+    print(_ready_banner(server), flush=True)
     while not stop.wait(0.5):
         if server.process is None or server.process.poll() is not None:
             code = server.process.returncode if server.process else 1
@@ -100,7 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--http-port", type=int, default=8000)
     serve.add_argument("--grpc-port", type=int, default=8001)
     serve.add_argument("--metrics-port", type=int, default=8002)
-    serve.add_argument("--address", default="0.0.0.0")
+    serve.add_argument("--address", default=DEFAULT_ADDRESS,
+                       help="where Triton's HTTP, gRPC and metrics ports listen (default %(default)s: loopback; "
+                            "anything else belongs behind the gateway or on a trusted private network)")
+    serve.add_argument("--admin-key-file", metavar="PATH",
+                       help=f"the key for Triton's admin APIs (header {ADMIN_KEY_HEADER}); default ${ADMIN_KEY_ENV}, "
+                            f"else a fresh random one; the key in effect is written to <build>/admin_key (0600)")
     serve.add_argument("--log-file", help=f"server log (default {BUILD_DIR}/tritonserver.log)")
     serve.add_argument("--model-repository", default=str(REPO_ROOT / "model_repository"),
                        help="the template repository to render and serve")

@@ -3,9 +3,11 @@ readiness, and stops it cleanly. Used by `make serve`, the tests and the
 benchmark alike."""
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -30,8 +32,74 @@ _HARMLESS = ("CudaDriverHelper", "NVML", "DCGM", "pinned")
 _FATAL = ("error while loading shared libraries", "failed to load", "Traceback (most recent call last)")
 
 
+# Triton's own front is for the gateway and trusted callers only (see
+# docs/triton-on-cpu.md, "Exposure and hardening"): it listens on loopback
+# unless told otherwise.
+DEFAULT_ADDRESS = "127.0.0.1"
+# Addresses that mean "every interface": a local caller reaches them on loopback.
+_WILDCARD_V4 = ("0.0.0.0", "")
+_WILDCARD_V6 = ("::",)
+# The admin groups a caller needs the key for. health, metadata, inference and
+# model-config stay open: clients, probes and the contract tool use them.
+RESTRICTED_APIS = ("model-repository", "logging", "trace", "shared-memory", "statistics")
+# Lowercase because gRPC metadata keys must be; HTTP headers match in any case.
+ADMIN_KEY_HEADER = "triton-admin-key"
+# Triton 2.51 checks gRPC calls for the restricted key under this prefixed name.
+ADMIN_KEY_GRPC_METADATA = f"triton-grpc-protocol-{ADMIN_KEY_HEADER}"
+# Where `python -m serving serve` reads an operator-chosen key from.
+ADMIN_KEY_ENV = "LLM_TRITON_ADMIN_KEY"
+# A key travels inside Triton's "<groups>:<header>=<key>" flag and in a header:
+# no separators, no whitespace, and long enough not to be guessed.
+_ADMIN_KEY_FORM = re.compile(r"[A-Za-z0-9._~+/-]{16,}")
+
+
 class TritonStartError(RuntimeError):
     pass
+
+
+def is_loopback(address: str) -> bool:
+    """True when `address` only accepts connections from this machine."""
+    if address == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False    # a host name or garbage: assume it reaches the network
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
+
+
+def exposure_warning(address: str) -> str | None:
+    """The warning for a Triton front that other machines can reach, or None."""
+    if is_loopback(address):
+        return None
+    return (f"tritonserver listens on {address or '0.0.0.0'}, beyond loopback: its own HTTP/gRPC front can be "
+            f"crashed by single malformed requests and its admin APIs only check a shared key, so it must sit "
+            f"behind the gateway or on a trusted private network")
+
+
+def new_admin_key() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def check_admin_key(key: str) -> str:
+    """`key` if Triton can carry it safely; ValueError (not naming it) otherwise."""
+    if not _ADMIN_KEY_FORM.fullmatch(key):
+        raise ValueError("the Triton admin key must be at least 16 characters of A-Z a-z 0-9 . _ ~ + / -")
+    return key
+
+
+def write_admin_key(path: Path, key: str) -> None:
+    """Write `key` readable by its owner only: created 0600 (never briefly wider)
+    and renamed into place, so a reader sees the old key or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        os.fchmod(fd, 0o600)    # exactly 0600 whatever the umask (it can only narrow the mode)
+        handle.write(f"{key}\n")
+    os.replace(tmp, path)
 
 
 def free_local_ports(count: int) -> list[int]:
@@ -53,7 +121,8 @@ class LaunchOptions:
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
-    address: str = "0.0.0.0"
+    address: str = DEFAULT_ADDRESS        # HTTP, gRPC and metrics alike
+    admin_key: str | None = None          # None: a fresh random key at every start
     work_dir: Path = BUILD_DIR
     repository_source: Path = REPO_ROOT / "model_repository"   # templates + model.py files
     log_file: Path | None = None          # default: <work_dir>/tritonserver.log
@@ -69,12 +138,33 @@ class TritonServer:
         self.options = options
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = options.log_file or options.work_dir / "tritonserver.log"
+        self.admin_key_path = options.work_dir / "admin_key"
+        self.admin_key = check_admin_key(options.admin_key) if options.admin_key is not None else new_admin_key()
         self._log_handle = None
+        warning = exposure_warning(options.address)
+        if warning:
+            log.warning(warning)
 
     # -- addresses -----------------------------------------------------------
     @property
     def host(self) -> str:
-        return "127.0.0.1" if self.options.address in ("0.0.0.0", "") else self.options.address
+        """Where a local caller reaches the server (bracketed if IPv6, for URLs)."""
+        address = self.options.address
+        if address in _WILDCARD_V4:
+            return "127.0.0.1"
+        if address in _WILDCARD_V6:
+            return "[::1]"
+        return f"[{address}]" if ":" in address else address
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """HTTP header for the restricted APIs (RESTRICTED_APIS)."""
+        return {ADMIN_KEY_HEADER: self.admin_key}
+
+    @property
+    def admin_grpc_metadata(self) -> dict[str, str]:
+        """gRPC metadata for the restricted protocols: Triton wants a prefixed name there."""
+        return {ADMIN_KEY_GRPC_METADATA: self.admin_key}
 
     @property
     def http_url(self) -> str:
@@ -97,12 +187,15 @@ class TritonServer:
     # -- lifecycle -----------------------------------------------------------
     def command(self, repository: Path, backends: Path) -> list[str]:
         o = self.options
+        restricted = f"{','.join(RESTRICTED_APIS)}:{ADMIN_KEY_HEADER}={self.admin_key}"
         return [
             str(find_triton().binary),
             f"--model-repository={repository}",
             f"--backend-directory={backends}",
             f"--http-port={o.http_port}", f"--grpc-port={o.grpc_port}", f"--metrics-port={o.metrics_port}",
-            f"--http-address={o.address}", f"--grpc-address={o.address}",
+            # metrics follows --http-address by default in 2.51; said explicitly so it never drifts
+            f"--http-address={o.address}", f"--grpc-address={o.address}", f"--metrics-address={o.address}",
+            f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}",
             "--allow-metrics=true", "--allow-cpu-metrics=true", "--metrics-interval-ms=1000",
             f"--log-verbose={o.log_verbose}",
             *o.extra_args,
@@ -111,9 +204,15 @@ class TritonServer:
     def start(self) -> "TritonServer":
         o = self.options
         o.work_dir.mkdir(parents=True, exist_ok=True)
+        if o.admin_key is None:
+            self.admin_key = new_admin_key()
+        # before the server exists, so whoever sees it ready can read the key
+        write_admin_key(self.admin_key_path, self.admin_key)
+        log.info("Triton admin key (header %s) in %s", ADMIN_KEY_HEADER, self.admin_key_path)  # the path, never the key
         repository = render_repository(o.settings, o.work_dir / "model_repository", source=o.repository_source)
         backends = prepare_backends(find_triton(), o.work_dir / "backends")
         env = os.environ.copy()
+        env.pop(ADMIN_KEY_ENV, None)    # the model code has no use for it
         # The stub embeds CPython and ignores PYTHONPATH; it finds the venv's
         # site-packages through the first python on PATH.
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -201,4 +300,6 @@ class TritonServer:
         self.stop()
 
 
-__all__ = ["LaunchOptions", "TritonServer", "TritonStartError", "TritonSetupError"]
+__all__ = ["ADMIN_KEY_ENV", "ADMIN_KEY_GRPC_METADATA", "ADMIN_KEY_HEADER", "DEFAULT_ADDRESS", "RESTRICTED_APIS",
+           "LaunchOptions", "TritonServer", "TritonStartError", "TritonSetupError", "exposure_warning",
+           "is_loopback"]
