@@ -14,7 +14,7 @@ from .sse_transport import SseTransport
 from .stream import GenerationStream
 from .timing import DEFAULT_CLOCK, Clock
 from .transport import Transport
-from .types import GenerationOptions, GenerationResult, new_request_id
+from .types import GenerationOptions, GenerationResult, new_request_id, new_request_key
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +53,19 @@ class AsyncLLMClient:
         """Start a streaming generation (lazily: nothing is sent before iteration).
 
         Options come as a `GenerationOptions` or as its field names, e.g.
-        `client.stream("Hi", max_tokens=16, temperature=0)`.
+        `client.stream("Hi", max_tokens=16, temperature=0)`. `request_id` and
+        `request_key` (the secret that stops the request) are minted per call
+        unless given; a given `request_key` must be 32-128 chars of [A-Za-z0-9_-].
         """
         options = _merge(options, option_fields)
         request_id = options.request_id or new_request_id()
+        # Minted here, once per logical request, so that every retry and the stop
+        # on cancel carry the same key (GenerationOptions validated a given one).
+        request_key = options.request_key or new_request_key()
+        if options.request_key is None:
+            options = dataclasses.replace(options, request_key=request_key)
         values = input_values(text_input, options, stream=True)
-        return GenerationStream(self, model or self.config.model, values, request_id)
+        return GenerationStream(self, model or self.config.model, values, request_id, request_key)
 
     async def generate(self, text_input: str = "", options: GenerationOptions | None = None, *,
                        model: str | None = None, **option_fields: Any) -> GenerationResult:

@@ -69,7 +69,7 @@ class ClientConfig:
     timeouts: TimeoutConfig = field(default_factory=TimeoutConfig)
     retry: RetryConfig = field(default_factory=RetryConfig)
     max_connections: int = 256
-    # The LLM step that accepts `stop` for a request id (interface.md).
+    # The LLM step that accepts `stop` for a request key (interface.md, "Request identity").
     stop_model: str = "python_llm"
 
     def __post_init__(self) -> None:

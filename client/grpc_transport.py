@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 # tritonclient's aio API cannot ask for empty final responses (the parameter is
 # reserved), so a stream ends on the final flag carried by real data, as the
 # contract promises. A `stop` may get no answer at all; wait this long for one
-# (an "unknown request id" error arrives within milliseconds) before hanging up.
+# (a "no live request has this request_key" error arrives within milliseconds)
+# before hanging up.
 STOP_ACK_WAIT_S = 1.0
 # Codes that mean "never reached the server / connection lost": retryable.
 _CONNECTION_CODES = frozenset({grpc.StatusCode.UNAVAILABLE})
@@ -138,9 +139,9 @@ class GrpcTransport:
             raise map_rpc_error(exc) from exc
         return GrpcResponseStream(responses, done, self._clock)
 
-    async def send_stop(self, model: str, request_id: str) -> None:
+    async def send_stop(self, model: str, request_id: str, request_key: str) -> None:
         # ModelInfer refuses decoupled models, so the stop travels on a stream too.
-        tensors = [(name, datatype, array) for name, (datatype, array) in stop_values().items()]
+        tensors = [(name, datatype, array) for name, (datatype, array) in stop_values(request_key).items()]
         stream = await self.open_tensor_stream(model, tensors, request_id)
         try:
             await asyncio.wait_for(self._drain(stream), min(self._stop_timeout, STOP_ACK_WAIT_S))

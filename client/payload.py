@@ -25,7 +25,7 @@ INPUT_DATATYPES: dict[str, str] = {
     "return_output_ids": "BOOL", "return_log_probs": "BOOL", "return_perf_metrics": "BOOL",
     "return_num_input_tokens": "BOOL", "return_num_output_tokens": "BOOL",
     "text_input": "BYTES", "messages": "BYTES", "segment": "BYTES",
-    "stop_words": "BYTES", "bad_words": "BYTES",
+    "stop_words": "BYTES", "bad_words": "BYTES", "request_key": "BYTES",
 }
 WORD_LISTS = frozenset({"stop_words", "bad_words"})
 _NUMPY_TYPES = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_, "BYTES": np.object_}
@@ -71,21 +71,26 @@ def grpc_tensors(values: Mapping[str, Any]) -> list[tuple[str, str, np.ndarray]]
     return tensors
 
 
-def stop_values() -> dict[str, tuple[str, np.ndarray]]:
-    """Inputs of the `stop` request to the LLM step (TensorRT-LLM convention)."""
+def stop_values(request_key: str) -> dict[str, tuple[str, np.ndarray]]:
+    """Inputs of the `stop` request to the LLM step (TensorRT-LLM's convention),
+    plus the request key: the server stops by key, never by request id alone."""
     return {
         "input_ids": ("INT32", np.array([[0]], dtype=np.int32)),
         "input_lengths": ("INT32", np.array([[1]], dtype=np.int32)),
         "request_output_len": ("INT32", np.array([[1]], dtype=np.int32)),
         "stop": ("BOOL", np.array([[True]], dtype=np.bool_)),
+        "request_key": ("BYTES", np.array([[request_key.encode("utf-8")]], dtype=np.object_)),
     }
 
 
-def stop_generate_body(request_id: str) -> dict[str, Any]:
+def stop_generate_body(request_id: str, request_key: str) -> dict[str, Any]:
     """The stop request as a flat `generate` body: Triton's `infer` endpoints
-    refuse decoupled models, so HTTP stops go through `generate`."""
-    body: dict[str, Any] = {name: array.reshape(-1).tolist() for name, (_, array) in stop_values().items()}
+    refuse decoupled models, so HTTP stops go through `generate`. `id` only
+    names the stop in the server's logs; `request_key` is what selects the request."""
+    body: dict[str, Any] = {name: array.reshape(-1).tolist() for name, (_, array) in stop_values(request_key).items()}
+    # Scalars the way the generate endpoint takes them: a bool and a plain string.
     body["stop"] = True
+    body["request_key"] = request_key
     body["id"] = request_id
     return body
 
@@ -105,6 +110,7 @@ def event_from_outputs(outputs: Mapping[str, Any], received_s: float, final: boo
         perf_ns={name: int(_flat(outputs[name])[0]) for name in _PERF_OUTPUTS if _flat(outputs.get(name))},
         final=final,
         received_s=received_s,
+        request_key=_text(outputs.get("request_key")) or None,
     )
 
 

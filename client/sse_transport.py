@@ -102,11 +102,12 @@ class SseTransport:
                                parse_retry_after(response.headers.get("retry-after")))
         return SseResponseStream(response, self._clock)
 
-    async def send_stop(self, model: str, request_id: str) -> None:
+    async def send_stop(self, model: str, request_id: str, request_key: str) -> None:
         # Triton's `infer` endpoint refuses decoupled models (HTTP 501), so the
         # stop goes through `generate`, which accepts them.
         try:
-            response = await self._http.post(f"/v2/models/{model}/generate", json=stop_generate_body(request_id),
+            response = await self._http.post(f"/v2/models/{model}/generate",
+                                             json=stop_generate_body(request_id, request_key),
                                              timeout=self._stop_timeout)
         except httpx.TransportError as exc:
             raise ServerConnectionError(f"stop request failed: {exc!r}") from exc

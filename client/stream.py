@@ -17,8 +17,17 @@ if TYPE_CHECKING:
     from .client import AsyncLLMClient
 
 log = logging.getLogger(__name__)
-# A stop for a request the engine no longer knows is expected after a race.
-_ALREADY_FINISHED_HINTS = ("unknown request", "not found", "no such request", "unknown id")
+# A stop for a request the engine no longer knows is expected after a race (it
+# finished while the stop was on its way): the server answers "stop: no live
+# request has this request_key (unknown request or already finished)".
+_ALREADY_FINISHED_HINTS = ("no live request", "already finished", "unknown request", "not found",
+                           "no such request", "unknown id")
+_KEY_PLACEHOLDER = "<request_key>"
+
+
+def redact(text: str, request_key: str) -> str:
+    """`text` with the key masked: server messages may quote it, and logs must not."""
+    return text.replace(request_key, _KEY_PLACEHOLDER) if request_key else text
 
 
 class GenerationStream:
@@ -29,14 +38,20 @@ class GenerationStream:
     stream and, for the ensemble, sends `stop` so the engine frees the request.
     """
 
-    def __init__(self, client: "AsyncLLMClient", model: str, values: dict[str, Any], request_id: str) -> None:
+    def __init__(self, client: "AsyncLLMClient", model: str, values: dict[str, Any], request_id: str,
+                 request_key: str) -> None:
         self._client = client
         self._model = model
         self._values = values
         self.request_id = request_id
         self.result = GenerationResult(request_id=request_id, model=model, transport=client.transport_name,
-                                       timings=Timings(sent_s=client.clock()))
+                                       timings=Timings(sent_s=client.clock()), request_key=request_key)
         self._events = self._run()
+
+    @property
+    def request_key(self) -> str:
+        """The secret that stops this request: the key sent, or the one the server echoed."""
+        return self.result.request_key
 
     def __aiter__(self) -> "GenerationStream":
         return self
@@ -66,6 +81,7 @@ class GenerationStream:
         try:
             stream, event = await self._open_with_retries()
             while event is not None:
+                self._check_echo(event)
                 self.result.add(event)
                 server_done = event.final or event.finish_reason is not None
                 yield event
@@ -100,9 +116,18 @@ class GenerationStream:
                 # Shielded: a second cancellation must not lose the stop.
                 await asyncio.shield(self._send_stop())
 
+    def _check_echo(self, event: StreamEvent) -> None:
+        # The server echoes the key it registered the request under; were it a
+        # different one (it must not be), only that one could stop the request.
+        echoed = event.request_key
+        if echoed and echoed != self.result.request_key:
+            log.warning("request %s: the server echoed a request_key other than the one sent; "
+                        "stopping with the echoed one", self.request_id)
+            self.result.request_key = echoed
+
     def _fail(self, message: str) -> None:
         self.result.finish_reason = "error"
-        self.result.error = message
+        self.result.error = redact(message, self.request_key)  # the result is printed and logged
         log.warning("stream %s ended with an error after %d response(s)", self.request_id, self.result.num_responses)
 
     async def _open_with_retries(self) -> tuple[ResponseStream, StreamEvent | None]:
@@ -145,13 +170,14 @@ class GenerationStream:
 
     async def _send_stop(self) -> None:
         config = self._client.config
+        key = self.request_key
         try:
-            await self._client.transport.send_stop(config.stop_model, self.request_id)
+            await self._client.transport.send_stop(config.stop_model, self.request_id, key)
             log.debug("sent stop for request %s", self.request_id)
         except RequestError as exc:
             if any(hint in exc.message.lower() for hint in _ALREADY_FINISHED_HINTS):
                 log.debug("stop for %s: request already finished", self.request_id)
             else:
-                log.warning("stop for request %s failed: %s", self.request_id, exc)
+                log.warning("stop for request %s failed: %s", self.request_id, redact(str(exc), key))
         except Exception as exc:  # best effort: a failed stop must not mask the caller's outcome
-            log.warning("stop for request %s failed: %r", self.request_id, exc)
+            log.warning("stop for request %s failed: %s", self.request_id, redact(repr(exc), key))

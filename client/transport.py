@@ -26,8 +26,9 @@ class Transport(Protocol):
     async def open_stream(self, model: str, values: Mapping[str, Any], request_id: str) -> ResponseStream:
         """Send one streaming request."""
 
-    async def send_stop(self, model: str, request_id: str) -> None:
-        """Ask `model` (the LLM step) to stop the request with this id."""
+    async def send_stop(self, model: str, request_id: str, request_key: str) -> None:
+        """Ask `model` (the LLM step) to stop the request holding `request_key`;
+        `request_id` only names the stop in the server's logs."""
 
     async def aclose(self) -> None:
         """Close pooled connections."""

@@ -1,6 +1,8 @@
 """Typed request options, stream events and the final result."""
 from __future__ import annotations
 
+import re
+import secrets
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,8 +13,33 @@ SEGMENTS = ("token", "sentence", "paragraph")
 FINISH_REASONS = ("stop", "length", "cancelled", "timeout", "error", "content_filter")
 
 
+# The request key is the credential that stops a request (interface.md, "Request
+# identity"); the server refuses anything outside this format.
+REQUEST_KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]{32,128}")
+REQUEST_KEY_FORMAT = "32 to 128 characters from [A-Za-z0-9_-]"
+
+
 def new_request_id() -> str:
+    """The Triton request id: names the request in logs, not a credential."""
     return uuid.uuid4().hex
+
+
+def new_request_key() -> str:
+    """A fresh request key: 24 random bytes from `secrets`, i.e. 192 bits in 32 URL-safe characters."""
+    return secrets.token_urlsafe(24)
+
+
+def check_request_key(key: object) -> str:
+    """Return `key` if it is a well-formed request key, else raise ValueError.
+
+    The message never repeats the value: a key is a secret, and errors end up in logs.
+    """
+    if not isinstance(key, str):
+        raise ValueError(f"request_key must be a str of {REQUEST_KEY_FORMAT} (got {type(key).__name__})")
+    if REQUEST_KEY_PATTERN.fullmatch(key) is None:
+        raise ValueError(f"request_key must be {REQUEST_KEY_FORMAT}, e.g. from secrets.token_urlsafe(24) "
+                         f"(got {len(key)} characters)")
+    return key
 
 
 @dataclass
@@ -50,6 +77,9 @@ class GenerationOptions:
     return_num_input_tokens: bool | None = True
     return_num_output_tokens: bool | None = True
     request_id: str | None = None
+    # The stop credential; None = the client mints one per request. Kept out of
+    # repr() so that logging the options cannot leak it.
+    request_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         _check_min("max_tokens", self.max_tokens, 1)
@@ -71,6 +101,8 @@ class GenerationOptions:
             _check_messages(self.messages)
         if self.request_id is not None and not self.request_id:
             raise ValueError("request_id must not be empty")
+        if self.request_key is not None:
+            check_request_key(self.request_key)
 
 
 def _check_min(name: str, value: int | None, minimum: int) -> None:
@@ -101,6 +133,8 @@ class StreamEvent:
     perf_ns: dict[str, int] = field(default_factory=dict)  # arrival/first/last token times, server clock
     final: bool = False
     received_s: float = 0.0  # client clock (time.perf_counter)
+    # The `request_key` output the server echoes on every response; a secret, so not in repr().
+    request_key: str | None = field(default=None, repr=False)
 
     @property
     def carries_tokens(self) -> bool:
@@ -123,6 +157,9 @@ class GenerationResult:
     num_responses: int = 0
     error: str | None = None
     attempts: int = 1
+    # The key that stops this request (sent, or echoed by the server); a secret:
+    # not in repr() and not in to_dict().
+    request_key: str = field(default="", repr=False)
 
     def add(self, event: StreamEvent) -> None:
         self.text += event.text
@@ -155,6 +192,8 @@ class GenerationResult:
         return self.timings.tpot_s(self.num_output_tokens)
 
     def to_dict(self) -> dict[str, Any]:
+        # No `request_key` here on purpose: it is the credential that stops the
+        # request, and this dict is printed (`generate --json`) and logged.
         return {
             "request_id": self.request_id,
             "model": self.model,

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import queue
+import random
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +21,10 @@ from client.grpc_transport import build_inputs, is_final, outputs_of
 from client.payload import (event_from_outputs, generate_body, grpc_tensors, input_values, stop_generate_body,
                             stop_values)
 from client.sse_transport import error_message
-from client.types import GenerationOptions
+from client.types import GenerationOptions, new_request_key
+
+from .dataset import Prompt
+from .settings import LoadSettings
 
 STOP_MODEL = "python_llm"
 
@@ -59,16 +64,30 @@ class StreamRequest:
     cancel_after_tokens: int | None = None  # abandon the stream after this many token-bearing responses
     ignore_eos: bool = False
     chat: bool = False  # send the prompt as a user message (chat template) instead of raw text
+    # The secret the stop of an abandoned stream must carry (the server ignores
+    # the request id for stops); one per request, never reported or logged.
+    request_key: str = field(default_factory=new_request_key, repr=False)
 
     def values(self) -> dict[str, Any]:
         messages = [{"role": "user", "content": self.prompt}] if self.chat else None
         options = GenerationOptions(max_tokens=self.max_tokens, ignore_eos=self.ignore_eos or None,
-                                    request_id=self.request_id, messages=messages)
+                                    request_id=self.request_id, messages=messages, request_key=self.request_key)
         return input_values("" if self.chat else self.prompt, options, stream=True)
 
     @property
     def needs_stop(self) -> bool:
         return self.model not in ("llm_bls", STOP_MODEL)
+
+
+def new_stream_request(settings: LoadSettings, prompt: Prompt, rng: random.Random) -> StreamRequest:
+    """A user's next request: a `cancel_share` of them are abandoned after a random
+    number of tokens. Each gets a fresh id (it names the request in server logs)
+    and a fresh key (the credential its stop must carry), as the client library does."""
+    cancel_after = None
+    if rng.random() < settings.cancel_share:
+        cancel_after = rng.randint(1, max(1, prompt.max_tokens // 2))
+    return StreamRequest(settings.model, prompt.text, prompt.max_tokens, uuid.uuid4().hex, cancel_after,
+                         chat=settings.chat, request_key=new_request_key())
 
 
 def _on_event(outcome: StreamOutcome, outputs: dict[str, Any], at: float) -> None:
@@ -106,7 +125,7 @@ def run_sse(http: httpx.Client, request: StreamRequest, token_timeout_s: float) 
     finally:
         outcome.end_s = time.perf_counter()
     if request.needs_stop and (outcome.cancelled or (outcome.error and outcome.token_times_s)):
-        _sse_stop(http, request.request_id)
+        _sse_stop(http, request)
     return outcome
 
 
@@ -115,9 +134,10 @@ def _should_cancel(outcome: StreamOutcome, request: StreamRequest) -> bool:
             and len(outcome.token_times_s) >= request.cancel_after_tokens)
 
 
-def _sse_stop(http: httpx.Client, request_id: str) -> None:
+def _sse_stop(http: httpx.Client, request: StreamRequest) -> None:
+    body = stop_generate_body(request.request_id, request.request_key)
     try:
-        http.post(f"/v2/models/{STOP_MODEL}/generate", json=stop_generate_body(request_id), timeout=5.0)
+        http.post(f"/v2/models/{STOP_MODEL}/generate", json=body, timeout=5.0)
     except httpx.HTTPError:
         pass  # best effort: the request may already have finished
 
@@ -151,16 +171,16 @@ def run_grpc(grpc_client: Any, request: StreamRequest, token_timeout_s: float) -
         outcome.end_s = time.perf_counter()
         grpc_client.stop_stream(cancel_requests=outcome.cancelled or outcome.error is not None)
     if request.needs_stop and (outcome.cancelled or (outcome.error and outcome.token_times_s)):
-        _grpc_stop(grpc_client, request.request_id)
+        _grpc_stop(grpc_client, request)
     return outcome
 
 
-def _grpc_stop(grpc_client: Any, request_id: str) -> None:
+def _grpc_stop(grpc_client: Any, request: StreamRequest) -> None:
     answered: "queue.Queue[object]" = queue.Queue()
-    tensors = [(name, datatype, array) for name, (datatype, array) in stop_values().items()]
+    tensors = [(name, datatype, array) for name, (datatype, array) in stop_values(request.request_key).items()]
     grpc_client.start_stream(callback=lambda result, error: answered.put(error))
     try:
-        grpc_client.async_stream_infer(STOP_MODEL, build_inputs(tensors), request_id=request_id,
+        grpc_client.async_stream_infer(STOP_MODEL, build_inputs(tensors), request_id=request.request_id,
                                        enable_empty_final_response=True)
         answered.get(timeout=5.0)
     except Exception:

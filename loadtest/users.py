@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import random
-import uuid
 from typing import Any
 
 import httpx
@@ -14,7 +13,7 @@ from locust import User, task
 from .dataset import PromptDataset
 from .reporting import SampleLog, report_outcome
 from .settings import LoadSettings
-from .streams import StreamOutcome, StreamRequest, run_grpc, run_sse
+from .streams import StreamOutcome, StreamRequest, new_stream_request, run_grpc, run_sse
 from .tokens import TokenCounter
 
 
@@ -40,12 +39,7 @@ class StreamingUser(User):
         return self.rng.expovariate(1.0 / mean) if mean > 0 else 0.0
 
     def next_request(self) -> StreamRequest:
-        prompt = self.dataset.sample()
-        cancel_after = None
-        if self.rng.random() < self.settings.cancel_share:
-            cancel_after = self.rng.randint(1, max(1, prompt.max_tokens // 2))
-        return StreamRequest(self.settings.model, prompt.text, prompt.max_tokens, uuid.uuid4().hex, cancel_after,
-                             chat=self.settings.chat)
+        return new_stream_request(self.settings, self.dataset.sample(), self.rng)
 
     def stream_once(self, request: StreamRequest) -> StreamOutcome:
         raise NotImplementedError

@@ -37,6 +37,7 @@ class FakeTriton:
     requests: list[httpx.Request] = field(default_factory=list)
     stops: list[dict[str, Any]] = field(default_factory=list)
     stop_status: int = 200
+    stop_error: str = "unknown request id"  # the `error` text of a refused stop (stop_status != 200)
     closed_streams: int = 0
 
     def handler(self, request: httpx.Request) -> httpx.Response:
@@ -44,7 +45,7 @@ class FakeTriton:
         if request.url.path.endswith("/generate"):
             self.stops.append(json.loads(request.content))
             if self.stop_status != 200:
-                return httpx.Response(self.stop_status, json={"error": "unknown request id"})
+                return httpx.Response(self.stop_status, json={"error": self.stop_error})
             return httpx.Response(200, json={"model_name": "python_llm"})
         if not self.replies:
             raise AssertionError("unexpected extra request")

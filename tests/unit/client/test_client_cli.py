@@ -49,3 +49,12 @@ def test_chat_keeps_history_and_resets(fake, patched_cli):
                        {"role": "assistant", "content": "Hi!"}, {"role": "user", "content": "my name?"}]
     assert sent[2] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "again"}]
     assert "TTFT" in out.getvalue() and "TPOT" in out.getvalue()
+
+
+def test_generate_json_keeps_the_request_key_secret(fake, patched_cli):
+    fake.add_stream(Step(delta("Paris.", finish_reason="stop")))
+    out = io.StringIO()
+    assert cli.main(["generate", "Capital of France?", "--json"], out=out) == 0
+    sent_key = json.loads(fake.stream_requests[0].content)["request_key"]
+    assert len(sent_key) >= 32 and sent_key not in out.getvalue()
+    assert "request_key" not in json.loads(out.getvalue())

@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import numpy as np
 import pytest
-from tritonclient.grpc import InferResult, service_pb2
+from grpc_fakes import key_of, response
 from tritonclient.utils import InferenceServerException
 
 from client import AsyncLLMClient, ClientConfig, RequestError, RetryConfig
@@ -19,28 +18,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def response(text: str, finish: str | None = None, final: bool = False, ids: list[int] | None = None) -> InferResult:
-    proto = service_pb2.ModelInferResponse(model_name="ensemble")
-    outputs: list[tuple[str, str, np.ndarray]] = [
-        ("text_output", "BYTES", np.array([[text.encode()]], dtype=np.object_)),
-        ("num_output_tokens", "INT32", np.array([[1]], dtype=np.int32)),
-    ]
-    if finish:
-        outputs.append(("finish_reason", "BYTES", np.array([[finish.encode()]], dtype=np.object_)))
-    if ids:
-        outputs.append(("output_ids", "INT32", np.array([ids], dtype=np.int32)))
-    for name, datatype, array in outputs:
-        tensor = proto.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
-        if datatype == "BYTES":
-            proto.raw_output_contents.append(b"".join(
-                len(v).to_bytes(4, "little") + v for v in array.reshape(-1)))
-        else:
-            proto.raw_output_contents.append(array.tobytes())
-        del tensor
-    proto.parameters["triton_final_response"].bool_param = final
-    return InferResult(proto)
 
 
 class FakeCall:
@@ -148,7 +125,8 @@ async def test_cancel_cancels_the_call_and_sends_stop_on_a_stream_for_ensemble()
     stop_inputs = inputs_by_name(stop_request)
     assert stop_inputs["stop"].datatype() == "BOOL" and stop_inputs["stop"].shape() == [1, 1]
     assert stop_inputs["input_ids"].datatype() == "INT32"
-    assert set(stop_inputs) == {"input_ids", "input_lengths", "request_output_len", "stop"}
+    assert set(stop_inputs) == {"input_ids", "input_lengths", "request_output_len", "stop", "request_key"}
+    assert stop_inputs["request_key"].datatype() == "BYTES" and stop_inputs["request_key"].shape() == [1, 1]
     assert fake.closed
 
 
@@ -159,3 +137,43 @@ async def test_llm_bls_cancel_only_cancels_the_call():
             async for _ in stream:
                 break
     assert fake.calls[0].cancelled and len(fake.requests) == 1
+
+
+
+async def test_the_request_key_is_a_tensor_reused_on_retry_and_carried_by_the_stop():
+    fake = FakeGrpcClient([[InferenceServerException("in ensemble 'ensemble', overloaded: queue full")],
+                           [response("a"), 10.0, response("b", "stop", final=True)],
+                           [response("", final=True)]])
+    async with grpc_client(fake) as client:
+        async with client.stream("Hi", request_id="grpc-key") as stream:
+            async for _ in stream:
+                break
+    assert stream.result.attempts == 2
+    attempts, stop_request = fake.requests[:2], fake.requests[2]
+    for request in attempts:
+        key_input = inputs_by_name(request)["request_key"]
+        assert key_input.datatype() == "BYTES" and key_input.shape() == [1, 1]
+        assert key_of(key_input) == stream.request_key
+    assert stop_request["model_name"] == "python_llm" and stop_request["request_id"] == "grpc-key"
+    assert key_of(inputs_by_name(stop_request)["request_key"]) == stream.request_key
+
+
+async def test_grpc_requests_get_distinct_keys_and_a_caller_key_is_kept():
+    caller_key = "grpc_caller-key_0123456789abcdefgh"
+    fake = FakeGrpcClient([[response("a", "stop", final=True)] for _ in range(3)])
+    async with grpc_client(fake) as client:
+        minted = [await client.generate("Hi") for _ in range(2)]
+        given = await client.generate("Hi", request_key=caller_key)
+    sent = [key_of(inputs_by_name(request)["request_key"]) for request in fake.requests]
+    assert sent == [minted[0].request_key, minted[1].request_key, caller_key] == [
+        r.request_key for r in (*minted, given)]
+    assert minted[0].request_key != minted[1].request_key
+
+
+async def test_the_echoed_request_key_output_is_read():
+    key = "echoed_key-0123456789abcdefghijkl"
+    fake = FakeGrpcClient([[response("a", request_key=key), response("b", "stop", final=True, request_key=key)]])
+    async with grpc_client(fake) as client:
+        stream = client.stream("Hi", request_key=key)
+        events = [event async for event in stream]
+    assert [event.request_key for event in events] == [key, key] and stream.result.request_key == key

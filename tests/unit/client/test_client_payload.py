@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from client import GenerationOptions
-from client.payload import event_from_outputs, generate_body, grpc_tensors, input_values, stop_generate_body
+from client.payload import (INPUT_DATATYPES, event_from_outputs, generate_body, grpc_tensors, input_values,
+                            stop_generate_body, stop_values)
 from client.sse_transport import error_message
 
 
@@ -29,9 +30,31 @@ def test_messages_are_a_json_string_input():
     assert "简洁" in body["messages"]  # kept readable, not \\u-escaped
 
 
-def test_stop_body_is_the_tensorrt_llm_stop_request():
-    assert stop_generate_body("r9") == {"input_ids": [0], "input_lengths": [1], "request_output_len": [1],
-                                        "stop": True, "id": "r9"}
+KEY = "k" * 20 + "_-" + "0123456789"  # 32 characters of the key alphabet
+
+
+def test_stop_body_is_the_tensorrt_llm_stop_request_plus_the_request_key():
+    assert stop_generate_body("r9", KEY) == {"input_ids": [0], "input_lengths": [1], "request_output_len": [1],
+                                             "stop": True, "request_key": KEY, "id": "r9"}
+
+
+def test_stop_tensors_carry_the_request_key_as_a_batched_string():
+    values = stop_values(KEY)
+    assert set(values) == {"input_ids", "input_lengths", "request_output_len", "stop", "request_key"}
+    datatype, array = values["request_key"]
+    assert datatype == "BYTES" and array.shape == (1, 1) and array[0, 0] == KEY.encode()
+
+
+def test_request_key_is_a_bytes_input_and_an_echoed_output():
+    values = input_values("hi", GenerationOptions(request_key=KEY))
+    assert values["request_key"] == KEY and INPUT_DATATYPES["request_key"] == "BYTES"
+    tensors = {name: (dt, arr) for name, dt, arr in grpc_tensors(values)}
+    assert tensors["request_key"][0] == "BYTES" and tensors["request_key"][1].tolist() == [[KEY.encode()]]
+    assert generate_body(values, "id-1")["request_key"] == KEY  # a plain string field in generate JSON
+    echoed = np.array([[KEY.encode()]], dtype=np.object_)
+    assert event_from_outputs({"text_output": "a", "request_key": echoed}, 0.0).request_key == KEY
+    assert event_from_outputs({"text_output": "a", "request_key": KEY}, 0.0).request_key == KEY
+    assert event_from_outputs({"text_output": "a"}, 0.0).request_key is None
 
 
 @pytest.mark.parametrize("outputs", [

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
+import re
 from collections import Counter
 
 import httpx
 import pytest
+from grpc_fakes import by_name, key_of, response
 from sse_fakes import delta, sse
 
 from loadtest.cli import parse_duration, user_classes
 from loadtest.dataset import PromptDataset
 from loadtest.settings import DEFAULT_DATASET, LoadSettings
 from loadtest.shapes import users_at
-from loadtest.streams import StreamRequest, run_sse
+from loadtest.streams import StreamRequest, new_stream_request, run_grpc, run_sse
+
+KEY_FORMAT = re.compile(r"[A-Za-z0-9_-]{32,128}")
 
 
 def test_steady_ramp_and_burst_shapes():
@@ -108,3 +113,71 @@ def test_locust_sse_stream_reports_http_errors():
     with httpx.Client(base_url="http://t", transport=httpx.MockTransport(handler)) as http:
         outcome = run_sse(http, StreamRequest("ensemble", "hi", 8, "x"), token_timeout_s=5)
     assert outcome.error == "HTTP 400: in ensemble 'ensemble', overloaded: full" and outcome.ttft_s is None
+
+
+def test_locust_requests_get_their_own_keys_and_hide_them():
+    first, second = StreamRequest("ensemble", "hi", 8, "a"), StreamRequest("ensemble", "hi", 8, "b")
+    assert first.request_key != second.request_key
+    assert all(KEY_FORMAT.fullmatch(r.request_key) for r in (first, second))
+    assert first.values()["request_key"] == first.request_key
+    assert first.request_key not in repr(first)
+    # What every Locust user's next_request builds (users.py imports locust, which
+    # monkey-patches the whole process, so it is not imported here).
+    settings, rng = LoadSettings(cancel_share=0.5), random.Random(1)
+    dataset = PromptDataset.from_jsonl(DEFAULT_DATASET, max_tokens=8, seed=1)
+    requests = [new_stream_request(settings, dataset.sample(), rng) for _ in range(50)]
+    assert len({r.request_key for r in requests}) == 50 and len({r.request_id for r in requests}) == 50
+    assert all(KEY_FORMAT.fullmatch(r.request_key) for r in requests)
+    assert any(r.cancel_after_tokens for r in requests) and any(r.cancel_after_tokens is None for r in requests)
+
+
+def test_locust_sse_stream_sends_the_key_and_stops_with_it():
+    streams: list[dict] = []
+    stops: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        (stops if request.url.path.endswith("/generate") else streams).append(json.loads(request.content))
+        if request.url.path.endswith("/generate"):
+            return httpx.Response(200, json={})
+        body = b"".join(sse(delta(t)) for t in ("a ", "b ", "c"))
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
+    request = StreamRequest("ensemble", "hi", 8, "cut", cancel_after_tokens=1)
+    with httpx.Client(base_url="http://triton.test", transport=httpx.MockTransport(handler)) as http:
+        outcome = run_sse(http, request, token_timeout_s=5)
+    assert outcome.cancelled and streams[0]["request_key"] == request.request_key
+    assert stops == [{"input_ids": [0], "input_lengths": [1], "request_output_len": [1], "stop": True,
+                      "request_key": request.request_key, "id": "cut"}]
+
+
+class FakeSyncGrpc:
+    """The sync tritonclient streaming API as run_grpc uses it, answering from scripts."""
+
+    def __init__(self, scripts: list[list]) -> None:
+        self.scripts = scripts
+        self.sent: list[dict] = []
+        self._callback = None
+
+    def start_stream(self, callback) -> None:
+        self._callback = callback
+
+    def async_stream_infer(self, model_name, inputs, request_id="", **kwargs) -> None:
+        self.sent.append({"model": model_name, "inputs": by_name(inputs), "request_id": request_id})
+        for result in self.scripts.pop(0):
+            self._callback(result, None)
+
+    def stop_stream(self, cancel_requests: bool = False) -> None:
+        self._callback = None
+
+
+def test_locust_grpc_stream_sends_the_key_and_stops_with_it():
+    grpc = FakeSyncGrpc([[response("a "), response("b "), response("c", "stop", final=True)],
+                         [response("", final=True)]])
+    request = StreamRequest("ensemble", "hi", 8, "grpc-cut", cancel_after_tokens=1)
+    outcome = run_grpc(grpc, request, token_timeout_s=5)
+    assert outcome.cancelled and len(grpc.sent) == 2
+    stream, stop = grpc.sent
+    assert stream["inputs"]["request_key"].shape() == [1, 1]
+    assert key_of(stream["inputs"]["request_key"]) == request.request_key
+    assert stop["model"] == "python_llm" and stop["request_id"] == "grpc-cut"
+    assert stop["inputs"]["stop"].datatype() == "BOOL" and key_of(stop["inputs"]["request_key"]) == request.request_key
