@@ -7,7 +7,6 @@ disconnect, gRPC cancel) and turns it into a `stop` of its engine request.
 """
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -37,14 +36,14 @@ class BLSCallbacks:
 def run_bls_request(get: Getter, builder: LLMRequestBuilder, post: StreamPostprocessor,
                     io: BLSCallbacks) -> str:
     """Serve one request to the end; returns how it ended (a finish reason)."""
-    key = uuid.uuid4().hex
     try:
-        pre = builder.build(get, request_key=key)
+        pre = builder.build(get)
         stop_strings = strings(get, "stop_words") or []
         pipeline = post.new_pipeline(stop_strings, scalar(get, "segment"))
     except InvalidInputError as exc:
         io.send_error(str(exc))
         return "error"
+    key = scalar(lambda name: pre[name], "request_key")
     flags = ReturnFlags(log_probs=bool(scalar(get, "return_log_probs")),
                         perf_metrics=bool(scalar(get, "return_perf_metrics")),
                         output_ids=bool(scalar(get, "return_output_ids")))
@@ -57,7 +56,7 @@ def run_bls_request(get: Getter, builder: LLMRequestBuilder, post: StreamPostpro
                     io.stop_llm(key)
                     stopped_engine = True
                 if response.finish_reason:   # the engine freed it; close the request
-                    io.send(public_output_arrays("", "cancelled", response, flags), True)
+                    io.send(public_output_arrays("", "cancelled", response, flags, key), True)
                     return "cancelled"
                 continue          # drain until the engine's final response
             emission = pipeline.push(response.token_ids)
@@ -66,10 +65,10 @@ def run_bls_request(get: Getter, builder: LLMRequestBuilder, post: StreamPostpro
                 stopped_engine = True
             if response.finish_reason:
                 final = pipeline.finish(response.finish_reason)
-                io.send(public_output_arrays(emission.text + final.text, final.finish_reason, response, flags), True)
+                io.send(public_output_arrays(emission.text + final.text, final.finish_reason, response, flags, key), True)
                 return final.finish_reason or response.finish_reason
             if emission.text or not stopped_engine:
-                io.send(public_output_arrays(emission.text, None, response, flags), False)
+                io.send(public_output_arrays(emission.text, None, response, flags, key), False)
                 sent_any = True
     except LLMStepError as exc:
         io.send_error(str(exc))

@@ -3,7 +3,6 @@ Shared by the `preprocessing` adapter and `llm_bls`, so both entry points
 validate and build requests the same way."""
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass
 from typing import Callable
 
@@ -11,19 +10,11 @@ import numpy as np
 
 from .errors import InvalidInputError, decode_utf8_field
 from .prompt import PromptBuilder
+from .public_tensors import PUBLIC_TO_LLM
 from .request_context import RequestContext
+from .request_key import adopt_or_mint
 from .tokenizer_info import TokenizerInfo
 from .word_lists import encode_word_list, to_word_list
-
-# Public sampling inputs the LLM step takes under another name (or the same).
-PUBLIC_TO_LLM = {
-    "stream": "streaming", "top_k": "runtime_top_k", "top_p": "runtime_top_p",
-    "length_penalty": "len_penalty", "temperature": "temperature",
-    "repetition_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty", "min_tokens": "min_tokens", "seed": "seed",
-    "priority": "priority", "token_timeout_ms": "token_timeout_ms", "ignore_eos": "ignore_eos",
-    "exclude_input_in_output": "exclude_input_in_output", "return_log_probs": "return_log_probs",
-}
 
 # a tensor getter: input name → numpy array or None when absent
 Getter = Callable[[str], "np.ndarray | None"]
@@ -57,11 +48,13 @@ class LLMRequestBuilder:
         self.limits = limits
         self._empty_words = to_word_list([])[None]
 
-    def build(self, get: Getter, request_key: str | None = None) -> dict[str, np.ndarray]:
-        """The preprocessing outputs for one request; raises InvalidInputError."""
+    def build(self, get: Getter) -> dict[str, np.ndarray]:
+        """The preprocessing outputs for one request; raises InvalidInputError.
+        The request key is the caller's (`request_key`) or a fresh one."""
         text = strings(get, "text_input")
         if text is None:
             raise InvalidInputError("text_input", "required")
+        key = adopt_or_mint(scalar(get, "request_key"))
         messages = strings(get, "messages")
         max_tokens = scalar(get, "max_tokens")
         max_tokens = self.limits.default_max_tokens if max_tokens is None else int(max_tokens)
@@ -71,7 +64,6 @@ class LLMRequestBuilder:
         stop = encode_word_list("stop_words", strings(get, "stop_words"), self.info.tokenizer)
         bad = encode_word_list("bad_words", strings(get, "bad_words"), self.info.tokenizer)
         end_id, pad_id = scalar(get, "end_id"), scalar(get, "pad_id")
-        key = request_key or uuid.uuid4().hex
         context = RequestContext(
             key=key, stream=bool(scalar(get, "stream")), stop_words=strings(get, "stop_words") or [],
             segment=scalar(get, "segment") or "token", return_log_probs=bool(scalar(get, "return_log_probs")),

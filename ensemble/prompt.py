@@ -30,12 +30,31 @@ class PromptConfig:
     # The engine's limit when smaller than the model's max_position_embeddings.
     max_context: int | None = None
     max_messages: int = 1024
+    # Byte bounds checked before any parsing or tokenizing (a megabyte takes
+    # seconds to tokenize). None derives them from the context: BYTES_PER_TOKEN
+    # bytes per context token for `text_input` (plain text is never cut), and
+    # MESSAGES_BYTES_FACTOR times that for `messages` (old turns may be dropped).
+    max_text_input_bytes: int | None = None
+    max_messages_bytes: int | None = None
+    # [ {"role", "content"} ] is 2 deep; the margin leaves room for content parts
+    max_messages_depth: int = 8
 
     def __post_init__(self) -> None:
         if self.max_context is not None and self.max_context < 2:
             raise ValueError(f"max_context must be >= 2, got {self.max_context}")
-        if self.max_messages < 1:
-            raise ValueError(f"max_messages must be >= 1, got {self.max_messages}")
+        for name in ("max_messages", "max_messages_depth"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_text_input_bytes", "max_messages_bytes"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 (or None to derive it), got {value}")
+
+
+# Natural text averages 3-5 bytes per token (English, code, CJK alike); only
+# contrived text (long runs of one character) packs more into a token.
+BYTES_PER_TOKEN = 16
+MESSAGES_BYTES_FACTOR = 4
 
 
 @dataclass(frozen=True)
@@ -50,12 +69,28 @@ class BuiltPrompt:
         return len(self.input_ids)
 
 
-def parse_messages(messages_json: str) -> list[dict[str, Any]]:
+def _depth(value: Any) -> int:
+    """Nesting depth of parsed JSON (iterative: the input is untrusted)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def parse_messages(messages_json: str, max_depth: int = PromptConfig.max_messages_depth) -> list[dict[str, Any]]:
     """Validate the ``messages`` input: a JSON array of {role, content} objects."""
+    too_deep = f"nested deeper than {max_depth} levels"
     try:
         messages = json.loads(messages_json)
     except json.JSONDecodeError as exc:
         raise InvalidInputError("messages", f"not valid JSON ({exc.msg} at position {exc.pos})") from None
+    except RecursionError:   # the C decoder's own guard, far past any bound we allow
+        raise InvalidInputError("messages", too_deep) from None
+    if _depth(messages) > max_depth:
+        raise InvalidInputError("messages", too_deep)
     if not isinstance(messages, list):
         raise InvalidInputError("messages", "must be a JSON array of {\"role\", \"content\"} objects")
     if not messages:
@@ -96,6 +131,12 @@ def _last_user(messages: list[dict[str, Any]]) -> int:
     return max(i for i, m in enumerate(messages) if m["role"] == "user")
 
 
+def _check_size(field: str, text: str, limit: int) -> None:
+    # a cheap bound first (a character is at most 4 bytes), the exact count only near the limit
+    if len(text) * 4 > limit and (size := len(text.encode("utf-8"))) > limit:
+        raise InvalidInputError(field, f"{size} bytes; at most {limit}")
+
+
 class PromptBuilder:
     """Turns one request's text inputs into prompt ids; shared by all requests."""
 
@@ -110,6 +151,9 @@ class PromptBuilder:
         self.max_context = max_context
         self._template = (ChatTemplate(info.chat_template, info.special_tokens)
                           if info.chat_template is not None else None)
+        self.max_text_input_bytes = self._config.max_text_input_bytes or BYTES_PER_TOKEN * max_context
+        self.max_messages_bytes = (self._config.max_messages_bytes
+                                   or MESSAGES_BYTES_FACTOR * self.max_text_input_bytes)
 
     def build(self, text_input: str | None, messages_json: str | None, max_tokens: int) -> BuiltPrompt:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
@@ -120,9 +164,11 @@ class PromptBuilder:
         if messages_json:
             if text_input:
                 raise InvalidInputError("text_input", "must be empty when messages is given")
+            _check_size("messages", messages_json, self.max_messages_bytes)
             return self._build_chat(messages_json, max_tokens)
         if not text_input:
             raise InvalidInputError("text_input", "must not be empty (or give messages)")
+        _check_size("text_input", text_input, self.max_text_input_bytes)
         ids = self._info.tokenizer.encode(text_input, add_special_tokens=True).ids
         if len(ids) + max_tokens > self.max_context:
             raise InvalidInputError("text_input", f"prompt of {len(ids)} tokens + max_tokens {max_tokens} "
@@ -143,7 +189,7 @@ class PromptBuilder:
         return self._info.tokenizer.encode(self.render(messages), add_special_tokens=False).ids
 
     def _build_chat(self, messages_json: str, max_tokens: int) -> BuiltPrompt:
-        messages = parse_messages(messages_json)
+        messages = parse_messages(messages_json, self._config.max_messages_depth)
         if len(messages) > self._config.max_messages:
             raise InvalidInputError("messages", f"{len(messages)} messages; at most {self._config.max_messages}")
         budget = self.max_context - max_tokens

@@ -27,13 +27,16 @@ class ReturnFlags:
 
 
 def public_output_arrays(text: str, finish_reason: str | None, llm: LLMResponse,
-                         flags: ReturnFlags) -> dict[str, np.ndarray]:
-    """Arrays with the batch dimension; what is not asked for is empty/zero."""
+                         flags: ReturnFlags, request_key: str) -> dict[str, np.ndarray]:
+    """Arrays with the batch dimension; what is not asked for is empty/zero.
+    Every response carries the request key, so a caller that let the server
+    mint it can still stop the request."""
     times = llm.times_ns if flags.perf_metrics and llm.times_ns else (0, 0, 0)
     want_lp = flags.log_probs and llm.cum_log_probs is not None
     return {
         "text_output": np.asarray([[text.encode()]], dtype=np.object_),
         "finish_reason": np.asarray([[(finish_reason or "").encode()]], dtype=np.object_),
+        "request_key": np.asarray([[request_key.encode()]], dtype=np.object_),
         "num_input_tokens": np.asarray([[llm.num_input_tokens]], dtype=np.int32),
         "num_output_tokens": np.asarray([[len(llm.token_ids)]], dtype=np.int32),
         "output_ids": np.asarray([llm.token_ids if flags.output_ids else []], dtype=np.int32),

@@ -31,9 +31,22 @@ class TextStageSettings:
     def tokenizer_info(self) -> TokenizerInfo:
         return load_tokenizer_info(self.parameters["model_dir"])
 
+    @property
+    def llm_model_name(self) -> str:
+        """The LLM step the text stages call (requests, stops)."""
+        return self.parameters.get("llm_model_name") or "python_llm"
+
+    def _optional_int(self, name: str) -> int | None:
+        value = int(self.parameters.get(name) or 0)
+        return value or None      # 0 or absent: derived by the consumer
+
     def request_builder(self) -> LLMRequestBuilder:
         prompts = PromptBuilder(self.tokenizer_info, PromptConfig(
-            default_system_prompt=self.parameters.get("default_system_prompt") or None))
+            default_system_prompt=self.parameters.get("default_system_prompt") or None,
+            max_messages=int(self.parameters.get("max_messages") or PromptConfig.max_messages),
+            max_messages_depth=int(self.parameters.get("max_messages_depth") or PromptConfig.max_messages_depth),
+            max_text_input_bytes=self._optional_int("max_text_input_bytes"),
+            max_messages_bytes=self._optional_int("max_messages_bytes")))
         limits = RequestLimits(default_max_tokens=int(self.parameters.get("default_max_tokens", "128")),
                                max_tokens_limit=int(self.parameters.get("max_tokens_limit", "4096")))
         return LLMRequestBuilder(self.tokenizer_info, prompts, limits)

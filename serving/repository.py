@@ -11,6 +11,9 @@ import string
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ensemble.prompt import PromptConfig
+
+from .model_config_blocks import config_blocks
 from .paths import REPO_ROOT
 
 TEMPLATE_NAME = "config.pbtxt.template"
@@ -45,6 +48,11 @@ class DeploymentSettings:
     postprocessing_instances: int = 1
     default_system_prompt: str = ""
     content_filter_rules: str = ""          # path to a JSON rules file, or empty
+    # request bounds checked before parsing / tokenizing (0: derived from the context)
+    max_text_input_bytes: int = 0
+    max_messages_bytes: int = 0
+    max_messages: int = PromptConfig.max_messages
+    max_messages_depth: int = PromptConfig.max_messages_depth
     extra: dict[str, str] = field(default_factory=dict)
 
     def template_values(self) -> dict[str, str]:
@@ -63,7 +71,8 @@ def _pbtxt_value(value: object) -> str:
 def render_repository(settings: DeploymentSettings, target: Path,
                       source: Path = REPO_ROOT / "model_repository") -> Path:
     """Copy `source` to `target`, rendering every config template."""
-    values = settings.template_values()
+    # generated blocks go in verbatim; setting values are escaped for "..." strings
+    values = {**settings.template_values(), **config_blocks()}
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for template in target.glob(f"*/{TEMPLATE_NAME}"):

@@ -19,7 +19,7 @@ from python_llm.engine.engine import LLMEngine
 from python_llm.engine.errors import (DuplicateRequestError, EngineDeadError, InvalidRequestError,
                                       OverloadedError)
 from python_llm.engine.outputs import RequestOutput
-from python_llm.request_inputs import parse_llm_request
+from python_llm.request_inputs import STOP_NEEDS_KEY, STOP_UNKNOWN_KEY, mint_request_key, parse_llm_request
 from python_llm.response_tensors import output_arrays
 from python_llm.stream_registry import LiveStream, StreamRegistry
 from python_llm.triton_metrics import TritonMetrics
@@ -70,11 +70,12 @@ class TritonPythonModel:
         try:
             parsed = parse_llm_request(tensors, self.config, self.eos_token_ids)
             if parsed.stop:
-                self._stop(sender, parsed.request_key or client_id)
+                self._stop(sender, parsed.request_key, client_id)
                 return
-            engine_id = parsed.request_key or client_id or uuid.uuid4().hex
-            stream = LiveStream(engine_id, client_id, sender, parsed.streaming, parsed.prompt_token_ids,
-                                parsed.exclude_input_in_output, parsed.context)
+            engine_id = uuid.uuid4().hex
+            stream = LiveStream(engine_id, parsed.request_key or mint_request_key(), client_id, sender,
+                                parsed.streaming, parsed.prompt_token_ids, parsed.exclude_input_in_output,
+                                parsed.context)
             self.registry.register(stream)
             self.engine.add_request(engine_id, parsed.prompt_token_ids, parsed.sampling,
                                     priority=parsed.priority, on_output=self._on_output)
@@ -86,14 +87,20 @@ class TritonPythonModel:
             else:
                 sender.send(error, flags=FINAL)
 
-    def _stop(self, sender, name: str | None) -> None:
-        engine_id = self.registry.resolve(name) if name else None
-        if engine_id is None:
-            sender.send(pb_utils.InferenceResponse(
-                error=pb_utils.TritonError(f"stop: unknown request id {name!r}")), flags=FINAL)
+    def _stop(self, sender, key: str | None, client_id: str | None) -> None:
+        """Only the request's key stops it: a stop by request id alone, or with
+        a wrong key, changes nothing and says so."""
+        if key is None:
+            refusal = STOP_NEEDS_KEY
+        elif (engine_id := self.registry.engine_id_for_key(key)) is None:
+            refusal = STOP_UNKNOWN_KEY
+        else:
+            self.engine.abort(engine_id, "cancelled")
+            sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=FINAL)
             return
-        self.engine.abort(engine_id, "cancelled")
-        sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=FINAL)
+        log.info("stop refused: %s", {"request_id": client_id, "reason": refusal})
+        sender.send(pb_utils.InferenceResponse(
+            error=pb_utils.TritonError(refusal, pb_utils.TritonError.INVALID_ARG)), flags=FINAL)
 
     # -- engine thread -------------------------------------------------------
     def _on_output(self, out: RequestOutput) -> None:
@@ -126,14 +133,15 @@ class TritonPythonModel:
             self._send(stream, self._response(stream, out, ids, stream.pending_logprobs or None), FINAL)
 
     def _response(self, stream: LiveStream, out: RequestOutput, ids: list[int], logprobs: list[float] | None):
-        arrays = output_arrays(out, ids, logprobs, stream.context)
+        arrays = output_arrays(out, ids, logprobs, stream.context, stream.key)
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()])
 
     def _send(self, stream: LiveStream, response, flags: int) -> None:
         try:
             stream.send(response, flags, final=bool(flags & FINAL))
         except Exception as exc:  # the client is gone: stop spending work on it
-            log.info("send failed, aborting request: %s", {"request": stream.engine_id, "error": str(exc)})
+            log.info("send failed, aborting request: %s", {"request_id": stream.client_id,
+                                                           "engine_id": stream.engine_id, "error": str(exc)})
             self.registry.remove(stream.engine_id)
             self.engine.abort(stream.engine_id, "cancelled")
 

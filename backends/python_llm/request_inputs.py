@@ -8,9 +8,16 @@ from typing import Mapping
 
 import numpy as np
 
+from ensemble.errors import InvalidInputError
+from ensemble.request_key import mint_request_key, parse_request_key
+
 from .engine.config import EngineConfig
 from .engine.sampling_params import InvalidRequestError, SamplingParams
 
+__all__ = ["LLMRequest", "STOP_NEEDS_KEY", "STOP_UNKNOWN_KEY", "mint_request_key", "parse_llm_request"]
+
+STOP_NEEDS_KEY = "request_key: required to stop a request (a stop by request id alone is not accepted)"
+STOP_UNKNOWN_KEY = "stop: no live request has this request_key (unknown request or already finished)"
 
 
 @dataclass
@@ -81,8 +88,10 @@ def parse_word_list(array: np.ndarray | None, name: str) -> list[list[int]]:
 def parse_llm_request(tensors: Mapping[str, np.ndarray], config: EngineConfig,
                       eos_token_ids: list[int]) -> LLMRequest:
     stop = bool(_scalar(tensors, "stop", False))
-    request_key = _scalar(tensors, "request_key", None)
-    request_key = str(request_key) if request_key else None
+    try:
+        request_key = parse_request_key(_scalar(tensors, "request_key", None))
+    except InvalidInputError as exc:
+        raise InvalidRequestError(str(exc)) from None
     if stop:
         return LLMRequest([], SamplingParams(), 0, False, True, request_key, True)
 

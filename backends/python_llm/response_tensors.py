@@ -8,9 +8,10 @@ from .engine.outputs import RequestOutput
 
 
 def output_arrays(out: RequestOutput, token_ids: list[int], logprobs: list[float] | None,
-                  context: bytes = b"") -> dict[str, np.ndarray]:
+                  context: bytes, request_key: str) -> dict[str, np.ndarray]:
     """`token_ids` are the ids this response carries (the delta when streaming,
-    everything otherwise). Every array has a leading batch dimension of 1."""
+    everything otherwise). Every array has a leading batch dimension of 1. The
+    request key is echoed so a direct caller that sent none learns the minted one."""
     return {
         "output_ids": np.asarray([[token_ids]], dtype=np.int32),                    # [1, beam, tokens]
         "sequence_length": np.asarray([[out.num_output_tokens]], dtype=np.int32),    # [1, beam]
@@ -22,4 +23,5 @@ def output_arrays(out: RequestOutput, token_ids: list[int], logprobs: list[float
         "first_token_time_ns": np.asarray([[out.first_token_time_ns or 0]], dtype=np.int64),
         "last_token_time_ns": np.asarray([[out.last_token_time_ns or 0]], dtype=np.int64),
         "request_context": np.asarray([[context]], dtype=np.object_),
+        "request_key": np.asarray([[request_key.encode()]], dtype=np.object_),
     }

@@ -1,9 +1,10 @@
 """Live requests of the LLM step: who answers them, under which names.
 
-A request has one engine id (the request key minted by `preprocessing`, else
-the client's Triton request id, else a fresh uuid) and maybe a client id (the
-Triton request id). A `stop` names either. Shared by Triton's execute thread,
-the engine loop thread and the cancellation watcher, hence the lock.
+A request has an engine id (minted here, never shown), a request key (the
+caller's secret, see `ensemble/request_key.py`) and maybe a client id (the
+Triton request id, which only names it in logs). A `stop` must name the key:
+request ids are chosen by clients and guessable. Shared by Triton's execute
+thread and the engine loop thread, hence the lock.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from .engine.errors import DuplicateRequestError
 @dataclass
 class LiveStream:
     engine_id: str
+    key: str
     client_id: str | None
     sender: Any                      # pb_utils.InferenceResponseSender (duck-typed for tests)
     streaming: bool
@@ -29,7 +31,7 @@ class LiveStream:
     pending_logprobs: list[float] = field(default_factory=list)
     # Serializes the sender's calls across threads. Once the final response
     # is sent Triton frees the response factory, and `is_cancelled()` on it
-    # from the watcher thread then crashes tritonserver (SIGSEGV in
+    # then crashes tritonserver (SIGSEGV in
     # TRITONBACKEND_ResponseFactoryIsCancelled, seen at 64 concurrent streams).
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     closed: bool = False             # the final response was sent; never touch the sender again
@@ -49,14 +51,18 @@ class StreamRegistry:
         self._lock = threading.Lock()
         self._by_engine_id: dict[str, LiveStream] = {}
         self._by_client_id: dict[str, str] = {}
+        self._by_key: dict[str, str] = {}
 
     def register(self, stream: LiveStream) -> None:
         with self._lock:
             if stream.engine_id in self._by_engine_id:
-                raise DuplicateRequestError(f"request id: {stream.engine_id!r} is already running")
+                raise DuplicateRequestError(f"request id: engine id {stream.engine_id!r} is already running")
             if stream.client_id is not None and stream.client_id in self._by_client_id:
                 raise DuplicateRequestError(f"request id: {stream.client_id!r} is already running")
+            if stream.key in self._by_key:   # never echo a key in an error
+                raise DuplicateRequestError("request_key: already used by a live request")
             self._by_engine_id[stream.engine_id] = stream
+            self._by_key[stream.key] = stream.engine_id
             if stream.client_id is not None:
                 self._by_client_id[stream.client_id] = stream.engine_id
 
@@ -64,18 +70,18 @@ class StreamRegistry:
         with self._lock:
             return self._by_engine_id.get(engine_id)
 
-    def resolve(self, name: str) -> str | None:
-        """Engine id for a client id or an engine id; None when unknown."""
+    def engine_id_for_key(self, key: str) -> str | None:
+        """The live request this key belongs to; None when none does."""
         with self._lock:
-            if name in self._by_engine_id:
-                return name
-            return self._by_client_id.get(name)
+            return self._by_key.get(key)
 
     def remove(self, engine_id: str) -> LiveStream | None:
         with self._lock:
             stream = self._by_engine_id.pop(engine_id, None)
-            if stream is not None and stream.client_id is not None:
-                self._by_client_id.pop(stream.client_id, None)
+            if stream is not None:
+                self._by_key.pop(stream.key, None)
+                if stream.client_id is not None:
+                    self._by_client_id.pop(stream.client_id, None)
             return stream
 
     @staticmethod

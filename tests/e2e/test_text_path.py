@@ -3,6 +3,7 @@ entry points (`ensemble` and `llm_bls`), over SSE and gRPC."""
 from __future__ import annotations
 
 import json
+import secrets
 import threading
 import time
 import uuid
@@ -297,9 +298,9 @@ def test_cancellation_frees_the_engine_on_both_entry_points(triton_server):
         return grpc_stream_cancelled(triton_server.grpc_url, "llm_bls", body, on_first, go)
 
     def ensemble_stop(on_first, go):
-        with_id = {**body, "id": f"cancel-{uuid.uuid4().hex}"}
-        return sse_stream_cancelled(triton_server.http_url, "ensemble", with_id, on_first, go,
-                                    send_stop_for_id=True)
+        with_key = {**body, "id": f"cancel-{uuid.uuid4().hex}", "request_key": secrets.token_urlsafe(24)}
+        return sse_stream_cancelled(triton_server.http_url, "ensemble", with_key, on_first, go,
+                                    send_stop_for_key=True)
 
     _cancel_wave(triton_server, [sse_disconnect] * 25 + [grpc_cancel] * 25, "llm_bls")
     results = _cancel_wave(triton_server, [ensemble_stop] * 50, "ensemble")

@@ -204,19 +204,25 @@ def stream_num_output_tokens(result: StreamResult) -> int:
     return sum(event_num_output_tokens(event) for event in result.events)
 
 
-def send_stop(http_url: str, request_id: str, model: str = "python_llm", timeout: float = 30.0) -> httpx.Response:
-    """Stop a request by its client id, as TensorRT-LLM clients do (`generate`,
-    since Triton's `infer` refuses decoupled models)."""
-    body = {"input_ids": [0], "input_lengths": [1], "request_output_len": [1], "stop": True, "id": request_id}
+def send_stop(http_url: str, request_key: str | None = None, request_id: str | None = None,
+              model: str = "python_llm", timeout: float = 30.0) -> httpx.Response:
+    """A `stop` to the LLM step (through `generate`, since Triton's `infer`
+    refuses decoupled models): by the request key, and/or by the Triton
+    request id as TensorRT-LLM clients do (which this stack refuses)."""
+    body: dict[str, Any] = {"input_ids": [0], "input_lengths": [1], "request_output_len": [1], "stop": True}
+    if request_key is not None:
+        body["request_key"] = request_key
+    if request_id is not None:
+        body["id"] = request_id
     return httpx.post(f"{http_url}/v2/models/{model}/generate", json=body, timeout=timeout)
 
 
 def sse_stream_cancelled(http_url: str, model: str, body: dict[str, Any], on_first: Callable[[], None],
-                         go: threading.Event, send_stop_for_id: bool = False,
+                         go: threading.Event, send_stop_for_key: bool = False,
                          timeout: float = 120.0) -> StreamResult:
     """Read the first event, call `on_first`, wait for `go`, then cancel: by
-    closing the connection, or (`send_stop_for_id`) by sending `stop` for
-    body["id"] and reading the stream to its end."""
+    closing the connection, or (`send_stop_for_key`) by sending `stop` with
+    body["request_key"] and reading the stream to its end."""
     result = StreamResult()
     with httpx.Client(timeout=timeout) as client:
         with connect_sse(client, "POST", f"{http_url}/v2/models/{model}/generate_stream", json=body) as source:
@@ -228,9 +234,9 @@ def sse_stream_cancelled(http_url: str, model: str, body: dict[str, Any], on_fir
             on_first()
             if not go.wait(timeout):
                 raise TimeoutError("cancel signal never came")
-            if not send_stop_for_id:
+            if not send_stop_for_key:
                 return result      # leaving the with-blocks closes the connection
-            stop = send_stop(http_url, body["id"])
+            stop = send_stop(http_url, body["request_key"])
             if stop.status_code != 200:
                 result.error = f"stop answered {stop.status_code}: {stop.text}"
                 return result

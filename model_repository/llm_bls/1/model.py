@@ -10,6 +10,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ensemble.bls_flow import BLSCallbacks, LLMStepError, run_bls_request
+from ensemble.llm_stop import stop_inputs
 from ensemble.public_outputs import LLMResponse
 from ensemble.shared_state import InProcessStateStore
 from ensemble.stage_settings import TextStageSettings
@@ -48,7 +49,7 @@ class TritonPythonModel:
         # one request = one thread here, so stream state never leaves it
         self.post = StreamPostprocessor(settings.tokenizer_info.tokenizer, InProcessStateStore(),
                                         settings.content_filter())
-        self.llm_model = settings.parameters.get("llm_model_name", "python_llm")
+        self.llm_model = settings.llm_model_name
         self.pool = ThreadPoolExecutor(max_workers=int(settings.parameters.get("max_concurrent_requests", "256")),
                                        thread_name_prefix="llm_bls")
 
@@ -77,9 +78,7 @@ class TritonPythonModel:
 
         def stop_llm(key: str) -> None:
             stop = pb_utils.InferenceRequest(model_name=self.llm_model, requested_output_names=[], inputs=[
-                pb_utils.Tensor("input_ids", np.zeros((1, 1), dtype=np.int32)),
-                pb_utils.Tensor("stop", np.ones((1, 1), dtype=np.bool_)),
-                pb_utils.Tensor("request_key", np.asarray([[key.encode()]], dtype=np.object_))])
+                pb_utils.Tensor(name, value) for name, value in stop_inputs(key).items()])
             for response in stop.exec(decoupled=True):
                 if response.has_error():
                     log.info("stop: %s", response.error().message())

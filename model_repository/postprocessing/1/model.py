@@ -7,22 +7,19 @@ import hashlib
 import logging
 import os
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ensemble.errors import InvalidInputError
 from ensemble.llm_request import scalar
+from ensemble.llm_stop import stop_inputs
 from ensemble.public_outputs import LLMResponse, ReturnFlags, public_output_arrays
+from ensemble.public_tensors import postprocessing_output_name
 from ensemble.request_context import RequestContext
 from ensemble.shared_state import InProcessStateStore, SqliteStateStore, StreamOrderError
 from ensemble.stage_settings import TextStageSettings
 from ensemble.stream_postprocessor import LLMDelta, StreamPostprocessor
 
 log = logging.getLogger("postprocessing")
-# public outputs whose names this model also takes as inputs carry a suffix
-# here; the ensemble maps them back to the public names
-RENAMED = {"finish_reason", "num_input_tokens", "cum_log_probs", "output_log_probs", "output_ids",
-           "arrival_time_ns", "first_token_time_ns", "last_token_time_ns"}
 
 
 def _state_store(args: dict, instances: int):
@@ -37,6 +34,7 @@ def _state_store(args: dict, instances: int):
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         settings = TextStageSettings.from_model_config(args["model_config"])
+        self.llm_model = settings.llm_model_name
         self.steps = StreamPostprocessor(settings.tokenizer_info.tokenizer,
                                          _state_store(args, settings.instance_count), settings.content_filter())
 
@@ -70,19 +68,17 @@ class TritonPythonModel:
             self._stop_engine(key)
         flags = ReturnFlags(log_probs=context.return_log_probs, perf_metrics=context.return_perf_metrics,
                             output_ids=context.return_output_ids)
-        arrays = public_output_arrays(result.text, result.finish_reason, llm, flags)
+        arrays = public_output_arrays(result.text, result.finish_reason, llm, flags, key)
         return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor(f"{name}_out" if name in RENAMED else name, value) for name, value in arrays.items()])
+            pb_utils.Tensor(postprocessing_output_name(name), value) for name, value in arrays.items()])
 
     def _stop_engine(self, key: str) -> None:
         """A stop string or filter ended the stream: free the engine request now."""
-        inputs = [pb_utils.Tensor("input_ids", np.zeros((1, 1), dtype=np.int32)),
-                  pb_utils.Tensor("stop", np.ones((1, 1), dtype=np.bool_)),
-                  pb_utils.Tensor("request_key", np.asarray([[key.encode()]], dtype=np.object_))]
-        request = pb_utils.InferenceRequest(model_name="python_llm", inputs=inputs, requested_output_names=[])
+        inputs = [pb_utils.Tensor(name, value) for name, value in stop_inputs(key).items()]
+        request = pb_utils.InferenceRequest(model_name=self.llm_model, inputs=inputs, requested_output_names=[])
         try:
             for response in request.exec(decoupled=True):
                 if response.has_error():
                     log.info("stop after text-stage finish: %s", response.error().message())
         except Exception as exc:  # best effort: max_tokens and the token timeout still bound it
-            log.warning("could not stop engine request %s: %s", key, exc)
+            log.warning("could not stop an engine request: %s", exc)

@@ -10,6 +10,9 @@ from python_llm.engine.config import ConfigError
 from python_llm.engine.errors import DuplicateRequestError
 from python_llm.engine.sampling_params import InvalidRequestError
 from python_llm.request_inputs import parse_llm_request, parse_word_list
+
+KEY_1 = "k" * 32
+KEY_2 = "Zz_-" * 8
 from python_llm.stream_registry import LiveStream, StreamRegistry
 
 
@@ -38,19 +41,30 @@ def test_inputs_become_an_engine_request():
     tensors = {"input_ids": np.array([[1, 2, 3, 4]], dtype=np.int32), "input_lengths": np.array([[3]]),
                "request_output_len": np.array([[9]]), "temperature": np.array([[0.0]], dtype=np.float32),
                "end_id": np.array([[-1]]), "streaming": np.array([[True]]),
-               "request_key": np.array([[b"k1"]], dtype=object)}
+               "request_key": np.array([[KEY_1.encode()]], dtype=object)}
     request = parse_llm_request(tensors, config, eos_token_ids=[2, 7])
     assert request.prompt_token_ids == [1, 2, 3]
     assert request.sampling.max_tokens == 9 and request.sampling.greedy
     assert request.sampling.stop_token_ids == [2, 7]          # -1: all of the model's EOS ids
-    assert request.streaming and request.request_key == "k1"
+    assert request.streaming and request.request_key == KEY_1
     with pytest.raises(InvalidRequestError, match="max_tokens"):
         parse_llm_request({**tensors, "request_output_len": np.array([[101]])}, config, [2])
     with pytest.raises(InvalidRequestError, match="input_ids"):
         parse_llm_request({}, config, [2])
-    stop = parse_llm_request({"stop": np.array([[True]]), "request_key": np.array([[b"k1"]], dtype=object)},
+    stop = parse_llm_request({"stop": np.array([[True]]), "request_key": np.array([[KEY_1.encode()]], dtype=object)},
                              config, [2])
-    assert stop.stop and stop.request_key == "k1"
+    assert stop.stop and stop.request_key == KEY_1
+    assert parse_llm_request({"stop": np.array([[True]])}, config, [2]).request_key is None
+
+
+@pytest.mark.parametrize("key", [b"k1", b"x" * 31, b"x" * 129, b"spaces are not allowed in a key ok", "é".encode() * 32])
+def test_a_malformed_request_key_is_refused_naming_it(key):
+    config = engine_config_from_parameters({"model_dir": "/m"})
+    tensors = {"input_ids": np.array([[1, 2]], dtype=np.int32), "request_key": np.array([[key]], dtype=object)}
+    with pytest.raises(InvalidRequestError, match="^request_key: must be 32 to 128 characters"):
+        parse_llm_request(tensors, config, [2])
+    with pytest.raises(InvalidRequestError, match="^request_key: "):
+        parse_llm_request({**tensors, "stop": np.array([[True]])}, config, [2])
 
 
 class FakeSender:
@@ -68,11 +82,16 @@ class FakeSender:
 def test_registry_names_cancels_and_closes_streams():
     registry = StreamRegistry()
     sender = FakeSender()
-    stream = LiveStream("engine-1", "client-1", sender, True, [1], True)
+    stream = LiveStream("engine-1", KEY_1, "client-1", sender, True, [1], True)
     registry.register(stream)
-    with pytest.raises(DuplicateRequestError):
-        registry.register(LiveStream("engine-2", "client-1", FakeSender(), True, [1], True))
-    assert registry.resolve("client-1") == registry.resolve("engine-1") == "engine-1"
+    with pytest.raises(DuplicateRequestError, match="^request id: 'client-1' is already running"):
+        registry.register(LiveStream("engine-2", KEY_2, "client-1", FakeSender(), True, [1], True))
+    with pytest.raises(DuplicateRequestError, match="^request_key: already used") as refused:
+        registry.register(LiveStream("engine-3", KEY_1, "client-3", FakeSender(), True, [1], True))
+    assert KEY_1 not in str(refused.value)                   # a refusal never echoes a key
+    assert registry.engine_id_for_key(KEY_1) == "engine-1"
+    # the request id and the engine id are not credentials
+    assert registry.engine_id_for_key("client-1") is None and registry.engine_id_for_key("engine-1") is None
     assert not registry.is_newly_cancelled(stream)
     sender.cancelled = True
     assert registry.is_newly_cancelled(stream)
@@ -81,4 +100,5 @@ def test_registry_names_cancels_and_closes_streams():
     stream.send("after", 0, final=False)                     # never touches a closed sender
     assert sender.sent == [("last", 1)]
     registry.remove("engine-1")
-    assert registry.resolve("client-1") is None and len(registry) == 0
+    assert registry.engine_id_for_key(KEY_1) is None and len(registry) == 0
+    registry.register(LiveStream("engine-4", KEY_1, "client-1", FakeSender(), True, [1], True))  # both free again

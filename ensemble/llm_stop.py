@@ -1,0 +1,15 @@
+"""The `stop` request to the LLM step, as the text stages send it: by the
+request key (the LLM step refuses a stop by request id alone)."""
+from __future__ import annotations
+
+import numpy as np
+
+
+def stop_inputs(request_key: str) -> dict[str, np.ndarray]:
+    """Inputs of a stop for the request with this key (batch dimension first);
+    `input_ids` because the LLM step declares it required."""
+    return {
+        "input_ids": np.zeros((1, 1), dtype=np.int32),
+        "stop": np.ones((1, 1), dtype=np.bool_),
+        "request_key": np.asarray([[request_key.encode()]], dtype=np.object_),
+    }

@@ -1,0 +1,52 @@
+"""Generated parts of the `config.pbtxt` templates: the public tensor lists and
+the ensemble's wiring of them, rendered from `ensemble.public_tensors` so the
+list is written once (not in each of `ensemble`, `llm_bls` and `preprocessing`)."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from ensemble.public_tensors import (PUBLIC_INPUTS, PUBLIC_OUTPUTS, TensorSpec, ensemble_output_name,
+                                     postprocessing_output_name)
+
+_INDENT = "  "
+
+
+def _tensor(spec: TensorSpec, optional: bool) -> str:
+    dims = ", ".join(str(d) for d in spec.dims)
+    return (f'{{ name: "{spec.name}" data_type: {spec.data_type} dims: [ {dims} ]'
+            f'{" optional: true" if optional else ""} }}')
+
+
+def tensor_list(specs: Iterable[TensorSpec], optional: bool) -> str:
+    return ",\n".join(_INDENT + _tensor(spec, optional) for spec in specs)
+
+
+def input_map(pairs: Iterable[tuple[str, str]], indent: int = 3) -> str:
+    """`input_map` lines of an ensemble step: (the step's input, the ensemble tensor)."""
+    pad = _INDENT * indent
+    return "\n".join(f'{pad}input_map {{ key: "{key}" value: "{value}" }}' for key, value in pairs).lstrip()
+
+
+def output_map(pairs: Iterable[tuple[str, str]], indent: int = 3) -> str:
+    """`output_map` lines of an ensemble step: (the step's output, the ensemble tensor)."""
+    pad = _INDENT * indent
+    return "\n".join(f'{pad}output_map {{ key: "{key}" value: "{value}" }}' for key, value in pairs).lstrip()
+
+
+def config_blocks() -> dict[str, str]:
+    """Template placeholders → generated pbtxt text (inserted verbatim)."""
+    return {
+        # every public input is optional: the text stages name what is missing (HTTP 400)
+        "public_inputs": tensor_list(PUBLIC_INPUTS, optional=True),
+        "public_outputs": tensor_list(PUBLIC_OUTPUTS, optional=False),
+        "ensemble_public_outputs": tensor_list(
+            (dataclasses.replace(t, name=ensemble_output_name(t.name)) for t in PUBLIC_OUTPUTS), optional=False),
+        # preprocessing sees every public input, so any request reaches the stage
+        # that validates it (a request of only `temperature` would otherwise give
+        # the preprocessing step no input at all, a Triton-internal error)
+        "preprocessing_input_map": input_map((t.name, t.name) for t in PUBLIC_INPUTS),
+        "postprocessing_output_map": output_map(
+            (postprocessing_output_name(t.name), ensemble_output_name(t.name)) for t in PUBLIC_OUTPUTS),
+        "llm_public_input_map": input_map((t.llm_input, t.name) for t in PUBLIC_INPUTS if t.llm_input),
+    }
