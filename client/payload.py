@@ -110,7 +110,9 @@ def event_from_outputs(outputs: Mapping[str, Any], received_s: float, final: boo
         perf_ns={name: int(_flat(outputs[name])[0]) for name in _PERF_OUTPUTS if _flat(outputs.get(name))},
         final=final,
         received_s=received_s,
-        request_key=_text(outputs.get("request_key")) or None,
+        # `ensemble` echoes it as request_key_out (a Triton ensemble cannot have an
+        # input and an output of one name), `llm_bls` as request_key
+        request_key=_text(outputs.get("request_key") or outputs.get("request_key_out")) or None,
     )
 
 

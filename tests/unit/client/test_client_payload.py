@@ -54,6 +54,7 @@ def test_request_key_is_a_bytes_input_and_an_echoed_output():
     echoed = np.array([[KEY.encode()]], dtype=np.object_)
     assert event_from_outputs({"text_output": "a", "request_key": echoed}, 0.0).request_key == KEY
     assert event_from_outputs({"text_output": "a", "request_key": KEY}, 0.0).request_key == KEY
+    assert event_from_outputs({"text_output": "a", "request_key_out": KEY}, 0.0).request_key == KEY  # ensemble
     assert event_from_outputs({"text_output": "a"}, 0.0).request_key is None
 
 
