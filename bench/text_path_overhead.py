@@ -205,9 +205,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from serving.default_model import ensure_default_model
     from serving.launcher import LaunchOptions, TritonServer, free_local_ports
-    from serving.repository import DeploymentSettings
+    from serving.settings import DeploymentSettings
 
-    settings = DeploymentSettings(model_dir=str(ensure_default_model()),
+    settings = DeploymentSettings.load(environ={}, model_dir=str(ensure_default_model()),
                                   postprocessing_instances=args.postprocessing_instances,
                                   max_queue_size=max(256, 2 * args.concurrency))
     http, grpc, metrics = free_local_ports(3)

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 from tritonclient.utils import np_to_triton_dtype
 
 from serving.launcher import LaunchOptions, TritonServer, free_local_ports
-from serving.repository import DeploymentSettings
+from serving.settings import DeploymentSettings
 
 from .engine_offline import EngineBenchSettings
 from .progress import progress_bar
@@ -118,8 +118,8 @@ async def _run_all(grpc_url: str, texts: list[str], workload: list[BenchRequest]
 def run_triton_ensemble(settings: TritonBenchSettings, workload: list[BenchRequest]) -> MethodResult:
     tokenizer = Tokenizer.from_file(str(Path(settings.model_dir) / "tokenizer.json"))
     texts = [tokenizer.decode(list(r.prompt_ids), skip_special_tokens=False) for r in workload]
-    deployment = DeploymentSettings(
-        model_dir=settings.model_dir, dtype=settings.dtype, max_num_seqs=settings.max_num_seqs,
+    deployment = DeploymentSettings.load(
+        environ={}, model_dir=settings.model_dir, dtype=settings.dtype, max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens, max_tokens_in_paged_kv_cache=settings.kv_tokens,
         num_threads=settings.num_threads, max_queue_size=max(256, 2 * len(workload)),
         postprocessing_instances=settings.postprocessing_instances)

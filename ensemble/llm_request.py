@@ -22,8 +22,11 @@ Getter = Callable[[str], "np.ndarray | None"]
 
 @dataclass(frozen=True)
 class RequestLimits:
-    default_max_tokens: int = 128
-    max_tokens_limit: int = 4096
+    """The engine's own `default_max_tokens` and `max_tokens_limit` (rendered
+    into the text stages' configs from the engine settings): the text stages
+    must agree with the engine, so they hold no defaults of their own."""
+    default_max_tokens: int
+    max_tokens_limit: int
 
 
 def strings(get: Getter, name: str) -> list[str] | None:
@@ -56,10 +59,7 @@ class LLMRequestBuilder:
             raise InvalidInputError("text_input", "required")
         key = adopt_or_mint(scalar(get, "request_key"))
         messages = strings(get, "messages")
-        max_tokens = scalar(get, "max_tokens")
-        max_tokens = self.limits.default_max_tokens if max_tokens is None else int(max_tokens)
-        if max_tokens > self.limits.max_tokens_limit:
-            raise InvalidInputError("max_tokens", f"must be <= {self.limits.max_tokens_limit}, got {max_tokens}")
+        max_tokens = _checked_max_tokens(scalar(get, "max_tokens"), self.limits)
         built = self.prompts.build(text[0] if text else None, messages[0] if messages else None, max_tokens)
         stop = encode_word_list("stop_words", strings(get, "stop_words"), self.info.tokenizer)
         bad = encode_word_list("bad_words", strings(get, "bad_words"), self.info.tokenizer)
@@ -81,6 +81,16 @@ class LLMRequestBuilder:
             "request_key": np.asarray([[key.encode()]], dtype=np.object_),
             "request_context": np.asarray([[context.to_json().encode()]], dtype=np.object_),
         }
+
+
+def _checked_max_tokens(value: object, limits: RequestLimits) -> int:
+    if value is None:
+        return limits.default_max_tokens
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidInputError("max_tokens", f"must be a positive integer, got {value!r}")
+    if value > limits.max_tokens_limit:
+        raise InvalidInputError("max_tokens", f"must be <= {limits.max_tokens_limit}, got {value}")
+    return value
 
 
 def llm_inputs(preprocessed: dict[str, np.ndarray], get: Getter) -> dict[str, np.ndarray]:

@@ -25,30 +25,25 @@ ROLES = ("system", "user", "assistant", "tool")
 @dataclass(frozen=True)
 class PromptConfig:
     # Added as the first message when a conversation brings no system message;
-    # None leaves that to the chat template (many add their own).
-    default_system_prompt: str | None = None
-    # The engine's limit when smaller than the model's max_position_embeddings.
-    max_context: int | None = None
+    # empty leaves that to the chat template (many add their own).
+    default_system_prompt: str = ""
     max_messages: int = 1024
-    # Byte bounds checked before any parsing or tokenizing (a megabyte takes
-    # seconds to tokenize). None derives them from the context: BYTES_PER_TOKEN
-    # bytes per context token for `text_input` (plain text is never cut), and
-    # MESSAGES_BYTES_FACTOR times that for `messages` (old turns may be dropped).
-    max_text_input_bytes: int | None = None
-    max_messages_bytes: int | None = None
     # [ {"role", "content"} ] is 2 deep; the margin leaves room for content parts
     max_messages_depth: int = 8
+    # Byte bounds checked before any parsing or tokenizing (a megabyte takes
+    # seconds to tokenize). 0 derives them from the context: BYTES_PER_TOKEN
+    # bytes per context token for `text_input` (plain text is never cut), and
+    # MESSAGES_BYTES_FACTOR times that for `messages` (old turns may be dropped).
+    max_text_input_bytes: int = 0
+    max_messages_bytes: int = 0
 
     def __post_init__(self) -> None:
-        if self.max_context is not None and self.max_context < 2:
-            raise ValueError(f"max_context must be >= 2, got {self.max_context}")
         for name in ("max_messages", "max_messages_depth"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         for name in ("max_text_input_bytes", "max_messages_bytes"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1 (or None to derive it), got {value}")
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0 (0 derives it), got {getattr(self, name)}")
 
 
 # Natural text averages 3-5 bytes per token (English, code, CJK alike); only
@@ -140,12 +135,17 @@ def _check_size(field: str, text: str, limit: int) -> None:
 class PromptBuilder:
     """Turns one request's text inputs into prompt ids; shared by all requests."""
 
-    def __init__(self, info: TokenizerInfo, config: PromptConfig | None = None) -> None:
+    def __init__(self, info: TokenizerInfo, config: PromptConfig | None = None,
+                 max_context: int | None = None) -> None:
+        """`max_context`: the engine's limit (its `max_model_len`) when smaller
+        than the model's own."""
         self._info = info
         self._config = config or PromptConfig()
-        max_context = self._config.max_context or info.max_context
+        if max_context is not None and max_context < 2:
+            raise ValueError(f"max_context: must be >= 2, got {max_context}")
+        max_context = max_context or info.max_context
         if max_context is None:
-            raise ValueError(f"{info.model_dir}: unknown context length; set PromptConfig.max_context")
+            raise ValueError(f"{info.model_dir}: unknown context length; set the engine's max_model_len")
         if info.max_context is not None:
             max_context = min(max_context, info.max_context)
         self.max_context = max_context
@@ -156,8 +156,8 @@ class PromptBuilder:
                                    or MESSAGES_BYTES_FACTOR * self.max_text_input_bytes)
 
     def build(self, text_input: str | None, messages_json: str | None, max_tokens: int) -> BuiltPrompt:
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise InvalidInputError("max_tokens", f"must be a positive integer, got {max_tokens!r}")
+        """`max_tokens` was validated where it entered (`llm_request.py`); here
+        it only has to leave room for a prompt."""
         if max_tokens >= self.max_context:
             raise InvalidInputError("max_tokens", f"{max_tokens} leaves no room for a prompt in the context of "
                                                   f"{self.max_context}")
@@ -180,7 +180,7 @@ class PromptBuilder:
         if self._template is None:
             raise InvalidInputError("messages", "this model has no chat template; send text_input")
         default_system = self._config.default_system_prompt
-        if default_system is not None and not any(m["role"] == "system" for m in messages):
+        if default_system and not any(m["role"] == "system" for m in messages):
             messages = [{"role": "system", "content": default_system}, *messages]
         return self._template.render(messages, add_generation_prompt=True)
 

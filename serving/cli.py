@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -15,27 +14,18 @@ from .default_model import resolve_model_dir
 from .launcher import (ADMIN_KEY_ENV, ADMIN_KEY_HEADER, DEFAULT_ADDRESS, RESTRICTED_APIS, LaunchOptions, TritonServer,
                        TritonStartError, exposure_warning)
 from .paths import BUILD_DIR, REPO_ROOT
-from .repository import DeploymentSettings, render_repository
+from .repository import render_repository
+from .settings import DeploymentSettings, SettingsError
 from .triton_binary import TritonSetupError
 
 
 def _settings_from_args(args: argparse.Namespace) -> DeploymentSettings:
-    settings = DeploymentSettings(model_dir=str(resolve_model_dir(args.model_dir)))
-    fields = {f.name: f for f in dataclasses.fields(DeploymentSettings)}
-    for item in args.set or []:
-        key, sep, raw = item.partition("=")
-        if not sep or key not in fields or key in ("model_dir", "extra"):
-            raise SystemExit(f"--set {item!r}: expected NAME=VALUE with NAME one of "
-                             f"{', '.join(sorted(k for k in fields if k not in ('model_dir', 'extra')))}")
-        current = getattr(settings, key)
-        if isinstance(current, bool):
-            value: object = raw.lower() in ("1", "true", "yes", "on")
-        elif isinstance(current, (int, float)):
-            value = type(current)(raw)
-        else:
-            value = raw
-        setattr(settings, key, value)
-    return settings
+    overrides = {"engine.model_dir": str(resolve_model_dir(args.model_dir))} if args.model_dir else {}
+    try:
+        return DeploymentSettings.load(settings_file=args.settings, assignments=args.set or [],
+                                       default_model_dir=lambda: str(resolve_model_dir(None)), **overrides)
+    except SettingsError as exc:
+        raise SystemExit(f"error: {exc}") from None
 
 
 def _curl_example(server: TritonServer) -> str:
@@ -76,7 +66,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     warning = exposure_warning(options.address)
     if warning:
         print(f"WARNING: {warning}", flush=True)
-    print(f"starting tritonserver (model {options.settings.model_dir}); log: {server.log_path}", flush=True)
+    print(f"starting tritonserver (model {options.settings.engine.model_dir}); log: {server.log_path}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -117,8 +107,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def model_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--model-dir", help="a local HF causal-LM folder (default: $LLM_MODEL_DIR or SmolLM2-135M)")
-        p.add_argument("--set", action="append", metavar="NAME=VALUE",
-                       help="override a deployment setting, e.g. --set dtype=bfloat16 (repeatable)")
+        p.add_argument("--settings", metavar="FILE.toml",
+                       help="a settings file with [engine], [text] and [server] tables")
+        p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
+                       help="override a setting, e.g. --set engine.dtype=bfloat16 (repeatable; beats the "
+                            "settings file and LLM__SECTION__FIELD environment variables)")
 
     serve = sub.add_parser("serve", help="run tritonserver in the foreground")
     model_args(serve)

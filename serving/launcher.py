@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .paths import BUILD_DIR, REPO_ROOT
-from .repository import DeploymentSettings, render_repository
+from .repository import render_repository
+from .settings import DeploymentSettings
 from .triton_binary import TritonSetupError, find_triton, prepare_backends
 
 log = logging.getLogger(__name__)

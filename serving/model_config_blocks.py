@@ -34,6 +34,21 @@ def output_map(pairs: Iterable[tuple[str, str]], indent: int = 3) -> str:
     return "\n".join(f'{pad}output_map {{ key: "{key}" value: "{value}" }}' for key, value in pairs).lstrip()
 
 
+def _string_value(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    # inside "..." in pbtxt: escape what would end the string
+    return str(value).replace("\\", "\\\\").replace('"', '\\"')
+
+
+def parameters_block(parameters: dict[str, object]) -> str:
+    """A model's `parameters` entries (Triton passes them as strings)."""
+    return "\n".join(f'parameters: {{ key: "{key}" value: {{ string_value: "{_string_value(value)}" }} }}'
+                     for key, value in parameters.items())
+
+
 def config_blocks() -> dict[str, str]:
     """Template placeholders → generated pbtxt text (inserted verbatim)."""
     return {

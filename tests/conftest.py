@@ -19,7 +19,7 @@ import pytest
 
 from serving.default_model import ensure_default_model
 from serving.launcher import LaunchOptions, TritonServer, free_local_ports
-from serving.repository import DeploymentSettings
+from serving.settings import DeploymentSettings
 
 
 @pytest.fixture(scope="session")
@@ -37,7 +37,8 @@ def start_triton(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     started: list[TritonServer] = []
 
     def start(**overrides: object) -> TritonServer:
-        settings = DeploymentSettings(model_dir=str(model_dir), **overrides)  # type: ignore[arg-type]
+        # environ={}: the tests' servers do not follow the developer's LLM__* variables
+        settings = DeploymentSettings.load(environ={}, model_dir=str(model_dir), **overrides)
         http, grpc, metrics = free_local_ports(3)
         work = tmp_path_factory.mktemp("triton")
         server = TritonServer(LaunchOptions(settings=settings, http_port=http, grpc_port=grpc,

@@ -1,0 +1,144 @@
+"""The deployment's settings: one model composing each part's own settings.
+
+Every field is defined once, with its default, by the part that uses it:
+`engine` is the engine's `EngineConfig`, `text` the text stages'
+`TextStageConfig`, `server` the repository-wide values below. This module only
+composes them and reads them, in rising precedence, from their defaults, a TOML
+settings file (`[engine]`, `[text]`, `[server]` tables), the environment
+(`LLM__ENGINE__MAX_NUM_SEQS=8`) and `--set section.field=value`. The model
+repository's configs are rendered from the result (`serving/repository.py`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from ensemble.stage_settings import TextStageConfig
+from python_llm.engine.config import EngineConfig
+
+ENV_PREFIX = "LLM__"
+
+
+class SettingsError(ValueError):
+    """A setting that does not exist or does not parse; the message names it."""
+
+
+@dataclass
+class ServerConfig:
+    max_batch_size: int = 64                 # every model's max_batch_size (TensorRT-LLM's convention)
+    # the LLM step the ensemble, llm_bls and the text stages call ("tensorrt_llm" in the GPU container)
+    llm_model_name: str = "python_llm"
+    preprocessing_instances: int = 1
+    postprocessing_instances: int = 1
+
+
+SECTIONS: dict[str, type] = {"engine": EngineConfig, "text": TextStageConfig, "server": ServerConfig}
+
+
+@dataclass
+class DeploymentSettings:
+    engine: EngineConfig
+    text: TextStageConfig = field(default_factory=TextStageConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+
+    @classmethod
+    def load(cls, settings_file: str | Path | None = None, assignments: Iterable[str] = (),
+             environ: Mapping[str, str] | None = None, default_model_dir: Callable[[], str] | None = None,
+             **overrides: Any) -> "DeploymentSettings":
+        """Defaults < settings file < environment < `--set` assignments < keyword
+        overrides (`section.field` or a field name unique across sections, as
+        the tests use them). `default_model_dir` is called only when no source
+        names `engine.model_dir` (preparing the default model takes a minute)."""
+        values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+        if settings_file is not None:
+            _merge(values, _from_toml(Path(settings_file)), f"settings file {settings_file}")
+        _merge(values, _from_environ(os.environ if environ is None else environ), "environment")
+        _merge(values, dict(_parse_assignment(a) for a in assignments), "--set")
+        _merge(values, overrides, "override")
+        if "model_dir" not in values["engine"] and default_model_dir is not None:
+            values["engine"]["model_dir"] = default_model_dir()
+        if "model_dir" not in values["engine"]:
+            raise SettingsError("engine.model_dir: required (a local Hugging Face model folder)")
+        return cls(**{name: _build(name, SECTIONS[name], values[name]) for name in SECTIONS})
+
+    def replace(self, **overrides: Any) -> "DeploymentSettings":
+        """A copy with some fields changed (names as in `load`)."""
+        values = {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
+        _merge(values, overrides, "override")
+        return type(self)(**{name: _build(name, SECTIONS[name], values[name]) for name in SECTIONS})
+
+
+def field_names(section: str) -> list[str]:
+    return [f.name for f in dataclasses.fields(SECTIONS[section])]
+
+
+def _resolve(name: str) -> tuple[str, str]:
+    """`section.field`, or a bare field name that only one section has."""
+    section, dot, field_name = name.partition(".")
+    if dot:
+        if section not in SECTIONS or field_name not in field_names(section):
+            raise SettingsError(f"{name}: no such setting; {_known()}")
+        return section, field_name
+    owners = [s for s in SECTIONS if name in field_names(s)]
+    if len(owners) != 1:
+        raise SettingsError(f"{name}: {'ambiguous' if owners else 'no such setting'}; {_known()}")
+    return owners[0], name
+
+
+def _known() -> str:
+    return "settings are " + ", ".join(f"{s}.{{{','.join(field_names(s))}}}" for s in SECTIONS)
+
+
+def _merge(values: dict[str, dict[str, Any]], flat: Mapping[str, Any], source: str) -> None:
+    for name, value in flat.items():
+        try:
+            section, field_name = _resolve(name)
+        except SettingsError as exc:
+            raise SettingsError(f"{source}: {exc}") from None
+        values[section][field_name] = value
+
+
+def _parse_assignment(item: str) -> tuple[str, str]:
+    name, sep, raw = item.partition("=")
+    if not sep or not name:
+        raise SettingsError(f"--set {item!r}: expected SECTION.FIELD=VALUE, e.g. engine.max_num_seqs=8")
+    return name.strip(), raw
+
+
+def _from_toml(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SettingsError(f"settings file {path}: {exc}") from None
+    flat: dict[str, Any] = {}
+    for section, table in data.items():
+        if section not in SECTIONS or not isinstance(table, dict):
+            raise SettingsError(f"settings file {path}: [{section}] is not a section; sections are "
+                                f"{', '.join(SECTIONS)}")
+        flat.update({f"{section}.{key}": value for key, value in table.items()})
+    return flat
+
+
+def _from_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    flat = {}
+    for key, value in environ.items():
+        if key.startswith(ENV_PREFIX):
+            section, _, field_name = key[len(ENV_PREFIX):].lower().partition("__")
+            flat[f"{section}.{field_name}"] = value
+    return flat
+
+
+def _build(section: str, kind: type, values: dict[str, Any]) -> Any:
+    try:
+        return TypeAdapter(kind).validate_python(values)
+    except ValidationError as exc:
+        problems = "; ".join(f"{section}.{'.'.join(str(p) for p in e['loc']) or '?'}: {e['msg']}"
+                             for e in exc.errors())
+        raise SettingsError(problems) from None

@@ -1,0 +1,183 @@
+"""The deployment settings: one model composing the engine's, the text
+stages' and the server's own settings, read from a TOML file, the environment
+and `--set`, and rendered into the model repository, where every value reaches
+the part that uses it."""
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from ensemble.stage_settings import TextStageConfig, TextStageSettings
+from python_llm.config_params import engine_config_from_parameters
+from python_llm.engine.config import EngineConfig
+from serving.paths import REPO_ROOT
+from serving.repository import render_repository
+from serving.settings import SECTIONS, DeploymentSettings, ServerConfig, SettingsError
+
+# a valid value other than the default for every engine setting: a new
+# setting fails test_every_field_has_a_test_value until it is listed here
+ENGINE_VALUES = {
+    "model_dir": "/models/other", "device": "cuda:1", "dtype": "bfloat16", "block_size": 32,
+    "max_tokens_in_paged_kv_cache": 4096, "kv_cache_free_gpu_mem_fraction": 0.5, "max_num_seqs": 8,
+    "max_num_batched_tokens": 256, "max_queue_size": 9, "max_model_len": 2048, "max_tokens_limit": 1000,
+    "default_max_tokens": 77, "default_token_timeout_ms": 1500, "enable_kv_cache_reuse": False,
+    "enable_chunked_context": False, "num_threads": 3, "attention_backend": "torch", "debug_step_delay_ms": 5,
+    "debug_fail_after_steps": 11, "exit_on_engine_failure_s": -1.0,
+}
+TEXT_VALUES = {
+    "default_system_prompt": 'Be "brief", \\ kind.', "max_messages": 10, "max_messages_depth": 4,
+    "max_text_input_bytes": 5000, "max_messages_bytes": 20000, "content_filter_rules": "/etc/rules.json",
+}
+SERVER_VALUES = {"max_batch_size": 8, "llm_model_name": "tensorrt_llm", "preprocessing_instances": 2,
+                 "postprocessing_instances": 3}
+VALUES = {"engine": ENGINE_VALUES, "text": TEXT_VALUES, "server": SERVER_VALUES}
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return str(value)
+
+
+def _text(value: object) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+@pytest.mark.parametrize("section", list(SECTIONS))
+def test_every_field_has_a_test_value(section):
+    fields = [f for f in dataclasses.fields(SECTIONS[section])]
+    assert sorted(f.name for f in fields) == sorted(VALUES[section])
+    for f in fields:    # each test value really differs from the default
+        default = f.default if f.default is not dataclasses.MISSING else None
+        assert VALUES[section][f.name] != default, f.name
+
+
+def _from_set() -> DeploymentSettings:
+    return DeploymentSettings.load(environ={}, assignments=[f"{s}.{k}={_text(v)}"
+                                                            for s, vals in VALUES.items() for k, v in vals.items()])
+
+
+def _from_file(tmp_path: Path) -> DeploymentSettings:
+    path = tmp_path / "settings.toml"
+    path.write_text("\n".join(f"[{s}]\n" + "\n".join(f"{k} = {_toml(v)}" for k, v in vals.items())
+                              for s, vals in VALUES.items()))
+    return DeploymentSettings.load(settings_file=path, environ={})
+
+
+def _from_environ() -> DeploymentSettings:
+    return DeploymentSettings.load(environ={f"LLM__{s.upper()}__{k.upper()}": _text(v)
+                                            for s, vals in VALUES.items() for k, v in vals.items()})
+
+
+def _parameters(config_text: str) -> dict[str, str]:
+    pairs = re.findall(r'parameters: \{ key: "([^"]+)" value: \{ string_value: "((?:[^"\\]|\\.)*)" \} \}',
+                       config_text)
+    return {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in pairs}
+
+
+@pytest.mark.parametrize("source", ["set", "file", "environ"])
+def test_every_setting_reaches_its_part_through_the_rendered_repository(source, tmp_path):
+    settings = {"set": _from_set, "file": lambda: _from_file(tmp_path), "environ": _from_environ}[source]()
+    assert settings.engine == EngineConfig(**ENGINE_VALUES)
+    assert settings.text == TextStageConfig(**TEXT_VALUES) and settings.server == ServerConfig(**SERVER_VALUES)
+    repo = render_repository(settings, tmp_path / "repo")
+
+    # the engine, as the python_llm adapter builds it from its config
+    llm_params = _parameters((repo / "python_llm" / "config.pbtxt").read_text())
+    assert engine_config_from_parameters(llm_params) == settings.engine
+    # the text stages, as their adapters read theirs
+    for model in ("preprocessing", "postprocessing", "llm_bls"):
+        stage = TextStageSettings.from_model_config(
+            {"parameters": {k: {"string_value": v} for k, v in
+                            _parameters((repo / model / "config.pbtxt").read_text()).items()}})
+        assert stage.config == settings.text, model
+        assert stage.llm_model_name == "tensorrt_llm"
+        assert stage.parameters["default_max_tokens"] == "77" and stage.parameters["max_tokens_limit"] == "1000"
+        assert stage.parameters["max_model_len"] == "2048"
+    ensemble = (repo / "ensemble" / "config.pbtxt").read_text()
+    assert 'model_name: "tensorrt_llm"' in ensemble and "max_batch_size: 8" in ensemble
+    assert "count: 3" in (repo / "postprocessing" / "config.pbtxt").read_text()
+    assert "count: 2" in (repo / "preprocessing" / "config.pbtxt").read_text()
+
+
+def test_precedence_is_file_then_environment_then_set(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text("[engine]\nmax_num_seqs = 4\nmax_queue_size = 5\ndtype = \"float16\"\n")
+    settings = DeploymentSettings.load(settings_file=path, environ={"LLM__ENGINE__MAX_QUEUE_SIZE": "6",
+                                                                    "LLM__ENGINE__DTYPE": "bfloat16"},
+                                       assignments=["engine.dtype=float32"], model_dir="/m")
+    assert (settings.engine.max_num_seqs, settings.engine.max_queue_size, settings.engine.dtype) == (4, 6, "float32")
+
+
+def test_the_default_model_is_prepared_only_when_no_source_names_one():
+    calls = []
+    settings = DeploymentSettings.load(environ={}, default_model_dir=lambda: calls.append(1) or "/default")
+    assert settings.engine.model_dir == "/default" and calls == [1]
+    settings = DeploymentSettings.load(environ={}, assignments=["engine.model_dir=/mine"],
+                                       default_model_dir=lambda: calls.append(2) or "/default")
+    assert settings.engine.model_dir == "/mine" and calls == [1]
+    with pytest.raises(SettingsError, match=r"^engine\.model_dir: required"):
+        DeploymentSettings.load(environ={})
+
+
+@pytest.mark.parametrize("assignment,message", [
+    ("engine.no_such=1", r"--set: engine\.no_such: no such setting; settings are engine\.\{model_dir,"),
+    ("nosection.max_num_seqs=1", r"nosection\.max_num_seqs: no such setting"),
+    ("max_num_seqs", r"expected SECTION\.FIELD=VALUE"),
+    ("engine.max_num_seqs=many", r"^engine\.max_num_seqs: Input should be a valid integer"),
+    ("engine.enable_kv_cache_reuse=maybe", r"^engine\.enable_kv_cache_reuse: Input should be a valid boolean"),
+    ("engine.dtype=int8", r"dtype: unsupported 'int8'"),
+    ("text.max_messages=0", r"max_messages: must be >= 1"),
+])
+def test_a_bad_setting_is_named_in_the_error(assignment, message):
+    with pytest.raises(SettingsError, match=message):
+        DeploymentSettings.load(environ={}, assignments=[assignment], model_dir="/m")
+
+
+def test_a_bad_settings_file_is_named(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text("[engin]\nmax_num_seqs = 4\n")
+    with pytest.raises(SettingsError, match=r"\[engin\] is not a section"):
+        DeploymentSettings.load(settings_file=path, environ={}, model_dir="/m")
+
+
+def test_the_deployment_composes_each_parts_own_settings():
+    types = {f.name: f.type for f in dataclasses.fields(DeploymentSettings)}
+    assert types == {"engine": "EngineConfig", "text": "TextStageConfig", "server": "ServerConfig"}
+    names = [f.name for section in SECTIONS.values() for f in dataclasses.fields(section)]
+    assert len(names) == len(set(names)), "a field name in two sections"
+
+
+# Where a default could hide: an annotated default (dataclass field or typed
+# parameter) or a dict lookup with a fallback.
+SHIPPED = ["backends", "ensemble", "serving", "model_repository"]
+
+
+def _default_sites(name: str) -> list[str]:
+    patterns = [re.compile(rf"^\s*{name}\s*:[^=\n]*=(?!=)", re.M),
+                re.compile(rf"[(,]\s*{name}\s*:[^=,)\n]*=(?!=)"),
+                re.compile(rf"""\.get\(\s*["']{name}["']\s*,""")]
+    sites = []
+    for folder in SHIPPED:
+        for path in (REPO_ROOT / folder).rglob("*.py"):
+            text = path.read_text(encoding="utf-8")
+            for pattern in patterns:
+                sites += [f"{path.relative_to(REPO_ROOT)}:{text.count(chr(10), 0, m.start()) + 1}"
+                          for m in pattern.finditer(text)]
+    for template in (REPO_ROOT / "model_repository").rglob("config.pbtxt.template"):
+        if f'key: "{name}"' in template.read_text():
+            sites.append(str(template.relative_to(REPO_ROOT)))
+    return sorted(set(sites))
+
+
+@pytest.mark.parametrize("section,field", [(s, f) for s, kind in SECTIONS.items() for f in dataclasses.fields(kind)],
+                         ids=lambda v: v if isinstance(v, str) else v.name)
+def test_each_default_is_defined_once(section, field):
+    has_default = field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
+    sites = _default_sites(field.name)
+    assert len(sites) == int(has_default), f"{section}.{field.name}: defaults at {sites}"
