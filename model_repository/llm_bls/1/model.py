@@ -4,6 +4,7 @@ Python (ensemble.bls_flow). Decoupled: each request runs on a worker thread."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -11,35 +12,20 @@ import triton_python_backend_utils as pb_utils
 
 from ensemble.bls_flow import BLSCallbacks, LLMStepError, run_bls_request
 from ensemble.llm_stop import stop_inputs
-from ensemble.public_outputs import LLMResponse
+from ensemble.public_outputs import LLM_RESPONSE_OUTPUTS, llm_response_from
 from ensemble.shared_state import InProcessStateStore
 from ensemble.stage_settings import TextStageSettings
 from ensemble.stream_postprocessor import StreamPostprocessor
 
 log = logging.getLogger("llm_bls")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-LLM_OUTPUTS = ["output_ids", "sequence_length", "finish_reason", "num_input_tokens", "cum_log_probs",
-               "output_log_probs", "arrival_time_ns", "first_token_time_ns", "last_token_time_ns"]
 
 
-def _to_response(response) -> LLMResponse:
-    def get(name: str):
+def _output_getter(response) -> Callable[[str], np.ndarray | None]:
+    def get(name: str) -> np.ndarray | None:
         tensor = pb_utils.get_output_tensor_by_name(response, name)
         return None if tensor is None else tensor.as_numpy()
-
-    def first(name: str, default):
-        array = get(name)
-        return default if array is None or array.size == 0 else array.reshape(-1)[0]
-
-    ids = get("output_ids")
-    reason = first("finish_reason", b"")
-    return LLMResponse(
-        token_ids=ids.reshape(-1).tolist() if ids is not None else [],
-        sequence_length=int(first("sequence_length", 0)),
-        finish_reason=(reason.decode() if isinstance(reason, bytes) else str(reason)) or None,
-        num_input_tokens=int(first("num_input_tokens", 0)),
-        cum_log_probs=get("cum_log_probs"), output_log_probs=get("output_log_probs"),
-        times_ns=tuple(int(first(n, 0)) for n in ("arrival_time_ns", "first_token_time_ns", "last_token_time_ns")))
+    return get
 
 
 class TritonPythonModel:
@@ -68,13 +54,13 @@ class TritonPythonModel:
         def call_llm(inputs: dict[str, np.ndarray]):
             llm_request = pb_utils.InferenceRequest(
                 model_name=self.llm_model, inputs=[pb_utils.Tensor(k, v) for k, v in inputs.items()],
-                requested_output_names=LLM_OUTPUTS)
+                requested_output_names=list(LLM_RESPONSE_OUTPUTS))
             for response in llm_request.exec(decoupled=True):
                 if response.has_error():
                     raise LLMStepError(response.error().message())
                 if not response.output_tensors():
                     continue        # an empty final marker
-                yield _to_response(response)
+                yield llm_response_from(_output_getter(response))
 
         def stop_llm(key: str) -> None:
             stop = pb_utils.InferenceRequest(model_name=self.llm_model, requested_output_names=[], inputs=[

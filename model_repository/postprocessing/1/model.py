@@ -12,7 +12,7 @@ import triton_python_backend_utils as pb_utils
 from ensemble.errors import InvalidInputError
 from ensemble.llm_request import scalar
 from ensemble.llm_stop import stop_inputs
-from ensemble.public_outputs import LLMResponse, ReturnFlags, public_output_arrays
+from ensemble.public_outputs import ReturnFlags, llm_response_from, public_output_arrays
 from ensemble.public_tensors import postprocessing_output_name
 from ensemble.request_context import RequestContext
 from ensemble.shared_state import InProcessStateStore, SqliteStateStore, StreamOrderError
@@ -48,15 +48,7 @@ class TritonPythonModel:
             return None if tensor is None else tensor.as_numpy()
 
         try:
-            ids = get("output_ids")
-            llm = LLMResponse(
-                token_ids=ids.reshape(-1).tolist() if ids is not None else [],
-                sequence_length=int(scalar(get, "sequence_length") or 0),
-                finish_reason=scalar(get, "finish_reason") or None,
-                num_input_tokens=int(scalar(get, "num_input_tokens") or 0),
-                cum_log_probs=get("cum_log_probs"), output_log_probs=get("output_log_probs"),
-                times_ns=tuple(int(scalar(get, n) or 0) for n in
-                               ("arrival_time_ns", "first_token_time_ns", "last_token_time_ns")))
+            llm = llm_response_from(get)
             context = RequestContext.from_json(scalar(get, "request_context"))
             key = context.key
             delta = LLMDelta(key=key, token_ids=llm.token_ids, sequence_length=llm.sequence_length,
