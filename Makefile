@@ -25,7 +25,7 @@ model: $(STAMP)
 # the native CPU kernels (a few seconds with g++); without a compiler the
 # engine runs its PyTorch paths, hence the leading '-'
 kernels: $(STAMP)
-	-$(PY) -m python_llm.engine.kernels
+	-$(PY) -m python_llm.engine.worker.kernels
 
 serve: $(STAMP) kernels
 	$(PY) -m serving serve

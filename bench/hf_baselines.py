@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-from python_llm.engine.runner import DTYPES
+from python_llm.engine.worker.runner import DTYPES
 
 from .progress import progress_bar
 from .result import MethodResult

@@ -18,8 +18,8 @@ from datetime import datetime, timezone
 
 import torch
 
-from python_llm.engine.kernels import cpu_kernels
-from python_llm.engine.models.llama import sliced_lm_head
+from python_llm.engine.worker.kernels import cpu_kernels
+from python_llm.engine.worker.models.llama import sliced_lm_head
 
 
 def main() -> int:

@@ -15,9 +15,9 @@ import statistics
 import time
 
 from python_llm.engine.config import EngineConfig
-from python_llm.engine.runner import ModelRunner
-from python_llm.engine.sampling_params import SamplingParams
-from python_llm.engine.scheduler_output import ScheduledSequence, SchedulerOutput
+from python_llm.engine.worker.runner import ModelRunner
+from python_llm.engine.core.sampling_params import SamplingParams
+from python_llm.engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
 
 
 def decode_step(runner: ModelRunner, seqs: int, context: int, step: int) -> SchedulerOutput:

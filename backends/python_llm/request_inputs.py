@@ -12,7 +12,7 @@ from ensemble.errors import InvalidInputError
 from ensemble.request_key import mint_request_key, parse_request_key
 
 from .engine.config import EngineConfig
-from .engine.sampling_params import InvalidRequestError, SamplingParams
+from .engine.core.sampling_params import InvalidRequestError, SamplingParams
 
 __all__ = ["LLMRequest", "STOP_NEEDS_KEY", "STOP_UNKNOWN_KEY", "mint_request_key", "parse_llm_request"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .engine.outputs import RequestOutput
+from .engine.core.outputs import RequestOutput
 
 
 def output_arrays(out: RequestOutput, token_ids: list[int], logprobs: list[float] | None,

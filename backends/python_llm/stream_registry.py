@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from .engine.errors import DuplicateRequestError
+from .engine.core.errors import DuplicateRequestError
 
 
 @dataclass

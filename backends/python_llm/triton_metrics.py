@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .engine.metrics import METRIC_FAMILIES, MetricsSink
+from .engine.core.metrics import METRIC_FAMILIES, MetricsSink
 
 
 class TritonMetrics(MetricsSink):

@@ -15,14 +15,14 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from . import metrics as m
+from .core import metrics as m
 from .config import EngineConfig
-from .errors import DuplicateRequestError, EngineDeadError, InvalidRequestError, OverloadedError
-from .metrics import MetricsSink
-from .outputs import GenerateResult, RequestOutput
-from .request import FinishReason, OutputCallback, Request
-from .sampling_params import SamplingParams
-from .scheduler import Scheduler
+from .core.errors import DuplicateRequestError, EngineDeadError, InvalidRequestError, OverloadedError
+from .core.metrics import MetricsSink
+from .core.outputs import GenerateResult, RequestOutput
+from .core.request import FinishReason, OutputCallback, Request
+from .core.sampling_params import SamplingParams
+from .core.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 IDLE_RECHECK_S = 0.05   # cap on a wait while requests exist but nothing was schedulable
@@ -45,7 +45,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, runner: Any = None, metrics: MetricsSink | None = None,
                  on_dead: Callable[[BaseException], None] | None = None) -> None:
         if runner is None:
-            from .runner import ModelRunner   # torch and weights only when really serving
+            from .worker.runner import ModelRunner   # torch and weights only when really serving
             runner = ModelRunner(config)
         self.config = config
         self.runner = runner

@@ -7,8 +7,8 @@ import pytest
 
 from python_llm.config_params import engine_config_from_parameters
 from python_llm.engine.config import ConfigError
-from python_llm.engine.errors import DuplicateRequestError
-from python_llm.engine.sampling_params import InvalidRequestError
+from python_llm.engine.core.errors import DuplicateRequestError
+from python_llm.engine.core.sampling_params import InvalidRequestError
 from python_llm.request_inputs import parse_llm_request, parse_word_list
 
 KEY_1 = "k" * 32

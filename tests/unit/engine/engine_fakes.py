@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from python_llm.engine.config import EngineConfig
-from python_llm.engine.scheduler_output import RunnerOutput, SchedulerOutput
+from python_llm.engine.core.scheduler_output import RunnerOutput, SchedulerOutput
 
 EOS = 2
 VOCAB = 1000

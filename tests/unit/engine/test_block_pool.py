@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from python_llm.engine.block_pool import BlockPool, NoFreeBlocksError, hash_block
-from python_llm.engine.kv_cache_manager import KVCacheManager
-from python_llm.engine.request import Request
-from python_llm.engine.sampling_params import SamplingParams
+from python_llm.engine.core.block_pool import BlockPool, NoFreeBlocksError, hash_block
+from python_llm.engine.core.kv_cache_manager import KVCacheManager
+from python_llm.engine.core.request import Request
+from python_llm.engine.core.sampling_params import SamplingParams
 
 BS = 4
 

@@ -7,9 +7,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from python_llm.engine.kv_cache_manager import KVCacheManager
-from python_llm.engine.request import Request
-from python_llm.engine.sampling_params import SamplingParams
+from python_llm.engine.core.kv_cache_manager import KVCacheManager
+from python_llm.engine.core.request import Request
+from python_llm.engine.core.sampling_params import SamplingParams
 
 BS = 4
 NUM_BLOCKS = 12

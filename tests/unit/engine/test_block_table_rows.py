@@ -1,9 +1,9 @@
 """BlockTableRows: the runner's persistent copy of the decodes' block tables."""
 from __future__ import annotations
 
-from python_llm.engine.block_table_rows import BlockTableRows
-from python_llm.engine.sampling_params import SamplingParams
-from python_llm.engine.scheduler_output import ScheduledSequence
+from python_llm.engine.worker.block_table_rows import BlockTableRows
+from python_llm.engine.core.sampling_params import SamplingParams
+from python_llm.engine.core.scheduler_output import ScheduledSequence
 
 
 def seq(request_id: str, table: list[int]) -> ScheduledSequence:

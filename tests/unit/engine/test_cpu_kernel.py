@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from python_llm.engine import kernels
-from python_llm.engine.kernels import cpu_kernels
-from python_llm.engine.kernels.reference import decode_attention_reference
+from python_llm.engine.worker import kernels
+from python_llm.engine.worker.kernels import cpu_kernels
+from python_llm.engine.worker.kernels.reference import decode_attention_reference
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from tokenizers import Tokenizer
 
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.engine import LLMEngine
-from python_llm.engine.sampling_params import SamplingParams
+from python_llm.engine.core.sampling_params import SamplingParams
 from test_runner_helpers import assert_same_or_near_tie
 
 CHAT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"

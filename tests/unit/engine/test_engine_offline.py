@@ -7,13 +7,13 @@ import time
 import pytest
 
 from engine_fakes import FakeRunner, expected_tokens
-from python_llm.engine import metrics as m
+from python_llm.engine.core import metrics as m
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.engine import LLMEngine
-from python_llm.engine.errors import (DuplicateRequestError, EngineDeadError, InvalidRequestError,
+from python_llm.engine.core.errors import (DuplicateRequestError, EngineDeadError, InvalidRequestError,
                                       OverloadedError)
-from python_llm.engine.metrics import InMemoryMetrics
-from python_llm.engine.sampling_params import SamplingParams
+from python_llm.engine.core.metrics import InMemoryMetrics
+from python_llm.engine.core.sampling_params import SamplingParams
 
 
 def make_engine(runner_kwargs: dict | None = None, **cfg: object) -> tuple[LLMEngine, FakeRunner, InMemoryMetrics]:

@@ -5,7 +5,7 @@ import array
 
 import pytest
 
-from python_llm.engine.index_buffer import IndexBuffer
+from python_llm.engine.worker.index_buffer import IndexBuffer
 
 
 def test_views_hold_the_values_and_are_reused_for_the_same_shape() -> None:

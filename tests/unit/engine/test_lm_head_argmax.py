@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from python_llm.engine.kernels import CpuKernels, cpu_kernels
+from python_llm.engine.worker.kernels import CpuKernels, cpu_kernels
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from python_llm.engine.model_info import ModelFolderError, ModelInfo
+from python_llm.engine.worker.model_info import ModelFolderError, ModelInfo
 from python_llm.engine.config import EngineConfig
-from python_llm.engine.runner import ModelRunner
+from python_llm.engine.worker.runner import ModelRunner
 
 from test_model_tiny import save_tiny
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from python_llm.engine.config import EngineConfig
-from python_llm.engine.runner import ModelRunner
-from python_llm.engine.sampling_params import SamplingParams
-from python_llm.engine.scheduler_output import ScheduledSequence
+from python_llm.engine.worker.runner import ModelRunner
+from python_llm.engine.core.sampling_params import SamplingParams
+from python_llm.engine.core.scheduler_output import ScheduledSequence
 
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, eos_token_id=2)

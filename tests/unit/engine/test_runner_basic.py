@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from python_llm.engine.config import EngineConfig
-from python_llm.engine.runner import ModelRunner, SchedulingError
-from python_llm.engine.sampling_params import SamplingParams
-from python_llm.engine.scheduler_output import ScheduledSequence, SchedulerOutput
+from python_llm.engine.worker.runner import ModelRunner, SchedulingError
+from python_llm.engine.core.sampling_params import SamplingParams
+from python_llm.engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
 
 from test_model_tiny import save_tiny
 from test_runner_helpers import RunnerDriver

@@ -16,8 +16,8 @@ from typing import Callable, Sequence
 import pytest
 import torch
 
-from python_llm.engine.sampling_params import SamplingParams
-from python_llm.engine.scheduler_output import ScheduledSequence, SchedulerOutput
+from python_llm.engine.core.sampling_params import SamplingParams
+from python_llm.engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
 
 # ids → next-token logits [vocab] for the whole sequence `ids`
 LogitsFn = Callable[[Sequence[int]], torch.Tensor]

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from python_llm.engine.config import EngineConfig
-from python_llm.engine.runner import ModelRunner
-from python_llm.engine.sampling_params import SamplingParams
+from python_llm.engine.worker.runner import ModelRunner
+from python_llm.engine.core.sampling_params import SamplingParams
 
 from test_runner_helpers import RunnerDriver, assert_same_or_near_tie
 

@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from python_llm.engine.kernels import cpu_kernels
-from python_llm.engine.sampler import Sampler
-from python_llm.engine.sampling_params import SamplingParams
-from python_llm.engine.scheduler_output import ScheduledSequence
+from python_llm.engine.worker.kernels import cpu_kernels
+from python_llm.engine.worker.sampler import Sampler
+from python_llm.engine.core.sampling_params import SamplingParams
+from python_llm.engine.core.scheduler_output import ScheduledSequence
 
 VOCAB = 32
 

@@ -5,13 +5,13 @@ import time
 from typing import Callable
 
 from engine_fakes import EOS, FakeRunner, expected_tokens
-from python_llm.engine import metrics as m
+from python_llm.engine.core import metrics as m
 from python_llm.engine.config import EngineConfig
-from python_llm.engine.metrics import InMemoryMetrics
-from python_llm.engine.outputs import RequestOutput
-from python_llm.engine.request import FinishReason, Request, RequestStatus
-from python_llm.engine.sampling_params import SamplingParams
-from python_llm.engine.scheduler import Scheduler
+from python_llm.engine.core.metrics import InMemoryMetrics
+from python_llm.engine.core.outputs import RequestOutput
+from python_llm.engine.core.request import FinishReason, Request, RequestStatus
+from python_llm.engine.core.sampling_params import SamplingParams
+from python_llm.engine.core.scheduler import Scheduler
 
 
 def make(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 2048, **cfg: object):

@@ -11,16 +11,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..config import EngineConfig
+from ..core.scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
 from .attention import AttentionMetadata, DecodeBatch, DecodeGroup, PrefillChunk
 from .block_table_rows import BlockTableRows
-from .config import EngineConfig
 from .index_buffer import IndexBuffer
 from .kernels import CpuKernels, cpu_kernels
 from .kv_cache import KVCacheShape, PagedKVCache, bytes_per_block
 from .model_info import ModelInfo
 from .models import build_model
 from .sampler import Sampler
-from .scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 (SDPA for the decode attention, torch.argmax for the argmax, a float64 GEMM
 + argmax for the fused LM head).
 
-    python -m python_llm.engine.kernels
+    python -m python_llm.engine.worker.kernels
 
 Exit status 0 when it is built and agrees; 1 when it cannot be built here
 (the engine then uses its PyTorch paths).

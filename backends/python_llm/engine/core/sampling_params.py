@@ -28,7 +28,7 @@ class SamplingParams:
     return_log_probs: bool = False
     token_timeout_ms: int | None = None  # None = engine default; 0 = off
     # hooks for guided decoding etc.: fn(output_token_ids, logits[vocab]) -> logits,
-    # applied by the sampler before penalties (see engine/sampler.py)
+    # applied by the sampler before penalties (see worker/sampler.py)
     logits_processors: list[Callable[[list[int], Any], Any]] = field(default_factory=list)
 
     def validate(self, max_tokens_limit: int) -> None:

@@ -15,9 +15,9 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
+from ..core.sampling_params import SamplingParams
+from ..core.scheduler_output import ScheduledSequence
 from .kernels import CpuKernels
-from .sampling_params import SamplingParams
-from .scheduler_output import ScheduledSequence
 
 # fn(output_token_ids, logits[vocab]) -> logits[vocab]; may modify in place
 LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]

@@ -17,7 +17,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from .scheduler_output import ScheduledSequence
+from ..core.scheduler_output import ScheduledSequence
 
 
 class BlockTableRows:

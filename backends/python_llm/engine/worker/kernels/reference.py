@@ -1,6 +1,6 @@
 """What the decode-attention kernel must compute, in plain PyTorch: each
 sequence's blocks gathered, cut to its length, and SDPA over them (fp32).
-The check of `python -m python_llm.engine.kernels` and the unit tests use it."""
+The check of `python -m python_llm.engine.worker.kernels` and the unit tests use it."""
 from __future__ import annotations
 
 import torch

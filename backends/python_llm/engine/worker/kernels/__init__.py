@@ -9,7 +9,7 @@ file name carries a digest of the source, the flags and the CPU's feature
 flags, so an edited source or another CPU never picks up a stale binary.
 Without a compiler, or when the build fails, `cpu_kernels()` returns None
 (logged once) and the engine uses its PyTorch paths.
-`python -m python_llm.engine.kernels` builds it ahead of time and checks it.
+`python -m python_llm.engine.worker.kernels` builds it ahead of time and checks it.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from ...cache import CACHE_DIR
+from ....cache import CACHE_DIR
 
 log = logging.getLogger(__name__)
 

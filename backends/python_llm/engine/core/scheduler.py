@@ -18,8 +18,8 @@ import logging
 import time
 from typing import Iterable
 
+from ..config import EngineConfig
 from . import metrics as m
-from .config import EngineConfig
 from .kv_cache_manager import KVCacheManager
 from .metrics import MetricsSink
 from .outputs import RequestOutput
