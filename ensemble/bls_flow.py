@@ -13,8 +13,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InvalidInputError
-from .llm_request import Getter, LLMRequestBuilder, llm_inputs, scalar, strings
+from .llm_request import Getter, LLMRequestBuilder, llm_inputs, scalar
 from .public_outputs import LLMResponse, ReturnFlags, public_output_arrays
+from .request_context import RequestContext
 from .stream_postprocessor import StreamPostprocessor
 
 Arrays = dict[str, np.ndarray]
@@ -38,15 +39,15 @@ def run_bls_request(get: Getter, builder: LLMRequestBuilder, post: StreamPostpro
     """Serve one request to the end; returns how it ended (a finish reason)."""
     try:
         pre = builder.build(get)
-        stop_strings = strings(get, "stop_words") or []
-        pipeline = post.new_pipeline(stop_strings, scalar(get, "segment"))
     except InvalidInputError as exc:
         io.send_error(str(exc))
         return "error"
-    key = scalar(lambda name: pre[name], "request_key")
-    flags = ReturnFlags(log_probs=bool(scalar(get, "return_log_probs")),
-                        perf_metrics=bool(scalar(get, "return_perf_metrics")),
-                        output_ids=bool(scalar(get, "return_output_ids")))
+    # The text-stage fields as the builder validated and packed them for
+    # `postprocessing`: read from there, so each is parsed once.
+    context = RequestContext.from_json(scalar(pre.get, "request_context"))
+    key = context.key
+    pipeline = post.new_pipeline(context.stop_words, context.segment)
+    flags = ReturnFlags.of(context)
     stopped_engine = False
     sent_any = False
     try:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from .errors import InvalidInputError, decode_utf8_field
+from .request_context import RequestContext
 
 # an array getter: tensor name -> numpy array, or None when the tensor is absent
 ArrayGetter = Callable[[str], "np.ndarray | None"]
@@ -83,6 +84,12 @@ class ReturnFlags:
     log_probs: bool = False
     perf_metrics: bool = False
     output_ids: bool = False
+
+    @classmethod
+    def of(cls, context: RequestContext) -> ReturnFlags:
+        """The request's `return_*` inputs, as preprocessing packed them."""
+        return cls(log_probs=context.return_log_probs, perf_metrics=context.return_perf_metrics,
+                   output_ids=context.return_output_ids)
 
 
 def public_output_arrays(text: str, finish_reason: str | None, llm: LLMResponse,

@@ -58,9 +58,7 @@ class TritonPythonModel:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
         if result.stop_engine:
             self._stop_engine(key)
-        flags = ReturnFlags(log_probs=context.return_log_probs, perf_metrics=context.return_perf_metrics,
-                            output_ids=context.return_output_ids)
-        arrays = public_output_arrays(result.text, result.finish_reason, llm, flags, key)
+        arrays = public_output_arrays(result.text, result.finish_reason, llm, ReturnFlags.of(context), key)
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor(postprocessing_output_name(name), value) for name, value in arrays.items()])
 

@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 
 from ensemble.errors import InvalidInputError
-from ensemble.public_outputs import (LLM_RESPONSE_OUTPUTS, LLMResponse, ReturnFlags, llm_response_from,
+from ensemble.public_outputs import (LLM_RESPONSE_OUTPUTS, ArrayGetter, LLMResponse, ReturnFlags, llm_response_from,
                                      public_output_arrays)
+from ensemble.request_context import RequestContext
 
 
-def _getter(arrays: dict[str, np.ndarray]):
+def _getter(arrays: dict[str, np.ndarray]) -> ArrayGetter:
     return arrays.get
 
 
@@ -121,3 +122,9 @@ def test_public_arrays_carry_only_what_was_asked_for() -> None:
     assert full["output_log_probs"].tolist() == [[[-0.5, -0.25, -0.75]]]
     assert [full[n].tolist() for n in ("arrival_time_ns", "first_token_time_ns", "last_token_time_ns")] == \
         [[[100]], [[200]], [[300]]]
+
+
+def test_return_flags_are_the_ones_packed_in_the_request_context() -> None:
+    context = RequestContext(key="k" * 32, return_log_probs=True, return_output_ids=True)
+    assert ReturnFlags.of(context) == ReturnFlags(log_probs=True, perf_metrics=False, output_ids=True)
+    assert ReturnFlags.of(RequestContext(key="k" * 32, return_perf_metrics=True)) == ReturnFlags(perf_metrics=True)
