@@ -147,10 +147,6 @@ class ContentFilter:
         self._held = ""
         self._stopped = False
 
-    @property
-    def stopped(self) -> bool:
-        return self._stopped
-
     def push(self, text: str) -> FilterResult:
         if self._stopped:
             return FilterResult("", stopped=True)
