@@ -3,12 +3,15 @@
 The method is vLLM's prefix/read offsets (vLLM PR #984): decode a short window
 of ids that starts a little before the new ones, and emit only what the
 already emitted part of the window does not cover. Decoding with that bit of
-context keeps the decoder's word-boundary rules right (SentencePiece's "▁" →
-space is stripped only at the very start of a text), so spaces are neither
-lost nor doubled (field-notes row 2). Text ending in U+FFFD is an incomplete
-UTF-8 character: the window only moves past a token boundary where the text is
-whole, and the unfinished character is held back until its last byte arrives
-(row 1). Work per token is bounded by the window, never the whole output.
+context keeps the decoder's word-boundary rules right: a SentencePiece
+decoder strips the space of a leading "▁" at the start of a text, so decoding
+each token alone streams "Paris" "is" "nice" with the spaces lost, and adding
+them back blindly doubles them elsewhere. Text ending in U+FFFD is an
+incomplete UTF-8 character (a CJK character or an emoji spelled as several
+byte tokens): the window only moves past a token boundary where the text is
+whole, and the unfinished character is held back until its last byte arrives,
+so a stream never shows U+FFFD where the full text has none. Work per token
+is bounded by the window, never the whole output.
 
 ``tokenizers.decoders.DecodeStream`` does the same, but it cannot flush what it
 holds back at the end of a stream, so the window is kept here.

@@ -1,9 +1,13 @@
-"""Text-level stop strings, matched across chunk boundaries (field-notes row 4).
+"""Text-level stop strings, matched across chunk boundaries.
 
-A stop string can arrive split over several tokens ("Us" + "er:"), so the tail
-of the text that could still grow into one is held back; it is released as
-soon as it no longer can. On a match the text before it is emitted and the
-stop string itself never is.
+The engine matches ``stop_words`` as token sequences, but a string has several
+spellings in tokens (byte-level BPE spells "User" after a space and after a
+newline differently, and a tokenizer may merge it with what precedes it), so
+some occurrences slip past the engine; matching the decoded text catches
+every one. A stop string can arrive split over several tokens ("Us" + "er:"),
+so the tail of the text that could still grow into one is held back; it is
+released as soon as it no longer can. On a match the text before it is
+emitted and the stop string itself never is.
 """
 from __future__ import annotations
 

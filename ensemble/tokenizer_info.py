@@ -4,7 +4,10 @@ the context length.
 
 Chat models often stop on a token that is not the tokenizer's ``eos_token``
 (``<|eot_id|>``, ``<|im_end|>``): their list lives in generation_config.json,
-so all three sources are merged (field-notes row 5).
+so all three sources (generation_config.json, config.json, the tokenizer's
+``eos_token``) are merged. Stopping on the tokenizer's ``eos_token`` alone lets
+such a model write past the end of its turn, inventing the next one, until
+``max_tokens``.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Triton adapter for `preprocessing`: request tensors → prompt ids, word
-lists and a fresh request key. Logic lives in ensemble.llm_request."""
+lists, the request key (the caller's, or a fresh one) and the request_context
+for the steps after the LLM step. Logic lives in ensemble.llm_request."""
 from __future__ import annotations
 
 import triton_python_backend_utils as pb_utils

@@ -1,7 +1,9 @@
 """A tiny SentencePiece tokenizer, trained in a fixture, loaded into
 `tokenizers` with the Llama-style decoder (Replace ▁ → space, ByteFallback,
-Fuse, Strip one leading space): the decoder behind the "missing spaces between
-streamed words" reports (field-notes row 2)."""
+Fuse, Strip one leading space). That decoder strips the space of a word's
+leading "▁" when the word is decoded alone, so a detokenizer that decodes
+token by token streams words without the spaces between them; the default
+model's byte-level BPE never shows this, hence a tokenizer of this kind."""
 from __future__ import annotations
 
 import random
