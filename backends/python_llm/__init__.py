@@ -1,5 +1,8 @@
 """python_llm: the project's Python-based Triton backend and its engine.
 
-`model.py` is the thin Triton adapter; everything else lives in `engine/` and
-is importable and testable without Triton.
+`model.py` is the thin Triton adapter. Everything else is importable and
+testable without Triton: the engine (`engine/`), and the adapter's logic:
+input tensors to an engine request (`request_inputs.py`), live requests by
+engine id and request key (`stream_registry.py`), engine outputs to the
+responses to send (`stream_assembly.py`) and their tensors (`response_tensors.py`).
 """

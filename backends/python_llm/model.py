@@ -15,12 +15,13 @@ import uuid
 import triton_python_backend_utils as pb_utils
 
 from python_llm.config_params import engine_config_from_parameters
-from python_llm.engine.engine import LLMEngine
 from python_llm.engine.core.errors import (DuplicateRequestError, EngineDeadError, InvalidRequestError,
-                                      OverloadedError)
+                                           OverloadedError)
 from python_llm.engine.core.outputs import RequestOutput
+from python_llm.engine.engine import LLMEngine
 from python_llm.request_inputs import STOP_NEEDS_KEY, STOP_UNKNOWN_KEY, mint_request_key, parse_llm_request
 from python_llm.response_tensors import output_arrays
+from python_llm.stream_assembly import Reply, StreamAssembly
 from python_llm.stream_registry import LiveStream, StreamRegistry
 from python_llm.triton_metrics import TritonMetrics
 
@@ -73,9 +74,9 @@ class TritonPythonModel:
                 self._stop(sender, parsed.request_key, client_id)
                 return
             engine_id = uuid.uuid4().hex
+            assembly = StreamAssembly(parsed.streaming, parsed.prompt_token_ids, parsed.exclude_input_in_output)
             stream = LiveStream(engine_id, parsed.request_key or mint_request_key(), client_id, sender,
-                                parsed.streaming, parsed.prompt_token_ids, parsed.exclude_input_in_output,
-                                parsed.context)
+                                assembly, parsed.context)
             self.registry.register(stream)
             self.engine.add_request(engine_id, parsed.prompt_token_ids, parsed.sampling,
                                     priority=parsed.priority, on_output=self._on_output)
@@ -83,7 +84,7 @@ class TritonPythonModel:
             error = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
             if stream is not None and not isinstance(exc, DuplicateRequestError):
                 self.registry.remove(engine_id)
-                stream.send(error, FINAL, final=True)   # the watcher may hold this sender
+                stream.send(error, FINAL, final=True)   # closes the stream: nothing sends after it
             else:
                 sender.send(error, flags=FINAL)
 
@@ -108,32 +109,23 @@ class TritonPythonModel:
         if stream is None:
             return
         # The client's disconnect / gRPC cancel is checked here, on the engine
-        # thread, once per step of a running request: a separate polling thread
-        # calling into the stub concurrently crashed it under load. A request
-        # still queued is noticed when it starts (its timeouts bound the wait).
+        # thread that also sends, once per step of a running request: the stub
+        # crashed under load when another thread called into it concurrently.
+        # A request still queued is noticed when it starts (its timeouts bound
+        # the wait).
         if not out.finished and self.registry.is_newly_cancelled(stream):
             self.engine.abort(out.request_id, "cancelled")
         if out.finished:
             self.registry.remove(out.request_id)
-        if out.error is not None and (not stream.sent_any or out.finish_reason == "error"):
-            self._send(stream, pb_utils.InferenceResponse(error=pb_utils.TritonError(out.error)), FINAL)
-            return
-        if stream.streaming:
-            ids, logprobs = out.new_token_ids, out.new_logprobs
-            if not stream.exclude_input and not stream.sent_any:
-                ids = stream.prompt_ids + ids
-            if ids or out.finished:
-                self._send(stream, self._response(stream, out, ids, logprobs), FINAL if out.finished else 0)
-            return
-        stream.pending_ids.extend(out.new_token_ids)
-        if out.new_logprobs:
-            stream.pending_logprobs.extend(out.new_logprobs)
-        if out.finished:
-            ids = stream.pending_ids if stream.exclude_input else stream.prompt_ids + stream.pending_ids
-            self._send(stream, self._response(stream, out, ids, stream.pending_logprobs or None), FINAL)
+        reply = stream.assembly.respond(out)
+        if reply is not None:
+            self._send(stream, self._response(stream, out, reply), FINAL if reply.final else 0)
 
-    def _response(self, stream: LiveStream, out: RequestOutput, ids: list[int], logprobs: list[float] | None):
-        arrays = output_arrays(out, ids, logprobs, stream.context, stream.key)
+    @staticmethod
+    def _response(stream: LiveStream, out: RequestOutput, reply: Reply):
+        if reply.error is not None:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(reply.error))
+        arrays = output_arrays(out, reply.token_ids, reply.logprobs, stream.context, stream.key)
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()])
 
     def _send(self, stream: LiveStream, response, flags: int) -> None:

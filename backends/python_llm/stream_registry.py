@@ -4,7 +4,7 @@ A request has an engine id (minted here, never shown), a request key (the
 caller's secret, see `ensemble/request_key.py`) and maybe a client id (the
 Triton request id, which only names it in logs). A `stop` must name the key:
 request ids are chosen by clients and guessable. Shared by Triton's execute
-thread and the engine loop thread, hence the lock.
+thread (register, stop) and the engine loop thread (outputs), hence the lock.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .engine.core.errors import DuplicateRequestError
+from .stream_assembly import StreamAssembly
 
 
 @dataclass
@@ -21,18 +22,14 @@ class LiveStream:
     key: str
     client_id: str | None
     sender: Any                      # pb_utils.InferenceResponseSender (duck-typed for tests)
-    streaming: bool
-    prompt_ids: list[int]            # echoed when exclude_input_in_output is false
-    exclude_input: bool
+    assembly: StreamAssembly         # which responses the engine's outputs call for
     context: bytes = b""             # request_context, echoed on every response
-    sent_any: bool = False
     cancel_requested: bool = False
-    pending_ids: list[int] = field(default_factory=list)        # non-streaming accumulation
-    pending_logprobs: list[float] = field(default_factory=list)
-    # Serializes the sender's calls across threads. Once the final response
-    # is sent Triton frees the response factory, and `is_cancelled()` on it
-    # then crashes tritonserver (SIGSEGV in
-    # TRITONBACKEND_ResponseFactoryIsCancelled, seen at 64 concurrent streams).
+    # Guards `closed` and the sender: the execute thread sends a rejection,
+    # the engine loop thread everything else. Once the final response is sent
+    # Triton frees the response factory, and `is_cancelled()` on it then
+    # crashes tritonserver (SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled,
+    # seen at 64 concurrent streams).
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     closed: bool = False             # the final response was sent; never touch the sender again
 
@@ -42,7 +39,6 @@ class LiveStream:
                 return
             if final:
                 self.closed = True
-            self.sent_any = True
             self.sender.send(response, flags=flags)
 
 

@@ -10,10 +10,11 @@ from python_llm.engine.config import ConfigError
 from python_llm.engine.core.errors import DuplicateRequestError
 from python_llm.engine.core.sampling_params import InvalidRequestError
 from python_llm.request_inputs import parse_llm_request, parse_word_list
+from python_llm.stream_assembly import StreamAssembly
+from python_llm.stream_registry import LiveStream, StreamRegistry
 
 KEY_1 = "k" * 32
 KEY_2 = "Zz_-" * 8
-from python_llm.stream_registry import LiveStream, StreamRegistry
 
 
 def test_parameters_become_a_validated_engine_config():
@@ -79,15 +80,19 @@ class FakeSender:
         self.sent.append((response, flags))
 
 
+def assembly() -> StreamAssembly:
+    return StreamAssembly(streaming=True, prompt_ids=[1], exclude_input=True)
+
+
 def test_registry_names_cancels_and_closes_streams():
     registry = StreamRegistry()
     sender = FakeSender()
-    stream = LiveStream("engine-1", KEY_1, "client-1", sender, True, [1], True)
+    stream = LiveStream("engine-1", KEY_1, "client-1", sender, assembly())
     registry.register(stream)
     with pytest.raises(DuplicateRequestError, match="^request id: 'client-1' is already running"):
-        registry.register(LiveStream("engine-2", KEY_2, "client-1", FakeSender(), True, [1], True))
+        registry.register(LiveStream("engine-2", KEY_2, "client-1", FakeSender(), assembly()))
     with pytest.raises(DuplicateRequestError, match="^request_key: already used") as refused:
-        registry.register(LiveStream("engine-3", KEY_1, "client-3", FakeSender(), True, [1], True))
+        registry.register(LiveStream("engine-3", KEY_1, "client-3", FakeSender(), assembly()))
     assert KEY_1 not in str(refused.value)                   # a refusal never echoes a key
     assert registry.engine_id_for_key(KEY_1) == "engine-1"
     # the request id and the engine id are not credentials
@@ -101,4 +106,4 @@ def test_registry_names_cancels_and_closes_streams():
     assert sender.sent == [("last", 1)]
     registry.remove("engine-1")
     assert registry.engine_id_for_key(KEY_1) is None and len(registry) == 0
-    registry.register(LiveStream("engine-4", KEY_1, "client-1", FakeSender(), True, [1], True))  # both free again
+    registry.register(LiveStream("engine-4", KEY_1, "client-1", FakeSender(), assembly()))  # both free again

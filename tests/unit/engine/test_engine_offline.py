@@ -11,7 +11,7 @@ from python_llm.engine.core import metrics as m
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.engine import LLMEngine
 from python_llm.engine.core.errors import (DuplicateRequestError, EngineDeadError, InvalidRequestError,
-                                      OverloadedError)
+                                           OverloadedError)
 from python_llm.engine.core.metrics import InMemoryMetrics
 from python_llm.engine.core.sampling_params import SamplingParams
 
