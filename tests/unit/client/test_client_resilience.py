@@ -51,7 +51,7 @@ async def test_connection_errors_are_retried_then_surface(fake, make_client):
     fake.add_connect_error()
     fake.add_connect_error()
     async with make_client(retry=RetryConfig(max_attempts=2, backoff_base_s=0.01, backoff_max_s=0.1)) as client:
-        with pytest.raises(ServerConnectionError):
+        with pytest.raises(ServerConnectionError, match=r"^cannot reach .*: ConnectError\('connection refused'\)$"):
             await client.generate("x")
     assert len(fake.stream_requests) == 2
     assert not fake.stops
@@ -64,7 +64,7 @@ async def test_retry_budget_is_shared_and_stops_a_retry_storm(fake, make_client)
     retry = RetryConfig(max_attempts=10, backoff_base_s=0.01, backoff_max_s=0.1)
     async with make_client(retry=retry, budget=budget) as client:
         for _ in range(2):
-            with pytest.raises(RequestError):
+            with pytest.raises(RequestError, match=r"^HTTP 503: busy$"):
                 await client.generate("x")
     # request 1: attempt + the one budgeted retry; request 2: a single attempt
     assert len(fake.stream_requests) == 3
@@ -109,7 +109,8 @@ async def test_per_token_timeout_raises_and_closes_the_stream(fake, make_client)
     fake.add_stream(Step(delta("a")), Step(delta("b"), delay_s=5.0))
     async with make_client(timeouts=TimeoutConfig(token_s=0.1)) as client:
         stream = client.stream("x")
-        with pytest.raises(TokenTimeoutError) as info:
+        with pytest.raises(TokenTimeoutError,
+                           match=r"^no response for 0\.1s after 1 response\(s\) \(per-token timeout\)$") as info:
             async for _ in stream:
                 pass
     assert info.value.result is stream.result
@@ -121,7 +122,7 @@ async def test_per_token_timeout_raises_and_closes_the_stream(fake, make_client)
 async def test_first_token_timeout(fake, make_client):
     fake.add_stream(Step(delta("late"), delay_s=5.0))
     async with make_client(timeouts=TimeoutConfig(first_token_s=0.1)) as client:
-        with pytest.raises(FirstTokenTimeoutError):
+        with pytest.raises(FirstTokenTimeoutError, match=r"^no response within 0\.1s \(first-token timeout\)$"):
             await client.generate("x")
     assert len(fake.stream_requests) == 1  # a slow server is not retried into more load
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
@@ -71,7 +72,9 @@ async def test_request_id_is_generated_when_absent(fake, make_client):
         second = await client.generate("x")
     ids = [json.loads(r.content)["id"] for r in fake.stream_requests]
     assert ids == [first.request_id, second.request_id]
-    assert first.request_id != second.request_id and len(first.request_id) >= 16
+    assert first.request_id != second.request_id
+    # client.types.new_request_id: uuid4().hex, 32 lowercase hex digits
+    assert all(re.fullmatch(r"[0-9a-f]{32}", request_id) for request_id in ids)
 
 
 @pytest.mark.parametrize("as_sse", [False, True])
@@ -105,19 +108,20 @@ async def test_connection_drop_mid_stream_is_an_error_result_and_stops_ensemble(
 
 
 def test_options_are_validated():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^max_tokens must be an integer >= 1 \(got 0\)$"):
         GenerationOptions(max_tokens=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^top_p must be in \(0, 1\] \(got 1\.5\)$"):
         GenerationOptions(top_p=1.5)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^stop_words must be a list of non-empty strings$"):
         GenerationOptions(stop_words="END")  # a bare string is not a list of words
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^messages\[0\] must be a dict with string 'role' and 'content'$"):
         GenerationOptions(messages=[{"role": "user"}])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^segment must be one of \('token', 'sentence', 'paragraph'\) "
+                                         r"\(got 'word'\)$"):
         GenerationOptions(segment="word")
 
 
 async def test_empty_prompt_without_messages_is_refused_locally(make_client):
     async with make_client() as client:
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=r"^text_input must not be empty unless messages are given$"):
             client.stream("")

@@ -39,7 +39,7 @@ def test_dataset_has_both_languages_and_a_long_tail():
     dataset = PromptDataset.from_jsonl(DEFAULT_DATASET, max_tokens=128, seed=1)
     draws = [dataset.sample() for _ in range(2000)]
     langs = Counter(p.lang for p in draws)
-    assert langs["en"] > 0 and langs["zh"] > 0
+    assert langs == {"en": 1321, "zh": 679}   # seed 1: both languages of the dataset are drawn
     lengths = sorted(p.max_tokens for p in draws)
     assert 1 <= lengths[0] and lengths[-1] <= 128
     median, p95 = lengths[len(lengths) // 2], lengths[int(len(lengths) * 0.95)]
@@ -60,9 +60,9 @@ def test_dataset_rejects_bad_lines(tmp_path):
 def test_settings_round_trip_through_the_environment():
     settings = LoadSettings(shape="burst", users=3, cancel_share=0.25, fixed_max_tokens=True, model="llm_bls")
     assert LoadSettings.from_env(settings.to_env()) == settings
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^shape must be one of .* \(got 'zigzag'\)$"):
         LoadSettings(shape="zigzag")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^burst_factor must be in \[1, 100\] \(got 500\)$"):
         LoadSettings(burst_factor=500)
 
 
@@ -78,7 +78,7 @@ def test_prompts_go_out_as_chat_messages_unless_raw():
 def test_cli_parsing_helpers():
     assert parse_duration("60s") == 60 and parse_duration("2m") == 120 and parse_duration("1h30m") == 5400
     assert parse_duration("45") == 45
-    with pytest.raises(argparse.ArgumentTypeError):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^not a duration: 'soon' \(e\.g\. 60s, 2m\)$"):
         parse_duration("soon")
     assert user_classes("sse,grpc", burst_silence=False) == ["SseUser", "GrpcUser"]
     assert user_classes("grpc", burst_silence=True) == ["GrpcBurstSilenceUser"]
@@ -128,7 +128,8 @@ def test_locust_requests_get_their_own_keys_and_hide_them():
     requests = [new_stream_request(settings, dataset.sample(), rng) for _ in range(50)]
     assert len({r.request_key for r in requests}) == 50 and len({r.request_id for r in requests}) == 50
     assert all(KEY_FORMAT.fullmatch(r.request_key) for r in requests)
-    assert any(r.cancel_after_tokens for r in requests) and any(r.cancel_after_tokens is None for r in requests)
+    # cancel_share 0.5 under seed 1: 20 of the 50 draws abandon their stream
+    assert sum(r.cancel_after_tokens is not None for r in requests) == 20
 
 
 def test_locust_sse_stream_sends_the_key_and_stops_with_it():

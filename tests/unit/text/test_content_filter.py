@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -97,26 +96,39 @@ def test_any_chunking_gives_the_same_output() -> None:
             assert _run(rules, [text[:cut], text[cut:cut2], text[cut2:]]) == expected
 
 
-def measure_per_token_cost_us(rules: ContentFilterRules, tokens: list[str], rounds: int = 5) -> float:
-    """Mean microseconds one push costs (best of a few rounds)."""
-    best = float("inf")
-    for _ in range(rounds):
-        content_filter = rules.new_filter()
-        start = time.perf_counter()
-        for token in tokens:
-            content_filter.push(token)
-        content_filter.flush()
-        best = min(best, (time.perf_counter() - start) / len(tokens) * 1e6)
-    return best
+class _ScannedLengths:
+    """Wraps a compiled pattern and records how much text each scan covers."""
+
+    def __init__(self, pattern: object, lengths: list[int]) -> None:
+        self._pattern = pattern
+        self._lengths = lengths
+
+    def finditer(self, text: str, *args: object, **kwargs: object) -> object:
+        self._lengths.append(len(text))
+        return self._pattern.finditer(text, *args, **kwargs)  # type: ignore[attr-defined]
+
+    def search(self, text: str, *args: object, **kwargs: object) -> object:
+        self._lengths.append(len(text))
+        return self._pattern.search(text, *args, **kwargs)  # type: ignore[attr-defined]
 
 
-def test_per_token_cost_stays_small(capsys: pytest.CaptureFixture[str]) -> None:
+def test_each_push_scans_at_most_the_hold_window_plus_the_new_text() -> None:
+    """The per-token cost does not grow with the response: every scan covers
+    at most `max_hold_chars` of held text plus the new token, even under an
+    open-ended pattern that could hold forever. (Its speed in microseconds is
+    a benchmark's business, not a unit test's.)"""
     words = [{"pattern": w} for w in ("危险", "炸弹", "暴力", "password", "secret", "kill", "attack")]
-    regexes = [{"pattern": p, "regex": True} for p in (r"\d{3}-\d{4}", r"\b[\w.]+@\w+\.\w+\b", r"(?:api|key)=\w+")]
+    regexes = [{"pattern": p, "regex": True} for p in (r"\d{3}-\d{4}", r"\b[\w.]+@\w+\.\w+\b", r"(?:api|key)=\w+",
+                                                       r"<private>.*</private>")]
     stop = [{"pattern": "绝密", "action": "stop"}]
     rules = ContentFilterRules.from_dicts(words * 3 + regexes + stop)
+    lengths: list[int] = []
+    rules.mask_pattern = _ScannedLengths(rules.mask_pattern, lengths)  # type: ignore[assignment]
+    rules.stop_pattern = _ScannedLengths(rules.stop_pattern, lengths)  # type: ignore[assignment]
     tokens = ["The", " quick", " brown", " fox", "，", "今天", "天气", "很好", "。", " email", " me"] * 100
-    cost = measure_per_token_cost_us(rules, tokens)
-    with capsys.disabled():
-        print(f"\n[content filter: {len(rules.rules)} rules, {cost:.1f} us per token]")
-    assert cost < 500  # generous for a loaded 2-core CI machine; typically ~10-30 us
+    tokens += ["<private>"] + ["xxxx"] * 100     # never closed: held up to the window, then given up
+
+    text, stopped, _ = _run(rules, tokens)
+    assert not stopped and text == "".join(tokens)
+    assert rules.max_hold_chars == 64
+    assert max(lengths) == 64 + len("xxxx")

@@ -176,5 +176,7 @@ def test_work_per_token_stays_bounded(tokenizer: Tokenizer) -> None:
     for token_id in ids:
         detokenizer.push([token_id])
         longest_window = max(longest_window, len(detokenizer._ids))
-    assert len(ids) > 1000
-    assert longest_window <= 10
+    assert len(ids) == 3840
+    # a whole-character boundary is never far back, so the window holds the
+    # few ids since the last one and never grows with the output
+    assert longest_window == 5

@@ -31,5 +31,6 @@ def test_the_limit_itself_is_allowed():
 
 
 def test_limits_have_no_defaults_of_their_own():
-    with pytest.raises(TypeError, match="default_max_tokens"):
+    with pytest.raises(TypeError, match=r"missing 2 required positional arguments: 'default_max_tokens' and "
+                                        r"'max_tokens_limit'$"):
         RequestLimits()  # type: ignore[call-arg]

@@ -13,7 +13,8 @@ def test_default_model_facts(tokenizer_info: TokenizerInfo) -> None:
     assert tokenizer_info.end_id == 2 and tokenizer_info.pad_id == 2
     assert tokenizer_info.max_context == 8192
     assert tokenizer_info.chat_template is not None and "<|im_start|>" in tokenizer_info.chat_template
-    assert {0, 1, 2} <= tokenizer_info.special_token_ids
+    # the 17 added special tokens: <|endoftext|>, <|im_start|>, <|im_end|>, then 14 more
+    assert tokenizer_info.special_token_ids == frozenset(range(17))
 
 
 def test_loading_is_cached_per_folder(text_model_dir: Path, tokenizer_info: TokenizerInfo) -> None:
