@@ -4,7 +4,7 @@ Python (ensemble.bls_flow). Decoupled: each request runs on a worker thread."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -12,7 +12,7 @@ import triton_python_backend_utils as pb_utils
 
 from ensemble.bls_flow import BLSCallbacks, LLMStepError, run_bls_request
 from ensemble.llm_stop import stop_inputs
-from ensemble.public_outputs import LLM_RESPONSE_OUTPUTS, llm_response_from
+from ensemble.public_outputs import LLM_RESPONSE_OUTPUTS, LLMResponse, llm_response_from
 from ensemble.shared_state import InProcessStateStore
 from ensemble.stage_settings import TextStageSettings
 from ensemble.stream_postprocessor import StreamPostprocessor
@@ -47,11 +47,11 @@ class TritonPythonModel:
     def _serve(self, request) -> None:
         sender = request.get_response_sender()
 
-        def get(name: str):
+        def get(name: str) -> np.ndarray | None:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             return None if tensor is None else tensor.as_numpy()
 
-        def call_llm(inputs: dict[str, np.ndarray]):
+        def call_llm(inputs: dict[str, np.ndarray]) -> Iterator[LLMResponse]:
             llm_request = pb_utils.InferenceRequest(
                 model_name=self.llm_model, inputs=[pb_utils.Tensor(k, v) for k, v in inputs.items()],
                 requested_output_names=list(LLM_RESPONSE_OUTPUTS))

@@ -7,6 +7,7 @@ import hashlib
 import logging
 import os
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ensemble.errors import InvalidInputError
@@ -15,14 +16,14 @@ from ensemble.llm_stop import stop_inputs
 from ensemble.public_outputs import ReturnFlags, llm_response_from, public_output_arrays
 from ensemble.public_tensors import postprocessing_output_name
 from ensemble.request_context import RequestContext
-from ensemble.shared_state import InProcessStateStore, SqliteStateStore, StreamOrderError
+from ensemble.shared_state import InProcessStateStore, SqliteStateStore, StateStore, StreamOrderError
 from ensemble.stage_settings import TextStageSettings
 from ensemble.stream_postprocessor import LLMDelta, StreamPostprocessor
 
 log = logging.getLogger("postprocessing")
 
 
-def _state_store(args: dict, instances: int):
+def _state_store(args: dict, instances: int) -> StateStore:
     if instances <= 1:
         return InProcessStateStore()
     # one store per deployed repository, shared by its instances only
@@ -42,8 +43,8 @@ class TritonPythonModel:
         # in arrival order: a later delta of a stream may wait for an earlier one
         return [self._one(request) for request in requests]
 
-    def _one(self, request):
-        def get(name: str):
+    def _one(self, request) -> pb_utils.InferenceResponse:
+        def get(name: str) -> np.ndarray | None:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             return None if tensor is None else tensor.as_numpy()
 

@@ -3,6 +3,7 @@ lists, the request key (the caller's, or a fresh one) and the request_context
 for the steps after the LLM step. Logic lives in ensemble.llm_request."""
 from __future__ import annotations
 
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ensemble.errors import InvalidInputError
@@ -16,8 +17,8 @@ class TritonPythonModel:
     def execute(self, requests: list) -> list:
         return [self._one(request) for request in requests]
 
-    def _one(self, request):
-        def get(name: str):
+    def _one(self, request) -> pb_utils.InferenceResponse:
+        def get(name: str) -> np.ndarray | None:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             return None if tensor is None else tensor.as_numpy()
 
