@@ -27,15 +27,16 @@ log = logging.getLogger(__name__)
 
 # Triton's own error lines look like "E1129 12:00:00.123 123 file.cc:45] msg"
 _ERROR_LINE = re.compile(r"^E\d{4} .*?\] (.*)$")
-# Harmless on a CPU machine (see docs/triton-on-cpu.md): not the cause of anything.
+# Harmless on a CPU machine (no GPU, no NVML / DCGM, no pinned memory to allocate):
+# never the cause of a failure.
 _HARMLESS = ("CudaDriverHelper", "NVML", "DCGM", "pinned")
 # Lines after which the server will never become ready, though it may not exit.
 _FATAL = ("error while loading shared libraries", "failed to load", "Traceback (most recent call last)")
 
 
-# Triton's own front is for the gateway and trusted callers only (see
-# docs/triton-on-cpu.md, "Exposure and hardening"): it listens on loopback
-# unless told otherwise.
+# Triton's own front is for the gateway and trusted callers only: single
+# malformed requests can crash Triton 2.51's HTTP layer before any model code
+# runs, and its admin APIs have no auth. It listens on loopback unless told otherwise.
 DEFAULT_ADDRESS = "127.0.0.1"
 # Addresses that mean "every interface": a local caller reaches them on loopback.
 _WILDCARD_V4 = ("0.0.0.0", "")

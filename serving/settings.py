@@ -37,6 +37,8 @@ class ServerConfig:
     llm_model_name: str = "python_llm"
     preprocessing_instances: int = 1
     postprocessing_instances: int = 1
+    # llm_bls serves each request on a thread of its own: the most at once
+    bls_max_concurrent_requests: int = 256
 
 
 SECTIONS: dict[str, type] = {"engine": EngineConfig, "text": TextStageConfig, "server": ServerConfig}

@@ -36,7 +36,7 @@ class TritonPythonModel:
         self.post = StreamPostprocessor(settings.tokenizer_info.tokenizer, InProcessStateStore(),
                                         settings.content_filter())
         self.llm_model = settings.llm_model_name
-        self.pool = ThreadPoolExecutor(max_workers=int(settings.parameters.get("max_concurrent_requests", "256")),
+        self.pool = ThreadPoolExecutor(max_workers=int(settings.parameters["bls_max_concurrent_requests"]),
                                        thread_name_prefix="llm_bls")
 
     def execute(self, requests: list) -> None:

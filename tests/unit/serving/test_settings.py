@@ -32,7 +32,7 @@ TEXT_VALUES = {
     "max_text_input_bytes": 5000, "max_messages_bytes": 20000, "content_filter_rules": "/etc/rules.json",
 }
 SERVER_VALUES = {"max_batch_size": 8, "llm_model_name": "tensorrt_llm", "preprocessing_instances": 2,
-                 "postprocessing_instances": 3}
+                 "postprocessing_instances": 3, "bls_max_concurrent_requests": 5}
 VALUES = {"engine": ENGINE_VALUES, "text": TEXT_VALUES, "server": SERVER_VALUES}
 
 
@@ -99,6 +99,8 @@ def test_every_setting_reaches_its_part_through_the_rendered_repository(source, 
         assert stage.llm_model_name == "tensorrt_llm"
         assert stage.parameters["default_max_tokens"] == "77" and stage.parameters["max_tokens_limit"] == "1000"
         assert stage.parameters["max_model_len"] == "2048"
+    bls = _parameters((repo / "llm_bls" / "config.pbtxt").read_text())
+    assert bls["bls_max_concurrent_requests"] == "5"
     ensemble = (repo / "ensemble" / "config.pbtxt").read_text()
     assert 'model_name: "tensorrt_llm"' in ensemble and "max_batch_size: 8" in ensemble
     assert "count: 3" in (repo / "postprocessing" / "config.pbtxt").read_text()
@@ -170,7 +172,8 @@ def _default_sites(name: str) -> list[str]:
                 sites += [f"{path.relative_to(REPO_ROOT)}:{text.count(chr(10), 0, m.start()) + 1}"
                           for m in pattern.finditer(text)]
     for template in (REPO_ROOT / "model_repository").rglob("config.pbtxt.template"):
-        if f'key: "{name}"' in template.read_text():
+        # a literal value, not a ${placeholder} filled from the settings
+        if re.search(rf'key: "{name}" value: {{ string_value: "(?!\$\{{)', template.read_text()):
             sites.append(str(template.relative_to(REPO_ROOT)))
     return sorted(set(sites))
 
