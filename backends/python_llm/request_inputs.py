@@ -1,5 +1,5 @@
-"""Turns the LLM step's input tensors (TensorRT-LLM names, see the shared
-interface.md) into an engine request. Importable and testable without Triton:
+"""Turns the LLM step's input tensors (TensorRT-LLM names, see
+docs/interface.md) into an engine request. Importable and testable without Triton:
 the adapter hands over a plain dict of numpy arrays."""
 from __future__ import annotations
 

@@ -154,10 +154,6 @@ class LLMEngine:
             return False
         return self._thread is None or self._thread.is_alive()
 
-    @property
-    def dead_error(self) -> str | None:
-        return self._dead_error
-
     def stats(self) -> EngineStats:
         kv = self.scheduler.kv
         return EngineStats(running=self.scheduler.num_running,
@@ -219,7 +215,7 @@ class LLMEngine:
             if self._thread.is_alive():
                 log.warning("engine loop did not stop within %ss", timeout)
         else:
-            self._close("engine shut down")
+            self._end_everything("engine shut down")
 
     def _run_loop(self) -> None:
         try:
@@ -237,7 +233,7 @@ class LLMEngine:
                     self._wait_for_work()
         finally:
             if self._dead_error is None:
-                self._close("engine shut down")
+                self._end_everything("engine shut down")
 
     def _wait_for_work(self) -> None:
         """Requests exist but none could run: sleep until news or the next
@@ -344,9 +340,6 @@ class LLMEngine:
             except Exception:
                 log.exception("on_dead callback failed")
         return outputs
-
-    def _close(self, text: str) -> None:
-        self._end_everything(text)
 
     def _end_everything(self, text: str) -> list[RequestOutput]:
         """Mark the engine dead and give every live request its final output."""

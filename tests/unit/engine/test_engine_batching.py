@@ -1,4 +1,4 @@
-"""Issue 2: concurrent requests really share forward passes, and batching
+"""Concurrent requests really share forward passes, and batching
 does not change greedy output (beyond a logit near-tie)."""
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from .sampling_params import InvalidRequestError
 
-__all__ = ["EngineError", "OverloadedError", "DuplicateRequestError", "UnknownRequestError",
-           "EngineDeadError", "InvalidRequestError"]
+__all__ = ["EngineError", "OverloadedError", "DuplicateRequestError", "EngineDeadError", "InvalidRequestError"]
 
 OVERLOADED_MARKER = "overloaded:"
 
@@ -24,10 +23,6 @@ class OverloadedError(EngineError):
 
 class DuplicateRequestError(EngineError):
     """A live request already uses this id."""
-
-
-class UnknownRequestError(EngineError):
-    """No live request has this id."""
 
 
 class EngineDeadError(EngineError):

@@ -40,9 +40,6 @@ class KVCacheManager:
     def block_ids(self, request_id: str) -> list[int]:
         return self.tables.get(request_id, [])
 
-    def num_requests(self) -> int:
-        return len(self._blocks)
-
     def _ensure_block_hashes(self, request: Request, num_full_blocks: int) -> list[BlockHash]:
         hashes = request.block_hashes
         bs = self.block_size

@@ -1,4 +1,4 @@
-"""Engine metrics: the families of the shared contract (interface.md, "Engine
+"""Engine metrics: the families of the contract (docs/interface.md, "Engine
 metrics") and a small sink interface. The engine only talks to a MetricsSink;
 the Triton adapter subclasses it with pb_utils families, tests use
 InMemoryMetrics. The base class is a no-op sink."""
@@ -87,13 +87,6 @@ class MetricsSink:
             self.histogram_observe(name, value)
 
 
-@dataclass
-class MetricsSnapshot:
-    counters: dict[str, float]
-    gauges: dict[str, float]
-    histograms: dict[str, list[float]]
-
-
 class InMemoryMetrics(MetricsSink):
     """Keeps every value, and rejects names or kinds outside the contract so a
     typo fails a test instead of silently creating a new series."""
@@ -143,8 +136,3 @@ class InMemoryMetrics(MetricsSink):
     def observations(self, name: str) -> list[float]:
         with self._lock:
             return list(self._histograms.get(name, ()))
-
-    def snapshot(self) -> MetricsSnapshot:
-        with self._lock:
-            return MetricsSnapshot(dict(self._counters), dict(self._gauges),
-                                   {k: list(v) for k, v in self._histograms.items()})

@@ -1,11 +1,7 @@
 """Engine-side state of one request.
 
 A Request is exactly one generated sequence: its tokens, its KV progress and
-its timing. Parallel sampling (n > 1) is meant to fan out into child Requests
-that share the prompt through the prefix cache (vLLM v1's ParentRequest), so
-everything per-sequence lives here and `parent_request_id` links children
-(logits processors travel in SamplingParams). Only the engine loop thread
-mutates a Request after it is queued.
+its timing. Only the engine loop thread mutates a Request after it is queued.
 """
 from __future__ import annotations
 
@@ -34,15 +30,6 @@ class RequestStatus(enum.Enum):
     FINISHED_TIMEOUT = enum.auto()
     FINISHED_ERROR = enum.auto()
 
-    @property
-    def is_finished(self) -> bool:
-        return self in _FINISHED
-
-
-_FINISHED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
-                       RequestStatus.FINISHED_CANCELLED, RequestStatus.FINISHED_TIMEOUT,
-                       RequestStatus.FINISHED_ERROR})
-
 FINISHED_STATUS: dict[FinishReason, RequestStatus] = {
     FinishReason.STOP: RequestStatus.FINISHED_STOPPED,
     FinishReason.LENGTH: RequestStatus.FINISHED_LENGTH,
@@ -59,10 +46,10 @@ class Request:
         "request_id", "prompt_token_ids", "sampling", "priority", "status",
         "all_token_ids", "output_token_ids", "output_logprobs", "cum_log_prob",
         "num_computed_tokens", "num_cached_tokens", "block_hashes",
-        "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns",
+        "arrival_time_ns", "first_token_time_ns", "last_token_time_ns",
         "token_timeout_ns", "deadline_mono_ns", "admit_seq",
         "finish_reason", "error", "num_returned_tokens", "on_output",
-        "stop_token_ids", "max_tokens", "has_stop_words", "parent_request_id", "scheduled_decode",
+        "stop_token_ids", "max_tokens", "has_stop_words", "scheduled_decode",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
@@ -84,7 +71,6 @@ class Request:
         self.num_cached_tokens = 0            # prompt tokens the prefix cache served at first admission
         self.block_hashes: list[Any] = []     # hashes of full blocks of all_token_ids (block_pool.BlockHash)
         self.arrival_time_ns = arrival_time_ns if arrival_time_ns is not None else time.time_ns()
-        self.first_scheduled_time_ns: int | None = None
         self.first_token_time_ns: int | None = None
         self.last_token_time_ns: int | None = None
         # per-token timeout on the monotonic clock; 0 = off
@@ -100,7 +86,6 @@ class Request:
         self.stop_token_ids = frozenset(sampling.stop_token_ids)
         self.max_tokens = sampling.max_tokens
         self.has_stop_words = bool(sampling.stop_words_ids)
-        self.parent_request_id: str | None = None
         # the scheduler's reusable decode entry for this request (scheduler.py)
         self.scheduled_decode: Any = None
 
@@ -115,10 +100,6 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
-
-    @property
-    def is_finished(self) -> bool:
-        return self.status.is_finished
 
     def append_output_token(self, token_id: int, logprob: float | None) -> None:
         self.output_token_ids.append(token_id)

@@ -181,7 +181,6 @@ class Scheduler:
             req.num_computed_tokens = num_cached
             if req.status is RequestStatus.WAITING:
                 now = time.time_ns()
-                req.first_scheduled_time_ns = now
                 req.num_cached_tokens = num_cached
                 self.metrics.counter_add(m.PROMPT_TOKENS, req.num_prompt_tokens)
                 self.metrics.histogram_observe(m.REQUEST_QUEUE_TIME, (now - req.arrival_time_ns) / 1e9)

@@ -44,10 +44,6 @@ class PagedKVCache:
         self.keys = [torch.zeros(dims, dtype=dtype, device=device) for _ in range(shape.num_layers)]
         self.values = [torch.zeros(dims, dtype=dtype, device=device) for _ in range(shape.num_layers)]
 
-    @property
-    def num_slots(self) -> int:
-        return self.shape.num_blocks * self.shape.block_size
-
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """Store new tokens' K/V ([T, kv_heads, head_dim]) at their slots ([T])."""
         heads, d = self.shape.num_kv_heads, self.shape.head_dim

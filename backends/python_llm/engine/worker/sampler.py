@@ -11,16 +11,13 @@ do not depend on which other requests share the batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import torch
 
 from ..core.sampling_params import SamplingParams
 from ..core.scheduler_output import ScheduledSequence
 from .kernels import CpuKernels
-
-# fn(output_token_ids, logits[vocab]) -> logits[vocab]; may modify in place
-LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
 
 
 @dataclass
