@@ -1,6 +1,8 @@
 """Turns the LLM step's input tensors (TensorRT-LLM names, see
 docs/interface.md) into an engine request. Importable and testable without Triton:
-the adapter hands over a plain dict of numpy arrays."""
+the adapter hands over a plain dict of numpy arrays. It only converts: the
+values are validated once, by the engine at intake (`SamplingParams.validate`
+and what depends on the engine), with errors that name the field."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -130,7 +132,6 @@ def parse_llm_request(tensors: Mapping[str, np.ndarray], config: EngineConfig,
         return_log_probs=bool(_scalar(tensors, "return_log_probs", False)),
         token_timeout_ms=None if timeout is None else int(timeout),
     )
-    sampling.validate(config.max_tokens_limit)
     return LLMRequest(
         prompt_token_ids=prompt,
         sampling=sampling,

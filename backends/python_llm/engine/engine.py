@@ -112,7 +112,10 @@ class LLMEngine:
         n = len(prompt)
         if n == 0:
             raise InvalidRequestError("input_ids: must not be empty")
-        sampling.validate(self.config.max_tokens_limit)
+        sampling.validate()
+        limit = self.config.max_tokens_limit
+        if sampling.max_tokens > limit:
+            raise InvalidRequestError(f"max_tokens: must be <= {limit}, got {sampling.max_tokens}")
         vocab = int(self.model_info.vocab_size)
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise InvalidRequestError(f"input_ids: token ids must be in [0, {vocab})")

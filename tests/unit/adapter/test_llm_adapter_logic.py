@@ -48,8 +48,10 @@ def test_inputs_become_an_engine_request():
     assert request.sampling.max_tokens == 9 and request.sampling.greedy
     assert request.sampling.stop_token_ids == [2, 7]          # -1: all of the model's EOS ids
     assert request.streaming and request.request_key == KEY_1
-    with pytest.raises(InvalidRequestError, match="max_tokens"):
-        parse_llm_request({**tensors, "request_output_len": np.array([[101]])}, config, [2])
+    # it only converts: the engine validates each value once, at intake
+    unchecked = parse_llm_request({**tensors, "request_output_len": np.array([[101]]),
+                                   "temperature": np.array([[-1.0]])}, config, [2])
+    assert (unchecked.sampling.max_tokens, unchecked.sampling.temperature) == (101, -1.0)
     with pytest.raises(InvalidRequestError, match="input_ids"):
         parse_llm_request({}, config, [2])
     stop = parse_llm_request({"stop": np.array([[True]]), "request_key": np.array([[KEY_1.encode()]], dtype=object)},

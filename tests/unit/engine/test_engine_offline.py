@@ -86,6 +86,13 @@ def test_invalid_requests_name_the_field(tokens: list[int], params: SamplingPara
     assert engine.num_live_requests() == 0
 
 
+def test_max_tokens_beyond_the_engines_limit_is_refused_naming_it() -> None:
+    engine, _, _ = make_engine(max_tokens_limit=100)
+    with pytest.raises(InvalidRequestError, match=r"^max_tokens: must be <= 100, got 101$"):
+        engine.add_request("big", prompt(4), SamplingParams(max_tokens=101))
+    engine.add_request("ok", prompt(4), SamplingParams(max_tokens=100))
+
+
 def test_abort_frees_blocks_and_reports_cancelled() -> None:
     engine, _, metrics = make_engine()
     seen = []

@@ -1,4 +1,9 @@
-"""Per-request generation settings, validated at intake."""
+"""Per-request generation settings.
+
+`validate()` holds every rule that depends on the settings alone; the engine
+calls it once, at intake, and adds only what depends on the engine (its
+`max_tokens_limit`, the model's length and vocabulary, the KV cache). Parsers
+in front of the engine (`request_inputs.py`) only convert."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -31,14 +36,13 @@ class SamplingParams:
     # applied by the sampler before penalties (see worker/sampler.py)
     logits_processors: list[Callable[[list[int], Any], Any]] = field(default_factory=list)
 
-    def validate(self, max_tokens_limit: int) -> None:
+    def validate(self) -> None:
+        """Raise InvalidRequestError naming the first field that breaks a rule."""
         def bad(name: str, what: str) -> InvalidRequestError:
             return InvalidRequestError(f"{name}: {what}")
 
         if self.max_tokens <= 0:
             raise bad("max_tokens", f"must be > 0, got {self.max_tokens}")
-        if self.max_tokens > max_tokens_limit:
-            raise bad("max_tokens", f"must be <= {max_tokens_limit}, got {self.max_tokens}")
         if self.temperature < 0:
             raise bad("temperature", f"must be >= 0, got {self.temperature}")
         if self.top_k < 0:
