@@ -46,7 +46,6 @@ class TritonPythonModel:
         self.input_names = [i["name"] for i in model_config["input"]]
         self.metrics = TritonMetrics(pb_utils, args["model_name"], args["model_version"])
         self.engine = LLMEngine(self.config, metrics=self.metrics, on_dead=self._on_engine_dead)
-        self.eos_token_ids = list(self.engine.model_info.eos_token_ids)
         self.registry = StreamRegistry()
         self.engine.start()
         log.info("python_llm ready: %s", {"model_dir": self.config.model_dir, "device": self.config.device,
@@ -69,7 +68,7 @@ class TritonPythonModel:
         engine_id = None
         stream = None
         try:
-            parsed = parse_llm_request(tensors, self.config, self.eos_token_ids)
+            parsed = parse_llm_request(tensors, self.config)
             if parsed.stop:
                 self._stop(sender, parsed.request_key, client_id)
                 return

@@ -87,8 +87,7 @@ def parse_word_list(array: np.ndarray | None, name: str) -> list[list[int]]:
     return words
 
 
-def parse_llm_request(tensors: Mapping[str, np.ndarray], config: EngineConfig,
-                      eos_token_ids: list[int]) -> LLMRequest:
+def parse_llm_request(tensors: Mapping[str, np.ndarray], config: EngineConfig) -> LLMRequest:
     stop = bool(_scalar(tensors, "stop", False))
     try:
         request_key = parse_request_key(_scalar(tensors, "request_key", None))
@@ -112,7 +111,8 @@ def parse_llm_request(tensors: Mapping[str, np.ndarray], config: EngineConfig,
     prompt = prompt[: int(length)]
 
     end_id = _scalar(tensors, "end_id", None)
-    stop_ids = list(eos_token_ids) if end_id is None or int(end_id) < 0 else [int(end_id)]
+    # absent or negative: None, the engine's "all of the model's EOS ids"
+    stop_ids = None if end_id is None or int(end_id) < 0 else [int(end_id)]
     seed = _scalar(tensors, "seed", None)
     timeout = _scalar(tensors, "token_timeout_ms", None)
     sampling = SamplingParams(

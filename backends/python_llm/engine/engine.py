@@ -100,7 +100,7 @@ class LLMEngine:
             raise EngineDeadError(self._dead_error)
         prompt = [int(t) for t in prompt_token_ids]
         self._validate(prompt, sampling)
-        if not sampling.stop_token_ids:
+        if sampling.stop_token_ids is None:   # an explicit [] stays: no stop token
             sampling = dataclasses.replace(sampling, stop_token_ids=list(self._eos_ids))
         timeout_ms = sampling.token_timeout_ms
         if timeout_ms is None:

@@ -43,21 +43,22 @@ def test_inputs_become_an_engine_request():
                "request_output_len": np.array([[9]]), "temperature": np.array([[0.0]], dtype=np.float32),
                "end_id": np.array([[-1]]), "streaming": np.array([[True]]),
                "request_key": np.array([[KEY_1.encode()]], dtype=object)}
-    request = parse_llm_request(tensors, config, eos_token_ids=[2, 7])
+    request = parse_llm_request(tensors, config)
     assert request.prompt_token_ids == [1, 2, 3]
     assert request.sampling.max_tokens == 9 and request.sampling.greedy
-    assert request.sampling.stop_token_ids == [2, 7]          # -1: all of the model's EOS ids
+    assert request.sampling.stop_token_ids is None            # -1: all of the model's EOS ids
+    assert parse_llm_request({**tensors, "end_id": np.array([[5]])}, config).sampling.stop_token_ids == [5]
     assert request.streaming and request.request_key == KEY_1
     # it only converts: the engine validates each value once, at intake
     unchecked = parse_llm_request({**tensors, "request_output_len": np.array([[101]]),
-                                   "temperature": np.array([[-1.0]])}, config, [2])
+                                   "temperature": np.array([[-1.0]])}, config)
     assert (unchecked.sampling.max_tokens, unchecked.sampling.temperature) == (101, -1.0)
     with pytest.raises(InvalidRequestError, match="input_ids"):
-        parse_llm_request({}, config, [2])
+        parse_llm_request({}, config)
     stop = parse_llm_request({"stop": np.array([[True]]), "request_key": np.array([[KEY_1.encode()]], dtype=object)},
-                             config, [2])
+                             config)
     assert stop.stop and stop.request_key == KEY_1
-    assert parse_llm_request({"stop": np.array([[True]])}, config, [2]).request_key is None
+    assert parse_llm_request({"stop": np.array([[True]])}, config).request_key is None
 
 
 @pytest.mark.parametrize("key", [b"k1", b"x" * 31, b"x" * 129, b"spaces are not allowed in a key ok", "é".encode() * 32])
@@ -65,9 +66,9 @@ def test_a_malformed_request_key_is_refused_naming_it(key):
     config = engine_config_from_parameters({"model_dir": "/m"})
     tensors = {"input_ids": np.array([[1, 2]], dtype=np.int32), "request_key": np.array([[key]], dtype=object)}
     with pytest.raises(InvalidRequestError, match="^request_key: must be 32 to 128 characters"):
-        parse_llm_request(tensors, config, [2])
+        parse_llm_request(tensors, config)
     with pytest.raises(InvalidRequestError, match="^request_key: "):
-        parse_llm_request({**tensors, "stop": np.array([[True]])}, config, [2])
+        parse_llm_request({**tensors, "stop": np.array([[True]])}, config)
 
 
 class FakeSender:

@@ -111,11 +111,13 @@ def test_abort_frees_blocks_and_reports_cancelled() -> None:
     assert not engine.abort("a")
 
 
-def test_empty_stop_ids_default_to_the_models_eos() -> None:
+def test_stop_token_ids_none_means_the_models_eos_and_empty_means_none() -> None:
     engine, runner, _ = make_engine()
-    runner.token_fn = lambda rid, i: [11, 2, 12][i]
-    [tokens] = engine.generate([(prompt(4), SamplingParams(max_tokens=3))])
-    assert tokens == [11]
+    runner.token_fn = lambda rid, i: [11, 2, 12][i]   # 2: the fake model's EOS
+    default, explicit_none = engine.generate_results([(prompt(4), SamplingParams(max_tokens=3)),
+                                                      (prompt(4), SamplingParams(max_tokens=3, stop_token_ids=[]))])
+    assert (default.token_ids, default.finish_reason) == ([11], "stop")
+    assert (explicit_none.token_ids, explicit_none.finish_reason) == ([11, 2, 12], "length")
 
 
 def test_failing_callback_ends_only_its_request() -> None:

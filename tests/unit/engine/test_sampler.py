@@ -200,6 +200,7 @@ def test_native_argmax_equals_torch(vocab: int) -> None:
     (SamplingParams(min_tokens=3, stop_token_ids=[2]), 2, False),   # EOS still banned
     (SamplingParams(min_tokens=3, stop_token_ids=[2]), 3, True),
     (SamplingParams(min_tokens=3), 0, True),                         # nothing to ban
+    (SamplingParams(min_tokens=3, stop_token_ids=[]), 0, True),      # explicitly none
     (SamplingParams(temperature=0.7), 0, False),
     (SamplingParams(return_log_probs=True), 0, False),
     (SamplingParams(repetition_penalty=1.1), 0, False),

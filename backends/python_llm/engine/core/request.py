@@ -83,7 +83,8 @@ class Request:
         self.on_output = on_output
         # read by the scheduler for every token: kept here, in slots, so the
         # common step does not touch the SamplingParams (a dict-backed object)
-        self.stop_token_ids = frozenset(sampling.stop_token_ids)
+        # None here only when built outside the engine, which fills in the EOS ids
+        self.stop_token_ids = frozenset(sampling.stop_token_ids or ())
         self.max_tokens = sampling.max_tokens
         self.has_stop_words = bool(sampling.stop_words_ids)
         # the scheduler's reusable decode entry for this request (scheduler.py)

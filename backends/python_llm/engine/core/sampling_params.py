@@ -27,7 +27,8 @@ class SamplingParams:
     min_tokens: int = 0
     seed: int | None = None           # None = nondeterministic
     ignore_eos: bool = False
-    stop_token_ids: list[int] = field(default_factory=list)       # all EOS ids
+    # None = the model's EOS ids (filled in by the engine); [] = no stop token
+    stop_token_ids: list[int] | None = None
     stop_words_ids: list[list[int]] = field(default_factory=list)  # token-level stop sequences
     bad_words_ids: list[list[int]] = field(default_factory=list)
     return_log_probs: bool = False

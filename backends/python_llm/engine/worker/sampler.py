@@ -34,7 +34,7 @@ def _banned_tokens(seq: ScheduledSequence) -> list[int]:
     """Tokens this sequence may not produce next."""
     params = seq.sampling
     banned: list[int] = []
-    if len(seq.output_token_ids) < params.min_tokens:
+    if params.stop_token_ids and len(seq.output_token_ids) < params.min_tokens:
         banned.extend(params.stop_token_ids)
     for word in params.bad_words_ids:
         if not word:
