@@ -3,7 +3,7 @@ tokenization on the way in; detokenization, stop strings, content filter and
 segmentation on the way out. The Triton models in model_repository/ are thin
 adapters over this package.
 
-Callers import the module they need (``ensemble.stream_postprocessor``,
-``ensemble.llm_request``, …): the package root re-exports nothing, so loading
+Callers import the module they need (``ensemble.outbound.stream_postprocessor``,
+``ensemble.inbound.llm_request``, …): the package root re-exports nothing, so loading
 one stage (say `postprocessing`) does not import every other one (the chat
 template's Jinja sandbox, the prompt builder)."""

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InvalidInputError
-from .llm_request import Getter, LLMRequestBuilder, llm_inputs, scalar
-from .public_outputs import LLMResponse, ReturnFlags, public_output_arrays
+from .inbound.llm_request import Getter, LLMRequestBuilder, llm_inputs, scalar
+from .outbound.public_outputs import LLMResponse, ReturnFlags, public_output_arrays
 from .request_context import RequestContext
-from .stream_postprocessor import StreamPostprocessor
+from .outbound.stream_postprocessor import StreamPostprocessor
 
 Arrays = dict[str, np.ndarray]
 

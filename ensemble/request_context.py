@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from .errors import InvalidInputError
-from .segmenter import SegmentMode
+from .outbound.segmenter import SegmentMode
 
 
 @dataclass(frozen=True)

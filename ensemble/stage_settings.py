@@ -10,9 +10,9 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from .content_filter import ContentFilterRules
-from .llm_request import LLMRequestBuilder, RequestLimits
-from .prompt import PromptBuilder, PromptConfig
+from .outbound.content_filter import ContentFilterRules
+from .inbound.llm_request import LLMRequestBuilder, RequestLimits
+from .inbound.prompt import PromptBuilder, PromptConfig
 from .tokenizer_info import TokenizerInfo, load_tokenizer_info
 
 

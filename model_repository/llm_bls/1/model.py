@@ -12,10 +12,10 @@ import triton_python_backend_utils as pb_utils
 
 from ensemble.bls_flow import BLSCallbacks, LLMStepError, run_bls_request
 from ensemble.llm_stop import stop_inputs
-from ensemble.public_outputs import LLM_RESPONSE_OUTPUTS, LLMResponse, llm_response_from
-from ensemble.shared_state import InProcessStateStore
+from ensemble.outbound.public_outputs import LLM_RESPONSE_OUTPUTS, LLMResponse, llm_response_from
+from ensemble.outbound.shared_state import InProcessStateStore
 from ensemble.stage_settings import TextStageSettings
-from ensemble.stream_postprocessor import StreamPostprocessor
+from ensemble.outbound.stream_postprocessor import StreamPostprocessor
 
 log = logging.getLogger("llm_bls")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL

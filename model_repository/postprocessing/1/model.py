@@ -1,6 +1,6 @@
 """Triton adapter for `postprocessing`: one LLM response → one text delta.
-Stream state moves between instances through ensemble.shared_state; the
-logic lives in ensemble.stream_postprocessor."""
+Stream state moves between instances through ensemble.outbound.shared_state; the
+logic lives in ensemble.outbound.stream_postprocessor."""
 from __future__ import annotations
 
 import hashlib
@@ -11,14 +11,14 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ensemble.errors import InvalidInputError
-from ensemble.llm_request import scalar
+from ensemble.inbound.llm_request import scalar
 from ensemble.llm_stop import stop_inputs
-from ensemble.public_outputs import ReturnFlags, llm_response_from, public_output_arrays
+from ensemble.outbound.public_outputs import ReturnFlags, llm_response_from, public_output_arrays
 from ensemble.public_tensors import postprocessing_output_name
 from ensemble.request_context import RequestContext
-from ensemble.shared_state import InProcessStateStore, SqliteStateStore, StateStore, StreamOrderError
+from ensemble.outbound.shared_state import InProcessStateStore, SqliteStateStore, StateStore, StreamOrderError
 from ensemble.stage_settings import TextStageSettings
-from ensemble.stream_postprocessor import LLMDelta, StreamPostprocessor
+from ensemble.outbound.stream_postprocessor import LLMDelta, StreamPostprocessor
 
 log = logging.getLogger("postprocessing")
 

@@ -11,11 +11,11 @@ import pytest
 from tokenizers import Tokenizer
 
 from ensemble.bls_flow import BLSCallbacks, LLMStepError, run_bls_request
-from ensemble.llm_request import LLMRequestBuilder, RequestLimits
-from ensemble.prompt import PromptBuilder
-from ensemble.public_outputs import LLMResponse
-from ensemble.shared_state import InProcessStateStore
-from ensemble.stream_postprocessor import StreamPostprocessor
+from ensemble.inbound.llm_request import LLMRequestBuilder, RequestLimits
+from ensemble.inbound.prompt import PromptBuilder
+from ensemble.outbound.public_outputs import LLMResponse
+from ensemble.outbound.shared_state import InProcessStateStore
+from ensemble.outbound.stream_postprocessor import StreamPostprocessor
 from ensemble.tokenizer_info import TokenizerInfo
 
 KEY = "bls-test-key-" + "x" * 24

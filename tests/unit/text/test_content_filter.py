@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ensemble.content_filter import ContentFilterRules, FilterAction, FilterRule
+from ensemble.outbound.content_filter import ContentFilterRules, FilterAction, FilterRule
 
 
 def _run(rules: ContentFilterRules, chunks: list[str]) -> tuple[str, bool, str | None]:

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from ensemble.detokenizer import IncrementalDetokenizer
+from ensemble.outbound.detokenizer import IncrementalDetokenizer
 
 from .spm_tokenizer import RARE_CHINESE
 

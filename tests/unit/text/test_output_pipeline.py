@@ -2,9 +2,9 @@ from __future__ import annotations
 
 from tokenizers import Tokenizer
 
-from ensemble.content_filter import ContentFilterRules
-from ensemble.output_pipeline import Emission, OutputConfig, OutputPipeline
-from ensemble.segmenter import SegmentMode
+from ensemble.outbound.content_filter import ContentFilterRules
+from ensemble.outbound.output_pipeline import Emission, OutputConfig, OutputPipeline
+from ensemble.outbound.segmenter import SegmentMode
 
 
 def _stream(tokenizer: Tokenizer, text: str, config: OutputConfig, engine_reason: str = "length",

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from ensemble.errors import InvalidInputError
-from ensemble.prompt import PromptBuilder, PromptConfig
+from ensemble.inbound.prompt import PromptBuilder, PromptConfig
 from ensemble.tokenizer_info import TokenizerInfo
 
 CONVERSATIONS = [

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ensemble.errors import InvalidInputError
-from ensemble.public_outputs import (LLM_RESPONSE_OUTPUTS, ArrayGetter, LLMResponse, ReturnFlags, llm_response_from,
+from ensemble.outbound.public_outputs import (LLM_RESPONSE_OUTPUTS, ArrayGetter, LLMResponse, ReturnFlags, llm_response_from,
                                      public_output_arrays)
 from ensemble.request_context import RequestContext
 

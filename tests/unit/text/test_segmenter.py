@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from ensemble.errors import InvalidInputError
-from ensemble.segmenter import Segmenter, SegmentMode
+from ensemble.outbound.segmenter import Segmenter, SegmentMode
 
 
 def _segments(mode: SegmentMode, chunks: list[str]) -> list[str]:

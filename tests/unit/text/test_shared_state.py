@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ensemble.shared_state import InProcessStateStore, SqliteStateStore, StreamOrderError
+from ensemble.outbound.shared_state import InProcessStateStore, SqliteStateStore, StreamOrderError
 
 KEY = "s" * 32
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from ensemble.stop_strings import StopStringMatcher
+from ensemble.outbound.stop_strings import StopStringMatcher
 
 
 def _run(stops: list[str], chunks: list[str]) -> tuple[list[str], bool]:

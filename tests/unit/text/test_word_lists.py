@@ -5,7 +5,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from ensemble.errors import InvalidInputError
-from ensemble.word_lists import encode_word_list, parse_word_list, to_word_list, validate_words, word_spellings
+from ensemble.inbound.word_lists import encode_word_list, parse_word_list, to_word_list, validate_words, word_spellings
 
 
 def _contains(haystack: list[int], needle: list[int]) -> bool:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .chat_template import ChatTemplate
-from .errors import InvalidInputError
-from .tokenizer_info import TokenizerInfo
+from ..errors import InvalidInputError
+from ..tokenizer_info import TokenizerInfo
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 from tokenizers import Tokenizer
 
-from .errors import InvalidInputError
+from ..errors import InvalidInputError
 
 MAX_WORDS = 64
 MAX_WORD_CHARS = 256

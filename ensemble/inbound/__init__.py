@@ -1,0 +1,1 @@
+"""The way in: validation, prompt building, tokenization, word lists → the LLM step's inputs."""
