@@ -1,0 +1,38 @@
+"""The gateway's settings: the `gateway` section of the deployment settings
+(serving/settings.py composes it; every field is defined here, once)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """What a key's tier allows. Limits are per key; 0 means unlimited."""
+    requests_per_second: float = 0.0
+    tokens_per_second: float = 0.0        # prompt + completion tokens, as they flow
+    priority: int = 0                     # the engine's `priority` for this tier's requests
+    max_tokens_cap: int = 0               # a request's max_tokens is capped to this (0: engine limit)
+    max_concurrent_requests: int = 0
+    allowed_models: tuple[str, ...] = ()  # empty: every public model
+
+
+def _default_tiers() -> dict[str, TierConfig]:
+    return {
+        "free": TierConfig(requests_per_second=2, tokens_per_second=200, priority=0, max_tokens_cap=512,
+                           max_concurrent_requests=4),
+        "paid": TierConfig(requests_per_second=50, tokens_per_second=5000, priority=10, max_concurrent_requests=64),
+    }
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    host: str = "0.0.0.0"                 # the public front door (Triton itself stays on loopback)
+    port: int = 9000
+    upstream_grpc_url: str = "127.0.0.1:8001"
+    keys_file: str = ""                   # the API key store (hashes only); empty: <build dir>/gateway_keys.json
+    redis_url: str = ""                   # shared rate-limit counters for several gateway processes; empty: memory
+    max_body_bytes: int = 1_048_576
+    max_json_depth: int = 32
+    max_n: int = 4                        # the largest `n` (fanned out; the prefix cache shares the prompt)
+    max_concurrent_requests: int = 512    # all keys together
+    tiers: dict[str, TierConfig] = field(default_factory=_default_tiers)

@@ -1,0 +1,28 @@
+"""The gateway's one error type, answered in OpenAI's shape
+`{"error": {"message", "type", "param", "code"}}` so OpenAI SDKs raise the
+right exception class (400 BadRequestError, 401 AuthenticationError, ...)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# OpenAI's `type` per status
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 413: "invalid_request_error", 415: "invalid_request_error",
+          429: "rate_limit_error", 503: "service_unavailable_error"}
+
+
+@dataclass
+class GatewayError(Exception):
+    status: int
+    message: str
+    param: str | None = None
+    code: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": _TYPES.get(self.status, "api_error"),
+                          "param": self.param, "code": self.code}}
