@@ -89,6 +89,22 @@ def test_invalid_schedules_are_rejected(runner: ModelRunner, bad: dict, match: s
         runner.execute(SchedulerOutput([one("bad", bad["tokens"], bad["start"], bad["table"])], 1))
 
 
+def test_min_tokens_leaves_the_fused_greedy_path_only_before_it_is_reached(runner: ModelRunner,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stop-token ban of `min_tokens` rewrites the logits while fewer than
+    min_tokens are generated; from then on the step is plain greedy again and
+    its token comes from the fused LM head + argmax."""
+    assert runner.kernels is not None, "the native kernels did not build here"
+    fused = runner.kernels.lm_head_argmax
+    calls: list[int] = []
+    monkeypatch.setattr(runner.kernels, "lm_head_argmax", lambda *a: calls.append(1) or fused(*a))
+    driver = RunnerDriver(runner)
+    driver.add("min", [4, 5, 6, 7], 8, SamplingParams(min_tokens=3, stop_token_ids=[2]))
+    tokens = driver.run()["min"]
+    assert 2 not in tokens[:3]
+    assert len(calls) == 8 - 3          # the steps that sample tokens 3 .. 7
+
+
 def test_num_threads_applied(tmp_path: Path) -> None:
     folder = save_tiny(tmp_path / "t", "llama")
     before = torch.get_num_threads()
