@@ -36,6 +36,8 @@ class EngineStats:
     blocks_free: int
     blocks_capacity: int
     steps: int
+    preemptions: int        # requests preempted (recomputed later), as llm_preemptions_total
+    prefix_cache_hit_tokens: int  # prompt tokens served from the prefix cache, as llm_prefix_cache_hit_tokens_total
     step_seconds: float     # wall time of steps that ran the model
     model_seconds: float    # of which inside the model (RunnerOutput.model_seconds)
     healthy: bool
@@ -162,7 +164,10 @@ class LLMEngine:
         return EngineStats(running=self.scheduler.num_running,
                            waiting=self.scheduler.num_waiting + len(self._intake),
                            blocks_used=kv.num_used_blocks, blocks_free=kv.num_free_blocks,
-                           blocks_capacity=kv.capacity, steps=self._steps, step_seconds=self._step_seconds,
+                           blocks_capacity=kv.capacity, steps=self._steps,
+                           preemptions=self.scheduler.num_preemptions,
+                           prefix_cache_hit_tokens=self.scheduler.num_prefix_cache_hit_tokens,
+                           step_seconds=self._step_seconds,
                            model_seconds=self._model_seconds, healthy=self.is_healthy())
 
     def num_live_requests(self) -> int:

@@ -120,6 +120,24 @@ def test_stop_token_ids_none_means_the_models_eos_and_empty_means_none() -> None
     assert (explicit_none.token_ids, explicit_none.finish_reason) == ([11, 2, 12], "length")
 
 
+def test_stats_count_preemptions_and_prefix_cache_hits_as_the_metrics_do() -> None:
+    """Six blocks of four tokens; two requests that each need four (4 prompt +
+    11 fed outputs). At position 12 both need a fourth block: the later one
+    is preempted, once. It comes back when the first finishes and finds two
+    of its three full blocks cached (its tail block was freed first, so the
+    first request's fourth block took it): 8 prompt tokens from the cache."""
+    config = EngineConfig(model_dir="unused", block_size=4, max_tokens_in_paged_kv_cache=24)
+    metrics = InMemoryMetrics()
+    engine = LLMEngine(config, runner=FakeRunner.for_config(config), metrics=metrics)
+    assert (engine.stats().preemptions, engine.stats().prefix_cache_hit_tokens) == (0, 0)
+    results = engine.generate_results([(prompt(4), SamplingParams(max_tokens=12)),
+                                       (prompt(4, 200), SamplingParams(max_tokens=12))])
+    assert [r.token_ids for r in results] == [expected_tokens("generate-1", 12), expected_tokens("generate-2", 12)]
+    stats = engine.stats()
+    assert (stats.preemptions, stats.prefix_cache_hit_tokens) == (1, 8)
+    assert (metrics.counter(m.PREEMPTIONS), metrics.counter(m.PREFIX_CACHE_HIT_TOKENS)) == (1, 8)
+
+
 def test_failing_callback_ends_only_its_request() -> None:
     engine, _, _ = make_engine()
 

@@ -50,6 +50,9 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self._finished_ids: list[str] = []       # runner state to drop, sent with the next step
         self._admissions = 0
+        # what the metrics count too, kept for LLMEngine.stats()
+        self.num_preemptions = 0
+        self.num_prefix_cache_hit_tokens = 0
         self._num_with_timeout = 0
         self._last_output: SchedulerOutput | None = None
         self._last_requests: list[Request] = []   # parallel to _last_output.sequences
@@ -185,6 +188,7 @@ class Scheduler:
                 self.metrics.counter_add(m.PROMPT_TOKENS, req.num_prompt_tokens)
                 self.metrics.histogram_observe(m.REQUEST_QUEUE_TIME, (now - req.arrival_time_ns) / 1e9)
             if num_cached:
+                self.num_prefix_cache_hit_tokens += num_cached
                 self.metrics.counter_add(m.PREFIX_CACHE_HIT_TOKENS, num_cached)
             req.status = RUNNING
             self._admissions += 1
@@ -209,6 +213,7 @@ class Scheduler:
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         self.waiting.appendleft(req)
+        self.num_preemptions += 1
         self.metrics.counter_add(m.PREEMPTIONS, 1)
         log.debug("preempted request_id=%s output_tokens=%d", req.request_id, req.num_output_tokens)
 
