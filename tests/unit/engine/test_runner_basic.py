@@ -105,12 +105,16 @@ def test_min_tokens_leaves_the_fused_greedy_path_only_before_it_is_reached(runne
     assert len(calls) == 8 - 3          # the steps that sample tokens 3 .. 7
 
 
-def test_num_threads_applied(tmp_path: Path) -> None:
+def test_num_threads_applied_only_when_asked(tmp_path: Path) -> None:
+    """torch's thread count is process-wide: num_threads=0 leaves it alone."""
     folder = save_tiny(tmp_path / "t", "llama")
     before = torch.get_num_threads()
     try:
         ModelRunner(EngineConfig(model_dir=str(folder), num_threads=1, max_tokens_in_paged_kv_cache=64))
         assert torch.get_num_threads() == 1
+        torch.set_num_threads(3)
+        ModelRunner(EngineConfig(model_dir=str(folder), num_threads=0, max_tokens_in_paged_kv_cache=64))
+        assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
 

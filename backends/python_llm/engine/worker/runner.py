@@ -53,6 +53,10 @@ class StepBatch:
 
 class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
+        # torch's thread count is process-wide: setting it here changes it
+        # for everything else in the process (a Triton stub hosts one model
+        # instance; a test or benchmark may run several engines). So it is
+        # touched only when asked for; 0 leaves torch's own choice.
         if config.num_threads > 0:
             torch.set_num_threads(config.num_threads)
         self.config = config
