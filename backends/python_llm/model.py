@@ -68,7 +68,7 @@ class TritonPythonModel:
         engine_id = None
         stream = None
         try:
-            parsed = parse_llm_request(tensors, self.config)
+            parsed = parse_llm_request(tensors)
             if parsed.stop:
                 self._stop(sender, parsed.request_key, client_id)
                 return

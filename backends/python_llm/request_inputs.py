@@ -13,7 +13,6 @@ import numpy as np
 from ensemble.errors import InvalidInputError
 from ensemble.request_key import mint_request_key, parse_request_key
 
-from .engine.config import EngineConfig
 from .engine.core.sampling_params import InvalidRequestError, SamplingParams
 
 __all__ = ["LLMRequest", "STOP_NEEDS_KEY", "STOP_UNKNOWN_KEY", "mint_request_key", "parse_llm_request"]
@@ -87,7 +86,7 @@ def parse_word_list(array: np.ndarray | None, name: str) -> list[list[int]]:
     return words
 
 
-def parse_llm_request(tensors: Mapping[str, np.ndarray], config: EngineConfig) -> LLMRequest:
+def parse_llm_request(tensors: Mapping[str, np.ndarray]) -> LLMRequest:
     stop = bool(_scalar(tensors, "stop", False))
     try:
         request_key = parse_request_key(_scalar(tensors, "request_key", None))
@@ -115,8 +114,9 @@ def parse_llm_request(tensors: Mapping[str, np.ndarray], config: EngineConfig) -
     stop_ids = None if end_id is None or int(end_id) < 0 else [int(end_id)]
     seed = _scalar(tensors, "seed", None)
     timeout = _scalar(tensors, "token_timeout_ms", None)
+    max_tokens = _scalar(tensors, "request_output_len", None)   # absent: the engine's default_max_tokens
     sampling = SamplingParams(
-        max_tokens=int(_scalar(tensors, "request_output_len", config.default_max_tokens)),
+        max_tokens=None if max_tokens is None else int(max_tokens),
         temperature=float(_scalar(tensors, "temperature", 1.0)),  # neutral; 0 = greedy
         top_k=int(_scalar(tensors, "runtime_top_k", 0)),
         top_p=float(_scalar(tensors, "runtime_top_p", 1.0)) or 1.0,

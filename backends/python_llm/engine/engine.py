@@ -101,23 +101,29 @@ class LLMEngine:
         if self._dead_error is not None:
             raise EngineDeadError(self._dead_error)
         prompt = [int(t) for t in prompt_token_ids]
-        self._validate(prompt, sampling)
-        if sampling.stop_token_ids is None:   # an explicit [] stays: no stop token
-            sampling = dataclasses.replace(sampling, stop_token_ids=list(self._eos_ids))
+        max_tokens = self.config.default_max_tokens if sampling.max_tokens is None else sampling.max_tokens
+        self._validate(prompt, sampling, max_tokens)
+        # the engine's defaults where the request left them to it (None); an
+        # explicit [] of stop ids stays: no stop token
+        if sampling.max_tokens is None or sampling.stop_token_ids is None:
+            stop_ids = list(self._eos_ids) if sampling.stop_token_ids is None else sampling.stop_token_ids
+            sampling = dataclasses.replace(sampling, max_tokens=max_tokens, stop_token_ids=stop_ids)
         timeout_ms = sampling.token_timeout_ms
         if timeout_ms is None:
             timeout_ms = self.config.default_token_timeout_ms
         return Request(request_id, prompt, sampling, priority=int(priority),
                        token_timeout_ms=timeout_ms, on_output=on_output)
 
-    def _validate(self, prompt: list[int], sampling: SamplingParams) -> None:
+    def _validate(self, prompt: list[int], sampling: SamplingParams, max_tokens: int) -> None:
+        """The request's own rules (SamplingParams.validate), then what depends
+        on this engine; `max_tokens` is the request's or the engine's default."""
         n = len(prompt)
         if n == 0:
             raise InvalidRequestError("input_ids: must not be empty")
         sampling.validate()
         limit = self.config.max_tokens_limit
-        if sampling.max_tokens > limit:
-            raise InvalidRequestError(f"max_tokens: must be <= {limit}, got {sampling.max_tokens}")
+        if max_tokens > limit:
+            raise InvalidRequestError(f"max_tokens: must be <= {limit}, got {max_tokens}")
         vocab = int(self.model_info.vocab_size)
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise InvalidRequestError(f"input_ids: token ids must be in [0, {vocab})")
@@ -127,9 +133,9 @@ class LLMEngine:
         if n >= self.max_model_len:
             raise InvalidRequestError(f"input_ids: {n} tokens leave no room to generate (max_model_len "
                                       f"{self.max_model_len})")
-        total = n + sampling.max_tokens
+        total = n + max_tokens
         if total > self.max_model_len:
-            raise InvalidRequestError(f"max_tokens: prompt ({n} tokens) + max_tokens ({sampling.max_tokens}) "
+            raise InvalidRequestError(f"max_tokens: prompt ({n} tokens) + max_tokens ({max_tokens}) "
                                       f"exceeds max_model_len {self.max_model_len}")
         if total > self.kv_capacity_tokens:
             raise InvalidRequestError(f"max_tokens: prompt + max_tokens ({total} tokens) exceeds the KV cache "

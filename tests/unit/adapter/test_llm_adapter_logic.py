@@ -38,37 +38,36 @@ def test_word_lists_in_tensorrt_llm_layout():
 
 
 def test_inputs_become_an_engine_request():
-    config = engine_config_from_parameters({"model_dir": "/m", "max_tokens_limit": "100"})
     tensors = {"input_ids": np.array([[1, 2, 3, 4]], dtype=np.int32), "input_lengths": np.array([[3]]),
                "request_output_len": np.array([[9]]), "temperature": np.array([[0.0]], dtype=np.float32),
                "end_id": np.array([[-1]]), "streaming": np.array([[True]]),
                "request_key": np.array([[KEY_1.encode()]], dtype=object)}
-    request = parse_llm_request(tensors, config)
+    request = parse_llm_request(tensors)
     assert request.prompt_token_ids == [1, 2, 3]
     assert request.sampling.max_tokens == 9 and request.sampling.greedy
     assert request.sampling.stop_token_ids is None            # -1: all of the model's EOS ids
-    assert parse_llm_request({**tensors, "end_id": np.array([[5]])}, config).sampling.stop_token_ids == [5]
+    assert parse_llm_request({**tensors, "end_id": np.array([[5]])}).sampling.stop_token_ids == [5]
     assert request.streaming and request.request_key == KEY_1
+    # absent request_output_len: None, the engine's default_max_tokens
+    assert parse_llm_request({k: v for k, v in tensors.items() if k != "request_output_len"}).sampling.max_tokens is None
     # it only converts: the engine validates each value once, at intake
     unchecked = parse_llm_request({**tensors, "request_output_len": np.array([[101]]),
-                                   "temperature": np.array([[-1.0]])}, config)
+                                   "temperature": np.array([[-1.0]])})
     assert (unchecked.sampling.max_tokens, unchecked.sampling.temperature) == (101, -1.0)
     with pytest.raises(InvalidRequestError, match="input_ids"):
-        parse_llm_request({}, config)
-    stop = parse_llm_request({"stop": np.array([[True]]), "request_key": np.array([[KEY_1.encode()]], dtype=object)},
-                             config)
+        parse_llm_request({})
+    stop = parse_llm_request({"stop": np.array([[True]]), "request_key": np.array([[KEY_1.encode()]], dtype=object)})
     assert stop.stop and stop.request_key == KEY_1
-    assert parse_llm_request({"stop": np.array([[True]])}, config).request_key is None
+    assert parse_llm_request({"stop": np.array([[True]])}).request_key is None
 
 
 @pytest.mark.parametrize("key", [b"k1", b"x" * 31, b"x" * 129, b"spaces are not allowed in a key ok", "é".encode() * 32])
 def test_a_malformed_request_key_is_refused_naming_it(key):
-    config = engine_config_from_parameters({"model_dir": "/m"})
     tensors = {"input_ids": np.array([[1, 2]], dtype=np.int32), "request_key": np.array([[key]], dtype=object)}
     with pytest.raises(InvalidRequestError, match="^request_key: must be 32 to 128 characters"):
-        parse_llm_request(tensors, config)
+        parse_llm_request(tensors)
     with pytest.raises(InvalidRequestError, match="^request_key: "):
-        parse_llm_request({**tensors, "stop": np.array([[True]])}, config)
+        parse_llm_request({**tensors, "stop": np.array([[True]])})
 
 
 class FakeSender:

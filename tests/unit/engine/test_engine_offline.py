@@ -93,6 +93,19 @@ def test_max_tokens_beyond_the_engines_limit_is_refused_naming_it() -> None:
     engine.add_request("ok", prompt(4), SamplingParams(max_tokens=100))
 
 
+def test_max_tokens_left_to_the_engine_is_its_default_max_tokens() -> None:
+    assert SamplingParams().max_tokens is None
+    engine, _, _ = make_engine(default_max_tokens=5)
+    default, explicit = engine.generate_results([(prompt(4), SamplingParams()),
+                                                 (prompt(4, 300), SamplingParams(max_tokens=3))])
+    assert (len(default.token_ids), default.finish_reason) == (5, "length")
+    assert (len(explicit.token_ids), explicit.finish_reason) == (3, "length")
+    # the default is held to the same engine limits as an explicit value
+    short = make_engine(default_max_tokens=300)[0]
+    with pytest.raises(InvalidRequestError, match=r"^max_tokens: prompt \+ max_tokens \(304 tokens\) exceeds the KV"):
+        short.add_request("long", prompt(4), SamplingParams())
+
+
 def test_abort_frees_blocks_and_reports_cancelled() -> None:
     engine, _, metrics = make_engine()
     seen = []

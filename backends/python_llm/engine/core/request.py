@@ -85,7 +85,7 @@ class Request:
         # common step does not touch the SamplingParams (a dict-backed object)
         # None here only when built outside the engine, which fills in the EOS ids
         self.stop_token_ids = frozenset(sampling.stop_token_ids or ())
-        self.max_tokens = sampling.max_tokens
+        self.max_tokens = sampling.max_tokens   # filled in by the engine when the request left it None
         self.has_stop_words = bool(sampling.stop_words_ids)
         # the scheduler's reusable decode entry for this request (scheduler.py)
         self.scheduled_decode: Any = None

@@ -17,7 +17,7 @@ class InvalidRequestError(ValueError):
 
 @dataclass
 class SamplingParams:
-    max_tokens: int = 64
+    max_tokens: int | None = None     # None = the engine's default_max_tokens (filled in at intake)
     temperature: float = 0.0          # 0 = greedy
     top_k: int = 0                    # 0 = off
     top_p: float = 1.0
@@ -42,7 +42,7 @@ class SamplingParams:
         def bad(name: str, what: str) -> InvalidRequestError:
             return InvalidRequestError(f"{name}: {what}")
 
-        if self.max_tokens <= 0:
+        if self.max_tokens is not None and self.max_tokens <= 0:
             raise bad("max_tokens", f"must be > 0, got {self.max_tokens}")
         if self.temperature < 0:
             raise bad("temperature", f"must be >= 0, got {self.temperature}")
