@@ -1,0 +1,165 @@
+"""The gateway's FastAPI application: routes, error shape, request context.
+
+Layers, outermost first: the request context (ids, trace, access log,
+metrics, echoed headers) → the body guard (ASGI: size, media type, nesting)
+→ FastAPI (authentication, validation, the handlers). Every refusal, from
+any layer, is OpenAI's error shape."""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from . import logs
+from .config import GatewayConfig
+from .errors import GatewayError
+from .guard import ASGIApp, BodyGuard, Message, Receive, Scope, Send
+from .metrics import IN_FLIGHT, REGISTRY, REQUEST_DURATION, REQUESTS, exposition
+from .openai.routes import router as openai_router
+from .policy import Policy
+from .upstream import Upstream
+
+access_log = logging.getLogger("gateway.access")
+
+# the routes metrics are labelled by; anything else is "other", so that random
+# paths cannot create label values
+_ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/models": "models",
+           "/metrics": "metrics", "/health": "health"}
+
+
+def build_policy(config: GatewayConfig) -> Policy:
+    """The access policy the deployment runs: API keys, tiers, limits."""
+    from .access import AccessPolicy   # imported here: it brings the key store and Redis clients
+    return AccessPolicy(config, registry=REGISTRY)
+
+
+def _route(path: str) -> str:
+    if path.startswith("/v1/models/"):
+        return "models"
+    return _ROUTES.get(path, "other")
+
+
+class RequestContextMiddleware:
+    """Ids and trace context per request, echoed in the response headers
+    (`x-request-id`: the caller's if it sent one, else the gateway's;
+    `traceparent`: the gateway's span in the caller's trace), the access log
+    line and the request metrics, however the request ends."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.lower(): v for k, v in scope["headers"]}
+        context = logs.new_context(headers.get(b"x-request-id", b"").decode("latin-1") or None,
+                                   headers.get(b"traceparent", b"").decode("latin-1") or None)
+        context.route = _route(scope["path"])
+        token = logs.bind(context)
+        status = 500
+        echoed = [(b"x-request-id", (context.caller_request_id or context.request_id).encode()),
+                  (b"traceparent", context.traceparent.encode())]
+
+        async def send_with_ids(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = list(message.get("headers", [])) + echoed
+            await send(message)
+
+        in_flight = IN_FLIGHT.labels(route=context.route)
+        in_flight.inc()
+        try:
+            await self.app(scope, receive, send_with_ids)
+        finally:
+            in_flight.dec()
+            duration = time.perf_counter() - context.started_s
+            REQUESTS.labels(route=context.route, tier=context.tier, status=str(status)).inc()
+            REQUEST_DURATION.labels(route=context.route).observe(duration)
+            if context.route not in ("metrics", "health"):
+                access_log.info("%s %s %d", scope["method"], scope["path"], status, extra={"fields": {
+                    "status": status, "route": context.route, "tier": context.tier, "key_id": context.key_id,
+                    "duration_ms": round(duration * 1000, 2), "traceparent": context.traceparent,
+                    **context.fields}})
+            logs.unbind(token)
+
+
+def _error_response(error: GatewayError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers or None)
+
+
+def _validation_error(exc: RequestValidationError) -> GatewayError:
+    errors = exc.errors()
+    first: dict[str, Any] = errors[0] if errors else {}
+    location = [part for part in first.get("loc", ()) if part != "body"]
+    # the parameter as OpenAI names it: messages[0].content
+    param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in location).lstrip(".") or None
+    kind = first.get("type", "")
+    if kind == "extra_forbidden":
+        return GatewayError(400, f"Unrecognized request argument supplied: {param}", param=param,
+                            code="unrecognized_parameter")
+    if kind in ("json_invalid", "model_attributes_type") or (kind == "missing" and not location):
+        return GatewayError(400, "The body must be a JSON object (OpenAI request format).",
+                            code="invalid_json")
+    message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    return GatewayError(400, f"{param}: {message}" if param else message, param=param, code="invalid_value")
+
+
+def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await upstream.aclose()
+        closer = getattr(policy, "aclose", None)
+        if closer is not None:
+            await closer()
+
+    app = FastAPI(title="triton-llm-stack gateway", version="1", lifespan=lifespan,
+                  docs_url=None, redoc_url=None)
+    app.state.config, app.state.policy, app.state.upstream = config, policy, upstream
+    app.include_router(openai_router)
+
+    @app.exception_handler(GatewayError)
+    async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error_response(_validation_error(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = "Not found." if exc.status_code == 404 else str(exc.detail)
+        return _error_response(GatewayError(exc.status_code, message))
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> JSONResponse:
+        logging.getLogger("gateway").exception("unhandled error", exc_info=exc)
+        return _error_response(GatewayError(500, "Internal error.", code="internal_error"))
+
+    @app.get("/health", include_in_schema=False)
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        body, content_type = exposition()
+        return Response(body, media_type=content_type)
+
+    guarded = BodyGuard(app, config.max_body_bytes, config.max_json_depth)
+    app.state.asgi = RequestContextMiddleware(guarded)
+    return app
+
+
+def asgi_app(config: GatewayConfig, policy: Policy | None = None, upstream: Upstream | None = None) -> ASGIApp:
+    """The whole stack as one ASGI callable (what uvicorn serves)."""
+    app = create_app(config, policy or build_policy(config), upstream or Upstream(config.upstream_grpc_url))
+    return app.state.asgi

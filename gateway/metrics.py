@@ -1,0 +1,43 @@
+"""The gateway's Prometheus metrics, served on its own `/metrics`.
+
+One registry per process (`REGISTRY`): access control adds its own metrics
+to it (e.g. rate-limit rejections by kind) with `registry=REGISTRY`. Latencies
+are measured as the caller sees them: TTFT from the request's arrival at the
+gateway to the first content chunk written, ITL between content chunks.
+`gateway_added_latency_seconds` is the time spent inside the gateway itself:
+from arrival to the upstream request (`phase="request"`), and from the first
+upstream response to its chunk being written (`phase="first_chunk"`)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+REQUESTS = Counter("gateway_requests_total", "HTTP requests by route, tier and status",
+                   ["route", "tier", "status"], registry=REGISTRY)
+IN_FLIGHT = Gauge("gateway_requests_in_flight", "HTTP requests being served", ["route"], registry=REGISTRY)
+UPSTREAM_ERRORS = Counter("gateway_upstream_errors_total",
+                          "engine requests that failed, by kind (overloaded, invalid_input, rejected, connection, "
+                          "timeout, stream, internal)", ["kind"], registry=REGISTRY)
+TTFT = Histogram("gateway_time_to_first_token_seconds", "request arrival to the first content sent, per choice",
+                 ["route"], buckets=_LATENCY_BUCKETS, registry=REGISTRY)
+ITL = Histogram("gateway_inter_token_latency_seconds", "gap between consecutive content chunks of a choice",
+                ["route"], buckets=_LATENCY_BUCKETS, registry=REGISTRY)
+ADDED_LATENCY = Histogram("gateway_added_latency_seconds", "time spent inside the gateway, by phase",
+                          ["phase"], buckets=_OVERHEAD_BUCKETS, registry=REGISTRY)
+REQUEST_DURATION = Histogram("gateway_request_duration_seconds", "arrival to the last byte sent",
+                             ["route"], buckets=_LATENCY_BUCKETS, registry=REGISTRY)
+KEY_REQUESTS = Counter("gateway_key_requests_total", "generation requests per API key id", ["key_id", "tier"],
+                       registry=REGISTRY)
+KEY_PROMPT_TOKENS = Counter("gateway_key_prompt_tokens_total", "prompt tokens per API key id", ["key_id", "tier"],
+                            registry=REGISTRY)
+KEY_COMPLETION_TOKENS = Counter("gateway_key_completion_tokens_total", "completion tokens per API key id",
+                                ["key_id", "tier"], registry=REGISTRY)
+
+
+def exposition() -> tuple[bytes, str]:
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

@@ -1,0 +1,204 @@
+"""Serving one admitted generation, streamed (SSE) or whole, and what happens
+however it ends: engine requests still running are stopped (a caller that
+hangs up frees its KV blocks at once), the admission is released, usage is
+counted per key and logged."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from .. import logs
+from ..errors import GatewayError
+from ..metrics import KEY_COMPLETION_TOKENS, KEY_PROMPT_TOKENS, KEY_REQUESTS
+from ..policy import Admission, Caller
+from ..upstream import UpstreamFailure
+from . import chunks
+from .chunks import Format
+from .generation import ChoiceState, Generation, engine_failure, event_logprobs
+from .translate import finish_reason
+
+log = logging.getLogger("gateway.requests")
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+@dataclass
+class Job:
+    """One admitted request, ready to answer."""
+    fmt: Format
+    response_id: str
+    model: str
+    caller: Caller
+    admission: Admission
+    generation: Generation
+    with_logprobs: bool
+    include_usage: bool = False
+
+    def __post_init__(self) -> None:
+        self.created = int(time.time())
+
+    async def finish(self, outcome: str) -> None:
+        """Idempotent enough to run from any exit path once."""
+        try:
+            await self.generation.aclose()
+        finally:
+            await self.admission.release()
+        prompt, completion = self.generation.prompt_tokens, self.generation.completion_tokens
+        labels = {"key_id": self.caller.key_id, "tier": self.caller.tier_name}
+        KEY_REQUESTS.labels(**labels).inc()
+        KEY_PROMPT_TOKENS.labels(**labels).inc(prompt)
+        KEY_COMPLETION_TOKENS.labels(**labels).inc(completion)
+        context = logs.current()
+        if context is not None:
+            context.fields.update(prompt_tokens=prompt, completion_tokens=completion, outcome=outcome,
+                                  finish_reasons=[c.engine_finish for c in self.generation.choices])
+
+
+def error_event(error: GatewayError) -> bytes:
+    return b"data: " + json.dumps(error.body()).encode() + b"\n\n"
+
+
+def streamed(job: Job) -> "SSEResponse":
+    return SSEResponse(_stream_body(job), headers={**SSE_HEADERS, **job.admission.headers})
+
+
+class SSEResponse(Response):
+    """Server-sent events that end the moment the caller hangs up: the body
+    generator is closed then (its `finally` stops the engine requests), not
+    whenever the garbage collector gets to it, as with Starlette's
+    StreamingResponse when the disconnect lands while a chunk is being sent."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, body: AsyncIterator[bytes], headers: dict[str, str]) -> None:
+        # not Response.__init__: it would render an empty body and announce Content-Length: 0
+        self.status_code = 200
+        self.background = None
+        self._chunks = body
+        self.init_headers(headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        pump = asyncio.ensure_future(self._pump(send))
+        hangup = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({pump, hangup}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            hangup.cancel()
+            if not pump.done():
+                pump.cancel()
+            await asyncio.gather(pump, hangup, return_exceptions=True)
+            await self._chunks.aclose()     # type: ignore[attr-defined]
+        if pump.done() and not pump.cancelled() and pump.exception() is not None:
+            raise pump.exception()      # type: ignore[misc]
+
+    async def _pump(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async for chunk in self._chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _stream_body(job: Job) -> AsyncIterator[bytes]:
+    outcome = "cancelled"     # unless the loop below gets to the end
+    started: set[int] = set()
+    try:
+        async for choice, event in job.generation.events():
+            failure = engine_failure(choice) if event.finish_reason else None
+            if failure is not None:
+                outcome = "engine_error"
+                yield error_event(failure)
+                return
+            payload = _delta(job, choice, event, first=choice.index not in started)
+            if payload is not None:
+                started.add(choice.index)
+                yield chunks.sse(chunks.chunk(job.fmt, job.response_id, job.created, job.model, [payload],
+                                              job.include_usage))
+        if job.include_usage:
+            yield chunks.sse(chunks.usage_chunk(job.fmt, job.response_id, job.created, job.model,
+                                                job.generation.prompt_tokens, job.generation.completion_tokens))
+        yield chunks.SSE_DONE
+        outcome = "ok"
+    except UpstreamFailure as exc:
+        outcome = "upstream_error"
+        yield error_event(GatewayError(502, f"The engine request failed mid-stream: {exc}", code="upstream_error"))
+    finally:
+        # shielded: a caller that hung up cancels this task, and the engine
+        # requests must still be stopped and the admission released
+        await asyncio.shield(job.finish(outcome))
+
+
+def _delta(job: Job, choice: ChoiceState, event: Any, first: bool) -> dict[str, Any] | None:
+    reason = finish_reason(event.finish_reason) if event.finish_reason else None
+    if not event.text and not first and reason is None:
+        return None     # tokens held back by the text stages (a possible stop string, split UTF-8)
+    logprobs = (list(event.output_ids), event_logprobs(event)) if job.with_logprobs else None
+    return job.fmt.delta(choice, event.text, first, reason, logprobs)
+
+
+async def whole_body(job: Job) -> tuple[int, dict[str, Any]]:
+    outcome = "cancelled"
+    try:
+        async for _ in job.generation.events():
+            pass
+        failure = next((f for f in map(engine_failure, job.generation.choices) if f is not None), None)
+        if failure is not None:
+            outcome = "engine_error"
+            return failure.status, failure.body()
+        outcome = "ok"
+        return 200, chunks.whole(job.fmt, job.response_id, job.created, job.model, job.generation.choices,
+                                 job.generation.prompt_tokens, job.with_logprobs)
+    except UpstreamFailure as exc:
+        outcome = "upstream_error"
+        error = GatewayError(502, f"The engine request failed: {exc}", code="upstream_error")
+        return error.status, error.body()
+    finally:
+        await asyncio.shield(job.finish(outcome))
+
+
+class WholeResponse(Response):
+    """A JSON answer computed while the caller is still there: if it hangs up
+    first, the computation is cancelled (and with it the engine requests),
+    which FastAPI's plain handlers would not notice."""
+
+    def __init__(self, compute: Callable[[], Awaitable[tuple[int, dict[str, Any]]]],
+                 headers: dict[str, str]) -> None:
+        super().__init__(status_code=200, headers=headers, media_type="application/json")
+        self._compute = compute
+        self._given_headers = headers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        work = asyncio.ensure_future(self._compute())
+        hangup = asyncio.ensure_future(_disconnected(receive))
+        try:
+            await asyncio.wait({work, hangup}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            hangup.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            return
+        status, body = work.result()
+        self.status_code = status
+        self.body = self.render(body)
+        self.init_headers(self._given_headers)      # Content-Length of this body
+        await super().__call__(scope, receive, send)
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+def whole(job: Job) -> WholeResponse:
+    return WholeResponse(lambda: whole_body(job), headers=job.admission.headers)
