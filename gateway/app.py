@@ -96,10 +96,15 @@ def _error_response(error: GatewayError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers or None)
 
 
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
 def _validation_error(exc: RequestValidationError) -> GatewayError:
     errors = exc.errors()
     first: dict[str, Any] = errors[0] if errors else {}
-    location = [part for part in first.get("loc", ()) if part != "body"]
+    # without "body" and the union members pydantic names ("str", "list[TextPart]")
+    location = [part for part in first.get("loc", ()) if part != "body" and part not in _UNION_TAGS
+                and not (isinstance(part, str) and "[" in part)]
     # the parameter as OpenAI names it: messages[0].content
     param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in location).lstrip(".") or None
     kind = first.get("type", "")

@@ -14,7 +14,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_STOP_SEQUENCES = 16
-# content part types that are text; anything else (image_url, input_audio, file) is refused
+# the one content part type; image_url, input_audio, file... are refused
 _TEXT_PART = "text"
 
 
@@ -33,20 +33,8 @@ class StreamOptions(_Strict):
 
 
 class TextPart(_Strict):
-    type: str
-    text: str | None = None
-    # the other part types' payloads, named so that the refusal names the type, not the payload
-    image_url: Any = None
-    input_audio: Any = None
-    file: Any = None
-    refusal: Any = None
-
-    @field_validator("type")
-    @classmethod
-    def _text_only(cls, value: str) -> str:
-        if value != _TEXT_PART:
-            raise ValueError(f"content parts of type '{value}' are not supported; only 'text'")
-        return value
+    type: Literal["text"]
+    text: str
 
 
 class ChatMessage(_Strict):
@@ -60,6 +48,18 @@ class ChatMessage(_Strict):
     function_call: Any = None
     audio: Any = None
     tool_call_id: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value: Any) -> Any:
+        # before the union is tried, so the refusal names the part's type rather
+        # than listing why the value is neither a string nor a list of parts
+        if isinstance(value, list):
+            for index, part in enumerate(value):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != _TEXT_PART:
+                    raise ValueError(f"content[{index}]: parts of type '{kind}' are not supported; only 'text'")
+        return value
 
     @field_validator("role")
     @classmethod
