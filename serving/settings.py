@@ -2,17 +2,22 @@
 
 Every field is defined once, with its default, by the part that uses it:
 `engine` is the engine's `EngineConfig`, `text` the text stages'
-`TextStageConfig`, `server` the repository-wide values below. This module only
-composes them and reads them, in rising precedence, from their defaults, a TOML
-settings file (`[engine]`, `[text]`, `[server]` tables), the environment
-(`LLM__ENGINE__MAX_NUM_SEQS=8`) and `--set section.field=value`. The model
-repository's configs are rendered from the result (`serving/repository.py`).
+`TextStageConfig`, `server` the repository-wide values below, `gateway` the
+gateway's `GatewayConfig`. This module only composes them and reads them, in
+rising precedence, from their defaults, a TOML settings file (`[engine]`,
+`[text]`, `[server]`, `[gateway]` tables), the environment
+(`LLM__ENGINE__MAX_NUM_SEQS=8`) and `--set section.field=value`; a structured
+field (the gateway's `tiers`) takes JSON in the environment and in `--set`.
+The model repository's configs are rendered from the result
+(`serving/repository.py`).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tomllib
+import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +26,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from ensemble.stage_settings import TextStageConfig
+from gateway.config import GatewayConfig
 from python_llm.engine.config import EngineConfig
 
 ENV_PREFIX = "LLM__"
@@ -41,7 +47,8 @@ class ServerConfig:
     bls_max_concurrent_requests: int = 256
 
 
-SECTIONS: dict[str, type] = {"engine": EngineConfig, "text": TextStageConfig, "server": ServerConfig}
+SECTIONS: dict[str, type] = {"engine": EngineConfig, "text": TextStageConfig, "server": ServerConfig,
+                             "gateway": GatewayConfig}
 
 
 @dataclass
@@ -49,6 +56,7 @@ class DeploymentSettings:
     engine: EngineConfig
     text: TextStageConfig = field(default_factory=TextStageConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
 
     @classmethod
     def load(cls, settings_file: str | Path | None = None, assignments: Iterable[str] = (),
@@ -75,6 +83,19 @@ class DeploymentSettings:
         values = {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
         _merge(values, overrides, "override")
         return type(self)(**{name: _build(name, SECTIONS[name], values[name]) for name in SECTIONS})
+
+
+def load_section(section: str, settings_file: str | Path | None = None, assignments: Iterable[str] = (),
+                 environ: Mapping[str, str] | None = None) -> Any:
+    """One section alone, from the same sources as `DeploymentSettings.load`
+    (the gateway runs without an engine, so without its required model folder);
+    settings of other sections in those sources are checked and ignored."""
+    values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    if settings_file is not None:
+        _merge(values, _from_toml(Path(settings_file)), f"settings file {settings_file}")
+    _merge(values, _from_environ(os.environ if environ is None else environ), "environment")
+    _merge(values, dict(_parse_assignment(a) for a in assignments), "--set")
+    return _build(section, SECTIONS[section], values[section])
 
 
 def field_names(section: str) -> list[str]:
@@ -137,7 +158,24 @@ def _from_environ(environ: Mapping[str, str]) -> dict[str, str]:
     return flat
 
 
+_STRUCTURED = (dict, list, tuple)
+
+
+def _structured_from_json(section: str, kind: type, values: dict[str, Any]) -> dict[str, Any]:
+    """A structured field given as text (environment, --set) is JSON."""
+    hints = typing.get_type_hints(kind)
+    parsed = dict(values)
+    for name, value in values.items():
+        if isinstance(value, str) and typing.get_origin(hints.get(name)) in _STRUCTURED:
+            try:
+                parsed[name] = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise SettingsError(f"{section}.{name}: not valid JSON ({exc.msg})") from None
+    return parsed
+
+
 def _build(section: str, kind: type, values: dict[str, Any]) -> Any:
+    values = _structured_from_json(section, kind, values)
     try:
         return TypeAdapter(kind).validate_python(values)
     except ValidationError as exc:
