@@ -26,6 +26,7 @@ import math
 import time
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
@@ -111,16 +112,26 @@ class AccessPolicy:
         self.config = config
         self.store = store or KeyStore(resolve_keys_file(config.keys_file))
         self.tokens_window_s = tokens_window_s
-        self.windows = RateWindows(storage_for(config.redis_url, key_prefix=redis_prefix), clock=clock)
-        self.slots: Slots = (RedisSlots(config.redis_url, prefix=redis_prefix, ttl_s=slot_ttl_s)
-                             if config.redis_url else MemorySlots())
+        self._redis_pool: Any = None
+        self.slots: Slots = MemorySlots()
+        if config.redis_url:
+            import redis.asyncio as aioredis    # late: the memory path never needs it
+            # one pool for the windows and the slots; connections open on first use
+            self._redis_pool = aioredis.ConnectionPool.from_url(config.redis_url)
+            self.slots = RedisSlots(aioredis.Redis(connection_pool=self._redis_pool), prefix=redis_prefix,
+                                    ttl_s=slot_ttl_s)
+        self.windows = RateWindows(storage_for(config.redis_url, key_prefix=redis_prefix,
+                                               connection_pool=self._redis_pool), clock=clock)
         # memory: every token at once (cheap, exact); Redis: batches
         self.flush_tokens = 32 if config.redis_url else 1
         self.flush_interval_s = 0.25
         self.rejections = _rejection_counter(registry if registry is not None else REGISTRY)
 
     async def aclose(self) -> None:
+        """At shutdown: stop renewing slots, close the Redis connections."""
         await self.slots.aclose()
+        if self._redis_pool is not None:
+            await self._redis_pool.aclose()
 
     # who
 

@@ -37,6 +37,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from limits import RateLimitItemPerSecond
 from limits.aio.storage import MemoryStorage, RedisStorage, Storage
@@ -134,12 +135,15 @@ class TokenState:
         return self.ends_in if self.previous else 0.0
 
 
-def storage_for(redis_url: str, *, key_prefix: str = "gateway") -> Storage:
-    """Memory by default; `limits`' Redis storage (via redis-py) for a URL."""
+def storage_for(redis_url: str, *, key_prefix: str = "gateway", connection_pool: Any = None) -> Storage:
+    """Memory by default; `limits`' Redis storage (via redis-py) for a URL,
+    on the caller's connection pool when given (one pool per process, closed
+    by its owner)."""
     if not redis_url:
         return MemoryStorage()
     uri = redis_url if redis_url.startswith("async+") else f"async+{redis_url}"
-    return RedisStorage(uri, implementation="redispy", key_prefix=f"{key_prefix}:limits")
+    options: dict[str, Any] = {"connection_pool": connection_pool} if connection_pool is not None else {}
+    return RedisStorage(uri, implementation="redispy", key_prefix=f"{key_prefix}:limits", **options)
 
 
 class RateWindows:

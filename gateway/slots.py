@@ -102,9 +102,8 @@ return 0
 
 
 class RedisSlots:
-    def __init__(self, redis_url: str, *, prefix: str = "gateway", ttl_s: float = 30.0) -> None:
-        import redis.asyncio as aioredis   # late: the memory path never needs it
-        self.client: Any = aioredis.Redis.from_url(redis_url)
+    def __init__(self, client: Any, *, prefix: str = "gateway", ttl_s: float = 30.0) -> None:
+        self.client = client               # a redis.asyncio.Redis; its owner closes it
         self.prefix = prefix
         self.ttl_ms = max(1, round(ttl_s * 1000))
         self._acquire = self.client.register_script(_ACQUIRE)
@@ -156,9 +155,8 @@ class RedisSlots:
                 log.warning("renewing %d concurrency slots in Redis failed", len(self._live), exc_info=True)
 
     async def aclose(self) -> None:
-        """Stop renewing (slots still held then expire) and close the connections."""
+        """Stop renewing: slots still held then expire within ttl_s."""
         if self._renewer is not None:
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._renewer
-        await self.client.aclose()
