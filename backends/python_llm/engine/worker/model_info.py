@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
+
+from ensemble.tokenizer_info import load_tokenizer_info
 
 
 class ModelFolderError(ValueError):
@@ -21,37 +24,31 @@ def read_json(path: Path) -> dict[str, Any]:
         raise ModelFolderError(f"{path}: invalid JSON ({exc})") from None
 
 
-def _as_id_list(value: Any) -> list[int]:
-    if value is None:
-        return []
-    if isinstance(value, int):
-        return [value]
-    return [int(v) for v in value]
-
-
 @dataclass
 class ModelInfo:
+    model_dir: str
     max_model_len: int
     vocab_size: int
-    # Every id that ends generation: chat models often add e.g. <|eot_id|> in
-    # generation_config.json next to config.json's single eos id.
-    eos_token_ids: list[int]
     num_layers: int
     num_kv_heads: int
     head_dim: int
+
+    @cached_property
+    def eos_token_ids(self) -> list[int]:
+        """Every id that ends generation, by the text stages' one rule
+        (`ensemble/tokenizer_info.py`: generation_config.json, config.json and
+        the tokenizer's eos_token merged), so the engine stops on exactly the
+        ids the detokenizer treats as the end. Read on first use: the engine
+        needs it, the runner does not (and runs folders without a tokenizer)."""
+        try:
+            return list(load_tokenizer_info(self.model_dir).eos_token_ids)
+        except (OSError, ValueError) as exc:
+            raise ModelFolderError(f"{self.model_dir}: cannot read the EOS ids ({exc})") from None
 
     @classmethod
     def from_model_dir(cls, model_dir: str, max_model_len: int | None = None) -> "ModelInfo":
         folder = Path(model_dir)
         config = read_json(folder / "config.json")
-        generation_path = folder / "generation_config.json"
-        generation = read_json(generation_path) if generation_path.is_file() else {}
-
-        eos: list[int] = []
-        for candidate in _as_id_list(generation.get("eos_token_id")) + _as_id_list(config.get("eos_token_id")):
-            if candidate not in eos:
-                eos.append(candidate)
-
         model_max = int(config.get("max_position_embeddings", 0))
         if model_max <= 0:
             raise ModelFolderError(f"{folder}/config.json: max_position_embeddings missing")
@@ -66,9 +63,9 @@ class ModelInfo:
         num_heads = int(config["num_attention_heads"])
         head_dim = config.get("head_dim") or int(config["hidden_size"]) // num_heads
         return cls(
+            model_dir=str(model_dir),
             max_model_len=model_max,
             vocab_size=int(config["vocab_size"]),
-            eos_token_ids=eos,
             num_layers=int(config["num_hidden_layers"]),
             num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
             head_dim=int(head_dim),
