@@ -107,7 +107,7 @@ class TokenState:
 
     @property
     def remaining(self) -> int:
-        # floor, as the library counts: 12.7 used leaves 87 of 100... and 87 fit
+        # the library floors the weighted count: 12.7 used of 100 leaves 88
         return max(0, self.limit - math.floor(self.used))
 
     def fits(self, need: int) -> bool:
