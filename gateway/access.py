@@ -21,11 +21,12 @@ failure. A running stream is never cut: add_tokens and release only log.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
@@ -205,12 +206,19 @@ class AccessPolicy:
                     raise self._refuse(caller, "qps", state.reset_s, state, token_state,
                                        f"Rate limit reached for requests: {requests.amount} per "
                                        f"{requests.seconds} s.")
-                request_state = await self.windows.request_state(key_id, requests)
             if tokens is not None and token_state is not None:
-                await self.windows.charge_tokens(key_id, tokens, prompt_tokens)
                 token_state = TokenState(limit=token_state.limit, seconds=token_state.seconds,
                                          previous=token_state.previous,
                                          current=token_state.current + prompt_tokens, ends_in=token_state.ends_in)
+            # the prompt's charge and the headers' read are independent: one
+            # round trip of waiting instead of two when Redis holds them
+            jobs: list[Awaitable[Any]] = []
+            if tokens is not None:
+                jobs.append(self.windows.charge_tokens(key_id, tokens, prompt_tokens))
+            if requests is not None:
+                jobs.append(self.windows.request_state(key_id, requests))
+            done = await asyncio.gather(*jobs)
+            request_state = done[-1] if requests is not None else None
         except BaseException:
             await self.slots.release(slot)
             raise
