@@ -35,9 +35,9 @@ def test_allocate_takes_head_and_free_appends_to_tail() -> None:
     pool.free([blocks[2], blocks[0]])
     assert pool.free_block_ids() == [3, 4, 5, 2, 0]
     assert pool.num_used_blocks == 1
-    with pytest.raises(NoFreeBlocksError):
+    with pytest.raises(NoFreeBlocksError, match="asked for 6 blocks, 5 free"):
         pool.allocate(6)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="block 0: freed with ref_cnt 0"):
         pool.free([blocks[0]])          # already at ref_cnt 0
     pool.check_invariants()
 

@@ -172,5 +172,5 @@ def test_shutdown_ends_live_requests_and_idle_loop_sleeps() -> None:
     collect.wait_finished({"long"})
     assert collect.final("long").finish_reason == "error" and collect.final("long").error == "engine shut down"
     assert not engine._thread.is_alive()          # type: ignore[union-attr]
-    with pytest.raises(EngineDeadError):
+    with pytest.raises(EngineDeadError, match="^engine shut down$"):
         engine.add_request("after", [1], SamplingParams())

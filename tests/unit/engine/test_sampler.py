@@ -161,7 +161,7 @@ def test_logprob_of_sampled_token_uses_processed_distribution(sampler: Sampler) 
 
 
 def test_rows_must_match_sequences(sampler: Sampler) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^logits rows \(2\) != sequences \(1\)$"):
         sampler(torch.zeros(2, VOCAB), [seq()])
 
 
