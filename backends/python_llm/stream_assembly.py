@@ -45,26 +45,24 @@ class StreamAssembly:
     def respond(self, out: RequestOutput) -> Reply | None:
         """The response this output calls for; None when it calls for none (a
         streaming step that returned no token and did not finish, or a step of
-        a non-streaming request before its end)."""
-        reply = self._reply(out)
-        if reply is not None:
-            self.replied = True
-        return reply
-
-    def _reply(self, out: RequestOutput) -> Reply | None:
+        a non-streaming request before its end). Runs once per token of a
+        streaming request: kept to one call."""
         if out.error is not None and (not self.replied or out.finish_reason == "error"):
+            self.replied = True
             return Reply([], None, True, out.error)
         if self.streaming:
             ids = out.new_token_ids
             if not self.exclude_input and not self.replied:
                 ids = self.prompt_ids + ids
-            if ids or out.finished:
-                return Reply(ids, out.new_logprobs, out.finished)
-            return None
+            if not ids and not out.finished:
+                return None
+            self.replied = True
+            return Reply(ids, out.new_logprobs, out.finished)
         self._ids.extend(out.new_token_ids)
         if out.new_logprobs:
             self._logprobs.extend(out.new_logprobs)
         if not out.finished:
             return None
+        self.replied = True
         ids = self._ids if self.exclude_input else self.prompt_ids + self._ids
         return Reply(ids, self._logprobs or None, True)
