@@ -1,4 +1,5 @@
-"""`python -m serving`: prepare the default model, render the repository, serve."""
+"""`python -m serving`: prepare the default model, render the repository, serve
+(Triton on loopback, the gateway's OpenAI API in front of it)."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +10,9 @@ import signal
 import sys
 import threading
 from pathlib import Path
+
+from gateway.config import GatewayConfig
+from gateway.process import GatewayProcess, GatewayStartError
 
 from .default_model import resolve_model_dir
 from .launcher import (ADMIN_KEY_ENV, ADMIN_KEY_HEADER, DEFAULT_ADDRESS, RESTRICTED_APIS, LaunchOptions, TritonServer,
@@ -45,11 +49,50 @@ def _admin_key_from_args(args: argparse.Namespace) -> str | None:
     return os.environ.get(ADMIN_KEY_ENV, "").strip() or None
 
 
-def _ready_banner(server: TritonServer) -> str:
-    return (f"\nready.\n  HTTP     {server.http_url}  (generate, generate_stream)\n"
+def _triton_lines(server: TritonServer) -> str:
+    return (f"  HTTP     {server.http_url}  (generate, generate_stream)\n"
             f"  gRPC     {server.grpc_url}  (ModelStreamInfer)\n  metrics  {server.metrics_url}\n"
-            f"  admin    key in {server.admin_key_path}  (header {ADMIN_KEY_HEADER}: {', '.join(RESTRICTED_APIS)})\n"
-            f"\ntry:\n{_curl_example(server)}\n\nCtrl-C stops the server.")
+            f"  admin    key in {server.admin_key_path}  (header {ADMIN_KEY_HEADER}: {', '.join(RESTRICTED_APIS)})\n")
+
+
+def _ready_banner(server: TritonServer) -> str:
+    return f"\nready.\n{_triton_lines(server)}\ntry:\n{_curl_example(server)}\n\nCtrl-C stops the server."
+
+
+def _gateway_banner(server: TritonServer, gateway: GatewayConfig, log_path: Path, key: str | None) -> str:
+    base_url = f"http://127.0.0.1:{gateway.port}/v1"
+    if key is None:
+        key_line = ("  API key     the local key was revoked; create one with "
+                    "`.venv/bin/python -m gateway keys create --tier paid`\n")
+        shown = "<your key>"
+    else:
+        key_line = f"  API key     {key}  (local key, tier paid; python -m gateway keys list|create|revoke)\n"
+        shown = key
+    body = {"model": "ensemble", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+            "max_tokens": 32, "temperature": 0, "stream": True}
+    curl = (f"curl -N {base_url}/chat/completions \\\n     -H 'Authorization: Bearer {shown}' \\\n"
+            f"     -H 'Content-Type: application/json' \\\n     -d '{json.dumps(body)}'")
+    python = (f"from openai import OpenAI\nclient = OpenAI(base_url=\"{base_url}\", api_key=\"{shown}\")\n"
+              "answer = client.chat.completions.create(model=\"ensemble\", messages=[{\"role\": \"user\", "
+              "\"content\": \"What is the capital of France?\"}])\nprint(answer.choices[0].message.content)")
+    return (f"\nready.\n  OpenAI API  {base_url}  (the gateway, listening on {gateway.host}:{gateway.port}; "
+            f"log {log_path})\n{key_line}"
+            f"  Triton, behind it on loopback:\n{_triton_lines(server)}"
+            f"\ntry:\n{curl}\n\n{python}\n\nCtrl-C stops the server.")
+
+
+def _local_key(gateway: GatewayConfig) -> str | None:
+    """The key the banner's examples carry: created on the first run, reused after."""
+    from gateway.keys import ensure_local_key, resolve_keys_file
+    return ensure_local_key(resolve_keys_file(gateway.keys_file))
+
+
+def _start_gateway(args: argparse.Namespace, server: TritonServer, gateway: GatewayConfig) -> GatewayProcess:
+    # the child reads the same settings sources; its upstream is this Triton
+    process = GatewayProcess([*(args.set or []), f"gateway.upstream_grpc_url={server.grpc_url}"],
+                             log_path=BUILD_DIR / "gateway.log", settings_file=args.settings, port=gateway.port)
+    process.start()
+    return process
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -75,16 +118,39 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (TritonStartError, TritonSetupError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(_ready_banner(server), flush=True)
+    gateway: GatewayProcess | None = None
+    if args.no_gateway:
+        print(_ready_banner(server), flush=True)
+    else:
+        config = options.settings.gateway
+        try:
+            gateway = _start_gateway(args, server, config)
+        except GatewayStartError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            server.stop()
+            return 1
+        print(_gateway_banner(server, config, gateway.log_path, _local_key(config)), flush=True)
+    code = _watch(server, gateway, stop)
+    if gateway is not None:
+        print("stopping the gateway...", flush=True)
+        gateway.stop()
+    print("stopping tritonserver...", flush=True)
+    triton_code = server.stop()
+    print(f"stopped (exit code {triton_code}).")
+    return code
+
+
+def _watch(server: TritonServer, gateway: GatewayProcess | None, stop: threading.Event) -> int:
+    """Until Ctrl-C (0), or until either process dies on its own (its code, or 1)."""
     while not stop.wait(0.5):
         if server.process is None or server.process.poll() is not None:
             code = server.process.returncode if server.process else 1
             print(f"tritonserver exited on its own (code {code}); see {server.log_path}", file=sys.stderr)
-            server.stop()
             return code or 1
-    print("stopping tritonserver...", flush=True)
-    code = server.stop()
-    print(f"stopped (exit code {code}).")
+        if gateway is not None and not gateway.alive():
+            code = gateway.process.returncode if gateway.process else 1
+            print(f"the gateway exited on its own (code {code}); see {gateway.log_path}", file=sys.stderr)
+            return code or 1
     return 0
 
 
@@ -108,12 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     def model_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--model-dir", help="a local HF causal-LM folder (default: $LLM_MODEL_DIR or SmolLM2-135M)")
         p.add_argument("--settings", metavar="FILE.toml",
-                       help="a settings file with [engine], [text] and [server] tables")
+                       help="a settings file with [engine], [text], [server] and [gateway] tables")
         p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
                        help="override a setting, e.g. --set engine.dtype=bfloat16 (repeatable; beats the "
                             "settings file and LLM__SECTION__FIELD environment variables)")
 
-    serve = sub.add_parser("serve", help="run tritonserver in the foreground")
+    serve = sub.add_parser("serve", help="run tritonserver and the gateway in front of it, in the foreground")
     model_args(serve)
     serve.add_argument("--http-port", type=int, default=8000)
     serve.add_argument("--grpc-port", type=int, default=8001)
@@ -125,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
                        help=f"the key for Triton's admin APIs (header {ADMIN_KEY_HEADER}); default ${ADMIN_KEY_ENV}, "
                             f"else a fresh random one; the key in effect is written to <build>/admin_key (0600)")
     serve.add_argument("--log-file", help=f"server log (default {BUILD_DIR}/tritonserver.log)")
+    serve.add_argument("--no-gateway", action="store_true",
+                       help="serve Triton alone (no OpenAI API in front); by default the gateway starts on "
+                            "gateway.port (9000) with its log in <build>/gateway.log")
     serve.add_argument("--model-repository", default=str(REPO_ROOT / "model_repository"),
                        help="the template repository to render and serve")
     serve.set_defaults(func=cmd_serve)

@@ -1,7 +1,9 @@
 """`make serve` = `python -m serving serve`: reaches ready, prints a curl that
-works, keeps Triton's own front closed (loopback only, admin APIs behind the
-key it writes 0600), and stops cleanly on Ctrl-C. One server for the module,
-started with serve's defaults (no --address)."""
+works (through the gateway's OpenAI API, with the local key), keeps Triton's
+own front closed (loopback only, admin APIs behind the key it writes 0600;
+the gateway is the one listener beyond loopback), and stops cleanly on
+Ctrl-C. One server for the module, started with serve's defaults (no
+--address) but a free gateway port."""
 from __future__ import annotations
 
 import ipaddress
@@ -37,6 +39,7 @@ class Serve:
     http: int
     grpc: int
     metrics: int
+    gateway: int
     output: list[str] = field(default_factory=list)
 
     @property
@@ -72,13 +75,14 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 @pytest.fixture(scope="module")
 def serve(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
     build_dir = tmp_path_factory.mktemp("serve")
-    http, grpc, metrics = free_local_ports(3)
+    http, grpc, metrics, gateway = free_local_ports(4)
     env = {**os.environ, "LLM_BUILD_DIR": str(build_dir), "LLM_MODEL_DIR": str(model_dir)}
     env.pop(ADMIN_KEY_ENV, None)     # serve's own default: a generated key
     proc = subprocess.Popen([sys.executable, "-m", "serving", "serve", "--http-port", str(http),
-                             "--grpc-port", str(grpc), "--metrics-port", str(metrics)],
+                             "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+                             "--set", f"gateway.port={gateway}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    started = Serve(proc, build_dir, http, grpc, metrics)
+    started = Serve(proc, build_dir, http, grpc, metrics, gateway)
     try:
         t0 = time.monotonic()
         _read_until_ready(started, 300)
@@ -120,9 +124,14 @@ def test_triton_listens_on_loopback_only(serve: Serve):
     sockets = _listening(triton[0])
     assert {port for _, port in sockets} >= {serve.http, serve.grpc, serve.metrics}, sockets
     assert {address for address, _ in sockets} <= {"127.0.0.1", "::1"}, sockets
-    # nothing else serve started (the Python stubs) listens beyond loopback either
+    # nothing else serve started (the Python stubs) listens beyond loopback either,
+    # but the gateway, the public front door, on its one port
     for process in tree:
-        assert {address for address, _ in _listening(process)} <= {"127.0.0.1", "::1"}, process
+        listening = _listening(process)
+        if any(port == serve.gateway for _, port in listening):
+            assert "gateway" in " ".join(process.cmdline()) and {p for _, p in listening} == {serve.gateway}, listening
+            continue
+        assert {address for address, _ in listening} <= {"127.0.0.1", "::1"}, process
     print(f"[tritonserver {triton[0].pid} listens on {sorted(sockets)}; checked {len(tree)} processes "
           f"in {time.monotonic() - t0:.2f} s]")
 
