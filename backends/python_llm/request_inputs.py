@@ -11,6 +11,7 @@ from typing import Mapping
 import numpy as np
 
 from ensemble.errors import InvalidInputError
+from ensemble.inbound.word_lists import parse_word_list
 from ensemble.request_key import mint_request_key, parse_request_key
 
 from .engine.core.sampling_params import InvalidRequestError, SamplingParams
@@ -58,32 +59,11 @@ def _raw_bytes(array: np.ndarray | None) -> bytes:
     return bytes(value) if isinstance(value, (bytes, np.bytes_)) else str(value).encode()
 
 
-def parse_word_list(array: np.ndarray | None, name: str) -> list[list[int]]:
-    """TensorRT-LLM's [2, -1] word list: row 0 the concatenated ids, row 1 the
-    cumulative end offsets, padded with -1."""
-    if array is None:
-        return []
-    arr = np.asarray(array)
-    if arr.ndim == 3:           # batch dimension from max_batch_size
-        if arr.shape[0] != 1:
-            raise InvalidRequestError(f"{name}: expected batch size 1, got {arr.shape[0]}")
-        arr = arr[0]
-    if arr.size == 0:
-        return []
-    if arr.ndim != 2 or arr.shape[0] != 2:
-        raise InvalidRequestError(f"{name}: expected shape [2, N], got {list(arr.shape)}")
-    ids, offsets = arr[0].tolist(), arr[1].tolist()
-    words: list[list[int]] = []
-    start = 0
-    for end in offsets:
-        if end < 0:
-            break
-        if end < start or end > len(ids):
-            raise InvalidRequestError(f"{name}: offsets must be increasing and within the ids row")
-        if end > start:
-            words.append([int(i) for i in ids[start:end]])
-        start = end
-    return words
+def _word_list(tensors: Mapping[str, np.ndarray], name: str) -> list[list[int]]:
+    try:
+        return parse_word_list(name, tensors.get(name))
+    except InvalidInputError as exc:
+        raise InvalidRequestError(str(exc)) from None
 
 
 def parse_llm_request(tensors: Mapping[str, np.ndarray]) -> LLMRequest:
@@ -109,6 +89,13 @@ def parse_llm_request(tensors: Mapping[str, np.ndarray]) -> LLMRequest:
         raise InvalidRequestError(f"input_lengths: {length} does not fit input_ids of {len(prompt)} tokens")
     prompt = prompt[: int(length)]
 
+    # TensorRT-LLM's length penalty only rescores beams; this engine samples one
+    # sequence per request, so anything but the neutral value would be ignored
+    length_penalty = float(_scalar(tensors, "len_penalty", 1.0))
+    if length_penalty != 1.0:
+        raise InvalidRequestError(f"length_penalty (len_penalty): {length_penalty} applies to beam search only, "
+                                  f"which this engine does not do; send 1.0 or leave it out")
+    # pad_id has nothing to pad: outputs are never padded (accepted for TensorRT-LLM clients)
     end_id = _scalar(tensors, "end_id", None)
     # absent or negative: None, the engine's "all of the model's EOS ids"
     stop_ids = None if end_id is None or int(end_id) < 0 else [int(end_id)]
@@ -127,8 +114,8 @@ def parse_llm_request(tensors: Mapping[str, np.ndarray]) -> LLMRequest:
         seed=None if seed is None else int(seed),
         ignore_eos=bool(_scalar(tensors, "ignore_eos", False)),
         stop_token_ids=stop_ids,
-        stop_words_ids=parse_word_list(tensors.get("stop_words_list"), "stop_words_list"),
-        bad_words_ids=parse_word_list(tensors.get("bad_words_list"), "bad_words_list"),
+        stop_words_ids=_word_list(tensors, "stop_words_list"),
+        bad_words_ids=_word_list(tensors, "bad_words_list"),
         return_log_probs=bool(_scalar(tensors, "return_log_probs", False)),
         token_timeout_ms=None if timeout is None else int(timeout),
     )

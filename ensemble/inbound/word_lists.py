@@ -89,11 +89,14 @@ def encode_word_list(field: str, words: Sequence[str] | None, tokenizer: Tokeniz
 
 
 def parse_word_list(field: str, array: np.ndarray | None) -> list[list[int]]:
-    """The inverse of ``to_word_list``: ``[2, N]`` (or ``[1, 2, N]``) → token sequences."""
+    """The inverse of ``to_word_list``: ``[2, N]`` (or ``[1, 2, N]``) → token
+    sequences. The LLM step reads its `stop_words_list` / `bad_words_list` with it."""
     if array is None:
         return []
     values = np.asarray(array)
-    if values.ndim == 3 and values.shape[0] == 1:
+    if values.size == 0:
+        return []
+    if values.ndim == 3 and values.shape[0] == 1:     # the batch dimension of max_batch_size
         values = values[0]
     if values.ndim != 2 or values.shape[0] != 2:
         raise InvalidInputError(field, f"must have shape [2, N] (ids, offsets), got {list(values.shape)}")

@@ -26,7 +26,7 @@ class EngineConfig:
     default_token_timeout_ms: int = 0         # 0 = no per-token timeout
     enable_kv_cache_reuse: bool = True
     enable_chunked_context: bool = True
-    num_threads: int = 0                      # torch threads; 0 = torch's default
+    num_threads: int = 0                      # torch threads, process-wide (torch has one pool); 0 leaves torch's default
     # decode attention: "auto" = the native CPU kernel on the CPU when it
     # builds (else PyTorch), "torch" = always the PyTorch path
     attention_backend: str = "auto"

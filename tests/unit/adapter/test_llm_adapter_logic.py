@@ -9,7 +9,7 @@ from python_llm.config_params import engine_config_from_parameters
 from python_llm.engine.config import ConfigError
 from python_llm.engine.core.errors import DuplicateRequestError
 from python_llm.engine.core.sampling_params import InvalidRequestError
-from python_llm.request_inputs import parse_llm_request, parse_word_list
+from python_llm.request_inputs import parse_llm_request
 from python_llm.stream_assembly import StreamAssembly
 from python_llm.stream_registry import LiveStream, StreamRegistry
 
@@ -29,12 +29,15 @@ def test_parameters_become_a_validated_engine_config():
         engine_config_from_parameters({"model_dir": "/m", "enable_kv_cache_reuse": "maybe"})
 
 
-def test_word_lists_in_tensorrt_llm_layout():
-    array = np.array([[[5, 6, 7, -0], [2, 3, -1, -1]]], dtype=np.int32)
-    assert parse_word_list(array, "stop_words_list") == [[5, 6], [7]]
-    assert parse_word_list(np.array([[0], [-1]], dtype=np.int32), "stop_words_list") == []
-    with pytest.raises(InvalidRequestError, match="stop_words_list"):
-        parse_word_list(np.array([[1, 2], [3, -1]], dtype=np.int32), "stop_words_list")
+def test_word_lists_in_tensorrt_llm_layout_reach_the_sampling_params():
+    # the LLM step reads them with the text stages' parser (ensemble/inbound/word_lists.py)
+    words = {"input_ids": np.array([[1, 2]], dtype=np.int32),
+             "stop_words_list": np.array([[[5, 6, 7, 0], [2, 3, -1, -1]]], dtype=np.int32),
+             "bad_words_list": np.zeros((1, 2, 0), dtype=np.int32)}
+    request = parse_llm_request(words)
+    assert request.sampling.stop_words_ids == [[5, 6], [7]] and request.sampling.bad_words_ids == []
+    with pytest.raises(InvalidRequestError, match=r"^stop_words_list: offsets must increase"):
+        parse_llm_request({**words, "stop_words_list": np.array([[1, 2], [3, -1]], dtype=np.int32)})
 
 
 def test_inputs_become_an_engine_request():
@@ -109,3 +112,10 @@ def test_registry_names_cancels_and_closes_streams():
     registry.remove("engine-1")
     assert registry.engine_id_for_key(KEY_1) is None and len(registry) == 0
     registry.register(LiveStream("engine-4", KEY_1, "client-1", FakeSender(), assembly()))  # both free again
+
+
+def test_a_length_penalty_other_than_neutral_is_refused():
+    base = {"input_ids": np.array([[1, 2]], dtype=np.int32)}
+    assert parse_llm_request({**base, "len_penalty": np.array([[1.0]], dtype=np.float32)}).prompt_token_ids == [1, 2]
+    with pytest.raises(InvalidRequestError, match=r"^length_penalty \(len_penalty\): 0.5 applies to beam search"):
+        parse_llm_request({**base, "len_penalty": np.array([[0.5]], dtype=np.float32)})

@@ -38,7 +38,7 @@ def test_model_info_unions_all_eos_ids(tmp_path: Path) -> None:
     """generation_config.json first, then config.json, then the tokenizer's eos_token."""
     folder = write_config(tmp_path, BASE, {"eos_token_id": [7, 2, 9]})
     write_tokenizer(folder, eos_token="t11")
-    info = ModelInfo.from_model_dir(str(folder))
+    info = ModelInfo.from_model_dir(str(folder), max_model_len=None)
     assert info.eos_token_ids == [7, 2, 9, 11]
     assert (info.max_model_len, info.vocab_size, info.num_layers, info.num_kv_heads, info.head_dim) == (
         512, 100, 3, 2, 16)
@@ -54,14 +54,14 @@ def test_model_info_without_generation_config_and_capped_length(tmp_path: Path) 
 
 
 def test_model_info_without_a_tokenizer_names_the_eos_ids(tmp_path: Path) -> None:
-    info = ModelInfo.from_model_dir(str(write_config(tmp_path, BASE)))   # shapes need no tokenizer
+    info = ModelInfo.from_model_dir(str(write_config(tmp_path, BASE)), max_model_len=None)   # shapes need no tokenizer
     assert info.vocab_size == 100
     with pytest.raises(ModelFolderError, match="cannot read the EOS ids"):
         info.eos_token_ids
 
 
 def test_default_model_info(model_dir: Path) -> None:
-    info = ModelInfo.from_model_dir(str(model_dir))
+    info = ModelInfo.from_model_dir(str(model_dir), max_model_len=None)
     assert (info.num_layers, info.num_kv_heads, info.head_dim, info.vocab_size) == (30, 3, 64, 49152)
     # the engine and the text stages stop on the same ids: <|im_end|>, id 2
     assert info.eos_token_ids == list(load_tokenizer_info(model_dir).eos_token_ids) == [2]

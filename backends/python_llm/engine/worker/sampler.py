@@ -52,7 +52,7 @@ def _banned_tokens(seq: ScheduledSequence) -> list[int]:
 
 
 class Sampler:
-    def __init__(self, device: torch.device | str = "cpu", kernels: CpuKernels | None = None) -> None:
+    def __init__(self, device: torch.device | str, kernels: CpuKernels | None = None) -> None:
         self.device = torch.device(device)
         # torch's CPU argmax is a scalar loop (~4 ms over 64 x 49k logits);
         # the native one is a vectorized single pass
