@@ -12,7 +12,8 @@ from locust import LoadTestShape  # noqa: E402
 
 from loadtest.settings import LoadSettings  # noqa: E402
 from loadtest.shapes import users_at  # noqa: E402
-from loadtest.users import GrpcBurstSilenceUser, GrpcUser, SseBurstSilenceUser, SseUser  # noqa: E402,F401
+from loadtest.users import (GrpcBurstSilenceUser, GrpcUser, OpenAIBurstSilenceUser, OpenAIUser,  # noqa: E402,F401
+                            SseBurstSilenceUser, SseUser)
 
 
 class ConfiguredShape(LoadTestShape):

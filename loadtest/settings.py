@@ -15,6 +15,9 @@ DEFAULT_DATASET = Path(__file__).parent / "data" / "prompts.jsonl"
 class LoadSettings:
     http_url: str = "http://127.0.0.1:8000"
     grpc_url: str = "127.0.0.1:8001"
+    openai_url: str = "http://127.0.0.1:9000/v1"   # the gateway's OpenAI API (OpenAIUser)
+    # the gateway API key; "" = $OPENAI_API_KEY (kept out of LOADTEST_* and the report)
+    api_key_env: str = "OPENAI_API_KEY"
     model: str = "ensemble"
     shape: str = "steady"
     users: int = 4

@@ -1,9 +1,11 @@
-"""Locust users: one streaming request per task over SSE or gRPC, a share of
+"""Locust users: one streaming request per task over SSE, gRPC or the
+gateway's OpenAI API, a share of
 them abandoned mid-way, and "burst-silence" users that send several turns in
 quick succession and then go quiet."""
 from __future__ import annotations
 
 import functools
+import os
 import random
 from typing import Any
 
@@ -11,6 +13,7 @@ import httpx
 from locust import User, task
 
 from .dataset import PromptDataset
+from .openai_stream import run_openai
 from .reporting import SampleLog, report_outcome
 from .settings import LoadSettings
 from .streams import StreamOutcome, StreamRequest, new_stream_request, run_grpc, run_sse
@@ -75,6 +78,22 @@ class GrpcUser(StreamingUser):
         return run_grpc(self.grpc, request, self.settings.token_timeout_s)
 
 
+class OpenAIUser(StreamingUser):
+    """Through the gateway's OpenAI API (`--openai-url`, the key from $OPENAI_API_KEY)."""
+
+    def on_start(self) -> None:
+        super().on_start()
+        key = os.environ.get(self.settings.api_key_env, "")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.http = httpx.Client(base_url=self.settings.openai_url, headers=headers)
+
+    def on_stop(self) -> None:
+        self.http.close()
+
+    def stream_once(self, request: StreamRequest) -> StreamOutcome:
+        return run_openai(self.http, request, self.settings.token_timeout_s)
+
+
 class BurstSilenceMixin:
     """A chat-like user: 2-5 turns with short pauses, then 10-30x the think time quiet."""
 
@@ -98,4 +117,9 @@ class GrpcBurstSilenceUser(BurstSilenceMixin, GrpcUser):
     pass
 
 
-USER_CLASSES = {cls.__name__: cls for cls in (SseUser, GrpcUser, SseBurstSilenceUser, GrpcBurstSilenceUser)}
+class OpenAIBurstSilenceUser(BurstSilenceMixin, OpenAIUser):
+    pass
+
+
+USER_CLASSES = {cls.__name__: cls for cls in (SseUser, GrpcUser, OpenAIUser, SseBurstSilenceUser,
+                                              GrpcBurstSilenceUser, OpenAIBurstSilenceUser)}
