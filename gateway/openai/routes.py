@@ -7,8 +7,9 @@ and allowed for the tier (403), `n` bound (400), admission under the limits
 the response starts."""
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -22,7 +23,7 @@ from ..upstream import PUBLIC_MODELS, Upstream
 from .chunks import ChatFormat, CompletionFormat, Format
 from .generation import Generation
 from .schemas import ChatCompletionRequest, CompletionRequest, _Sampling
-from .serve import Job, streamed, whole
+from .serve import Job, disconnected, streamed, whole
 from .translate import UpstreamRequest, chat_upstream, completion_upstream, prompt_bytes
 
 router = APIRouter()
@@ -31,6 +32,8 @@ router = APIRouter()
 # engine has counted them (no BPE vocabulary averages more than 8 bytes a
 # token); the real count is added when the first response brings it
 BYTES_PER_TOKEN_BOUND = 8
+# nginx's status for "the client closed the request": only ever logged, nobody receives it
+CLIENT_CLOSED_REQUEST = 499
 _MODELS_CREATED = 1_700_000_000     # a fixed `created`: the models have no creation date worth reporting
 
 _ERRORS = {400: {"description": "invalid request (OpenAI error shape)"},
@@ -75,10 +78,15 @@ async def _run(request: Request, caller: Caller, body: _Sampling, fmt: Format, p
                             started_s=context.started_s if context else time.perf_counter(),
                             prompt_estimate=estimate, keep_logprobs=with_logprobs and not body.stream)
     try:
-        await generation.start()
+        started = await _unless_hung_up(generation.start(), request)
     except BaseException:
         await admission.release()
         raise
+    if not started:
+        # the caller left while its request waited for the engine's first answer:
+        # the engine requests were stopped; nobody reads this answer
+        await admission.release()
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     job = Job(fmt=fmt, response_id=f"{prefix}-{request_id}", model=body.model, caller=caller,
               admission=admission, generation=generation, with_logprobs=with_logprobs,
               include_usage=body.include_usage)
@@ -95,6 +103,26 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
 async def completions(body: CompletionRequest, request: Request,
                       caller: Caller = Depends(authenticated)) -> Response:
     return await _run(request, caller, body, CompletionFormat, "cmpl", completion_upstream, body.wants_logprobs)
+
+
+async def _unless_hung_up(work: Awaitable[None], request: Request) -> bool:
+    """Run `work` (sending the engine requests and waiting for their first
+    answers: queueing + prefill, possibly long) while watching for the caller
+    hanging up; False when it did, after cancelling `work`."""
+    task = asyncio.ensure_future(work)
+    hangup = asyncio.ensure_future(disconnected(request.receive))
+    try:
+        await asyncio.wait({task, hangup}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        hangup.cancel()
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(hangup, return_exceptions=True)
+    if task.cancelled() or not task.done():
+        await asyncio.gather(task, return_exceptions=True)
+        return False
+    task.result()       # raises what the start raised (a GatewayError: the caller's answer)
+    return True
 
 
 def _model_card(name: str) -> dict[str, object]:

@@ -87,7 +87,7 @@ class SSEResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         pump = asyncio.ensure_future(self._pump(send))
-        hangup = asyncio.ensure_future(_disconnected(receive))
+        hangup = asyncio.ensure_future(disconnected(receive))
         try:
             await asyncio.wait({pump, hangup}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -176,7 +176,7 @@ class WholeResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         work = asyncio.ensure_future(self._compute())
-        hangup = asyncio.ensure_future(_disconnected(receive))
+        hangup = asyncio.ensure_future(disconnected(receive))
         try:
             await asyncio.wait({work, hangup}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -195,7 +195,8 @@ class WholeResponse(Response):
         return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-async def _disconnected(receive: Receive) -> None:
+async def disconnected(receive: Receive) -> None:
+    """Returns when the caller has hung up."""
     while (await receive())["type"] != "http.disconnect":
         pass
 

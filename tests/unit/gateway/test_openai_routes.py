@@ -172,13 +172,11 @@ def test_request_ids_and_traceparent_are_echoed_never_sent_upstream():
     assert len(fresh["x-request-id"]) == 24 and len(fresh["traceparent"].split("-")[1]) == 32
 
 
-def test_a_caller_hanging_up_mid_stream_stops_the_engine_request_at_once():
-    """The stream is cancelled as soon as the disconnect arrives: the client
-    library sends `stop` with the request key, and the admission is released."""
-    h = harness(lambda *a: [ev("first", ids=(1,)), HANG])
-
+def hang_up_scenario(h, stream: bool, after_first_chunk: bool) -> list[dict]:
+    """Drive the ASGI app directly: the caller hangs up after the first chunk
+    (or at once, while the engine has not answered yet)."""
     async def scenario():
-        body = json.dumps({**CHAT, "stream": True}).encode()
+        body = json.dumps({**CHAT, "stream": stream}).encode()
         sent: list[dict] = []
         first_chunk = asyncio.Event()
         received = False
@@ -188,7 +186,10 @@ def test_a_caller_hanging_up_mid_stream_stops_the_engine_request_at_once():
             if not received:
                 received = True
                 return {"type": "http.request", "body": body, "more_body": False}
-            await first_chunk.wait()
+            if after_first_chunk:
+                await first_chunk.wait()
+            else:
+                await asyncio.sleep(0.05)
             return {"type": "http.disconnect"}
 
         async def send(message):
@@ -204,11 +205,33 @@ def test_a_caller_hanging_up_mid_stream_stops_the_engine_request_at_once():
         await asyncio.wait_for(h.app(scope, receive, send), 5)
         return sent
 
-    sent = run(scenario())
+    return run(scenario())
+
+
+def test_a_caller_hanging_up_mid_stream_stops_the_engine_request_at_once():
+    """The stream is cancelled as soon as the disconnect arrives: the client
+    library sends `stop` with the request key, and the admission is released."""
+    h = harness(lambda *a: [ev("first", ids=(1,)), HANG])
+    sent = hang_up_scenario(h, stream=True, after_first_chunk=True)
     assert sent[0]["status"] == 200
     (stop_model, _, key), = h.transport.stops
     assert stop_model == "python_llm" and len(key) == 32
     assert h.policy.admissions[0].released == 1
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_caller_hanging_up_before_the_first_token_stops_the_queued_request(stream):
+    h = harness(lambda *a: [HANG])
+    sent = hang_up_scenario(h, stream=stream, after_first_chunk=False)
+    assert sent[0]["status"] == 499            # logged only: nobody is there to read it
+    assert len(h.transport.stops) == 1 and h.policy.admissions[0].released == 1
+
+
+def test_a_caller_hanging_up_during_a_whole_answer_stops_it():
+    h = harness(lambda *a: [ev("first", ids=(1,)), HANG])
+    sent = hang_up_scenario(h, stream=False, after_first_chunk=False)
+    assert not [m for m in sent if m["type"] == "http.response.body"]
+    assert len(h.transport.stops) == 1 and h.policy.admissions[0].released == 1
 
 
 def test_models_list_follows_the_tier():
