@@ -18,8 +18,9 @@ class GatewayStartError(RuntimeError):
 
 
 class GatewayProcess:
-    def __init__(self, assignments: list[str], log_path: Path, settings_file: str | None = None,
-                 probe_host: str = "127.0.0.1", port: int = 9000) -> None:
+    def __init__(self, assignments: list[str], log_path: Path, *, port: int, settings_file: str | None = None,
+                 probe_host: str = "127.0.0.1") -> None:
+        """`port`: the gateway.port the child will listen on, for the health probe."""
         self.assignments = assignments
         self.log_path = log_path
         self.settings_file = settings_file
