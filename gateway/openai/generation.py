@@ -42,7 +42,8 @@ def event_logprobs(event: StreamEvent) -> list[float]:
 
 class Generation:
     def __init__(self, upstream: Upstream, model: str, requests: list[UpstreamRequest], admission: Admission,
-                 *, route: str, started_s: float, prompt_estimate: int = 0, keep_logprobs: bool = False) -> None:
+                 *, route: str, started_s: float, prompt_estimate: int = 0, keep_logprobs: bool = False,
+                 streamed: bool = True) -> None:
         self._upstream = upstream
         self._model = model
         self._requests = requests
@@ -51,6 +52,7 @@ class Generation:
         self._started_s = started_s
         self._prompt_estimate = prompt_estimate
         self._keep_logprobs = keep_logprobs    # a whole (non-streamed) answer lists them at the end
+        self._streamed = streamed
         self.choices = [ChoiceState(r.index, r.prompt_index) for r in requests]
         self._streams: list[UpstreamStream] = []
         self._prompt_tokens: dict[int, int] = {}
@@ -101,11 +103,13 @@ class Generation:
     async def events(self) -> AsyncIterator[tuple[ChoiceState, StreamEvent]]:
         """(choice, event) in arrival order, every choice to its end; raises
         UpstreamFailure when an engine request breaks off."""
-        first_seen = time.perf_counter()
-        for choice, stream in zip(self.choices, self._streams):
+        for position, (choice, stream) in enumerate(zip(self.choices, self._streams)):
             await self._account(choice, stream.first)
             yield choice, stream.first
-        ADDED_LATENCY.labels(phase="first_chunk").observe(time.perf_counter() - first_seen)
+            if position == 0 and self._streamed:
+                # back here once the first chunk is written: the engine's first
+                # response (client-library clock) to the caller's first bytes
+                ADDED_LATENCY.labels(phase="first_chunk").observe(time.perf_counter() - stream.first.received_s)
         if len(self._streams) == 1:
             async for event in self._streams[0].rest():
                 await self._account(self.choices[0], event)

@@ -76,7 +76,8 @@ async def _run(request: Request, caller: Caller, body: _Sampling, fmt: Format, p
     upstream: Upstream = request.app.state.upstream
     generation = Generation(upstream, body.model, upstream_requests, admission, route=fmt.object,
                             started_s=context.started_s if context else time.perf_counter(),
-                            prompt_estimate=estimate, keep_logprobs=with_logprobs and not body.stream)
+                            prompt_estimate=estimate, keep_logprobs=with_logprobs and not body.stream,
+                            streamed=bool(body.stream))
     try:
         started = await _unless_hung_up(generation.start(), request)
     except BaseException:
