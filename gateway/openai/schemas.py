@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 MAX_STOP_SEQUENCES = 16
 # the one content part type; image_url, input_audio, file... are refused
@@ -110,6 +110,14 @@ class _Sampling(_Strict):
     min_tokens: int | None = Field(default=None, ge=0)
     repetition_penalty: float | None = Field(default=None, gt=0)
     ignore_eos: bool | None = None
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_when_streaming(cls, value: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        # as OpenAI answers it: options for a stream that will not happen are a mistake
+        if value is not None and not info.data.get("stream"):
+            raise ValueError("only allowed when 'stream' is true")
+        return value
 
     @field_validator("stop")
     @classmethod

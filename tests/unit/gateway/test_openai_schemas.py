@@ -42,6 +42,7 @@ def post(body: dict, path: str = "/v1/chat/completions"):
     ({"stop": ["a", ""]}, "stop", "must not be empty"),
     ({"stop": [str(i) for i in range(17)]}, "stop", "at most 16"),
     ({"messages": []}, "messages", "at least 1"),
+    ({"stream_options": {"include_usage": True}}, "stream_options", "only allowed when 'stream' is true"),
     ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}, "messages[0].role", "role 'tool'"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]},
      "messages[0].content", "only 'text'"),
