@@ -48,7 +48,7 @@ class Generation:
         self._model = model
         self._requests = requests
         self._admission = admission
-        self._route = route
+        self._ttft, self._itl = TTFT.labels(route=route), ITL.labels(route=route)
         self._started_s = started_s
         self._prompt_estimate = prompt_estimate
         self._keep_logprobs = keep_logprobs    # a whole (non-streamed) answer lists them at the end
@@ -56,6 +56,7 @@ class Generation:
         self.choices = [ChoiceState(r.index, r.prompt_index) for r in requests]
         self._streams: list[UpstreamStream] = []
         self._prompt_tokens: dict[int, int] = {}
+        self._uncharged = 0         # tokens streamed and not yet handed to the admission
         self._tasks: list[asyncio.Task] = []
 
     @property
@@ -102,22 +103,28 @@ class Generation:
 
     async def events(self) -> AsyncIterator[tuple[ChoiceState, StreamEvent]]:
         """(choice, event) in arrival order, every choice to its end; raises
-        UpstreamFailure when an engine request breaks off."""
+        UpstreamFailure when an engine request breaks off. An event's tokens
+        are charged to the admission after its chunk is out (the limiter's
+        work is not on the caller's latency), at the latest by aclose()."""
         for position, (choice, stream) in enumerate(zip(self.choices, self._streams)):
-            await self._account(choice, stream.first)
+            self._account(choice, stream.first)
             yield choice, stream.first
             if position == 0 and self._streamed:
                 # back here once the first chunk is written: the engine's first
                 # response (client-library clock) to the caller's first bytes
                 ADDED_LATENCY.labels(phase="first_chunk").observe(time.perf_counter() - stream.first.received_s)
-        if len(self._streams) == 1:
-            async for event in self._streams[0].rest():
-                await self._account(self.choices[0], event)
+            await self._charge()
+        events = self._streams[0].rest() if len(self._streams) == 1 else None
+        if events is not None:
+            async for event in events:
+                self._account(self.choices[0], event)
                 yield self.choices[0], event
+                await self._charge()
         else:
             async for choice, event in self._merged():
-                await self._account(choice, event)
+                self._account(choice, event)
                 yield choice, event
+                await self._charge()
 
     async def _merged(self) -> AsyncIterator[tuple[ChoiceState, StreamEvent]]:
         queue: asyncio.Queue = asyncio.Queue()
@@ -142,13 +149,13 @@ class Generation:
             else:
                 yield item
 
-    async def _account(self, choice: ChoiceState, event: StreamEvent) -> None:
+    def _account(self, choice: ChoiceState, event: StreamEvent) -> None:
         now = time.perf_counter()
         if event.text:
             if choice.last_content_s is None:
-                TTFT.labels(route=self._route).observe(now - self._started_s)
+                self._ttft.observe(now - self._started_s)
             else:
-                ITL.labels(route=self._route).observe(now - choice.last_content_s)
+                self._itl.observe(now - choice.last_content_s)
             choice.last_content_s = now
             choice.text.append(event.text)
         count = len(event.output_ids)
@@ -158,17 +165,23 @@ class Generation:
             choice.logprobs.extend(event_logprobs(event))
         if event.finish_reason:
             choice.engine_finish = event.finish_reason
-        if count:
+        self._uncharged += count
+
+    async def _charge(self) -> None:
+        if self._uncharged:
+            count, self._uncharged = self._uncharged, 0
             await self._admission.add_tokens(count)
 
     async def aclose(self) -> None:
         """However the request ended: engine requests still running are closed
-        (and, through the client library, stopped by key)."""
+        (and, through the client library, stopped by key), every streamed
+        token is charged."""
         for task in self._tasks:
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.gather(*(s.aclose() for s in self._streams), return_exceptions=True)
+        await self._charge()
 
 
 def engine_failure(choice: ChoiceState) -> GatewayError | None:
