@@ -10,6 +10,9 @@ from dataclasses import fields
 from typing import Any, Mapping
 
 import numpy as np
+from tritonclient.utils import np_to_triton_dtype
+
+from ensemble.llm_stop import stop_inputs
 
 from .types import GenerationOptions, StreamEvent
 
@@ -72,15 +75,10 @@ def grpc_tensors(values: Mapping[str, Any]) -> list[tuple[str, str, np.ndarray]]
 
 
 def stop_values(request_key: str) -> dict[str, tuple[str, np.ndarray]]:
-    """Inputs of the `stop` request to the LLM step (TensorRT-LLM's convention),
-    plus the request key: the server stops by key, never by request id alone."""
-    return {
-        "input_ids": ("INT32", np.array([[0]], dtype=np.int32)),
-        "input_lengths": ("INT32", np.array([[1]], dtype=np.int32)),
-        "request_output_len": ("INT32", np.array([[1]], dtype=np.int32)),
-        "stop": ("BOOL", np.array([[True]], dtype=np.bool_)),
-        "request_key": ("BYTES", np.array([[request_key.encode("utf-8")]], dtype=np.object_)),
-    }
+    """Inputs of the `stop` request to the LLM step, with their Triton
+    datatypes: the one stop request of the stack (ensemble/llm_stop.py); the
+    server stops by key, never by request id alone."""
+    return {name: (np_to_triton_dtype(array.dtype), array) for name, array in stop_inputs(request_key).items()}
 
 
 def stop_generate_body(request_id: str, request_key: str) -> dict[str, Any]:

@@ -1,11 +1,12 @@
 """Typed request options, stream events and the final result."""
 from __future__ import annotations
 
-import re
-import secrets
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+from ensemble.request_key import mint_request_key as new_request_key
+from ensemble.request_key import parse_request_key
 
 from .timing import Timings
 
@@ -13,33 +14,21 @@ SEGMENTS = ("token", "sentence", "paragraph")
 FINISH_REASONS = ("stop", "length", "cancelled", "timeout", "error", "content_filter")
 
 
-# The request key is the credential that stops a request (interface.md, "Request
-# identity"); the server refuses anything outside this format.
-REQUEST_KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]{32,128}")
-REQUEST_KEY_FORMAT = "32 to 128 characters from [A-Za-z0-9_-]"
-
-
 def new_request_id() -> str:
     """The Triton request id: names the request in logs, not a credential."""
     return uuid.uuid4().hex
 
 
-def new_request_key() -> str:
-    """A fresh request key: 24 random bytes from `secrets`, i.e. 192 bits in 32 URL-safe characters."""
-    return secrets.token_urlsafe(24)
-
-
 def check_request_key(key: object) -> str:
-    """Return `key` if it is a well-formed request key, else raise ValueError.
-
-    The message never repeats the value: a key is a secret, and errors end up in logs.
-    """
+    """Return `key` if it is a well-formed request key, the credential that stops
+    a request (ensemble/request_key.py defines the format the server checks), else raise ValueError naming `request_key`. The message
+    never repeats the value: a key is a secret, and errors end up in logs."""
     if not isinstance(key, str):
-        raise ValueError(f"request_key must be a str of {REQUEST_KEY_FORMAT} (got {type(key).__name__})")
-    if REQUEST_KEY_PATTERN.fullmatch(key) is None:
-        raise ValueError(f"request_key must be {REQUEST_KEY_FORMAT}, e.g. from secrets.token_urlsafe(24) "
-                         f"(got {len(key)} characters)")
-    return key
+        raise ValueError(f"request_key: must be a str (got {type(key).__name__})")
+    parsed = parse_request_key(key)      # InvalidInputError is a ValueError
+    if parsed is None:
+        raise ValueError("request_key: must not be empty")
+    return parsed
 
 
 @dataclass

@@ -6,10 +6,14 @@ import numpy as np
 
 
 def stop_inputs(request_key: str) -> dict[str, np.ndarray]:
-    """Inputs of a stop for the request with this key (batch dimension first);
-    `input_ids` because the LLM step declares it required."""
+    """Inputs of a stop for the request with this key (batch dimension first).
+    The text stages and the client library both send exactly this; `input_ids`,
+    `input_lengths` and `request_output_len` because TensorRT-LLM's step declares
+    them required."""
     return {
         "input_ids": np.zeros((1, 1), dtype=np.int32),
+        "input_lengths": np.ones((1, 1), dtype=np.int32),
+        "request_output_len": np.ones((1, 1), dtype=np.int32),
         "stop": np.ones((1, 1), dtype=np.bool_),
         "request_key": np.asarray([[request_key.encode()]], dtype=np.object_),
     }
