@@ -1,4 +1,4 @@
-"""Engine throughput benchmark (issue 3): `python -m bench` / `make bench`.
+"""Engine throughput benchmark: `python -m bench` / `make bench`.
 
 One machine, one model, one workload (random token-id prompts, EOS ignored,
 fixed seed), measured through every method:

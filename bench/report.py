@@ -15,7 +15,7 @@ from rich.table import Table
 
 from .result import MethodResult
 
-# issue 3's targets
+# the engine's speed targets (docs/benchmarks.md)
 ENGINE_OVER_HF_BATCH = 2.0        # engine offline fp32 >= 2x best static-batch HF
 ENSEMBLE_OVER_OFFLINE = 0.8       # through the ensemble >= 0.8x offline
 MAX_OVERHEAD_MS = 1.0             # per step at 64 sequences

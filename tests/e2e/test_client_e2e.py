@@ -1,4 +1,4 @@
-"""The client library against the real tritonserver (run by the lead with `-m e2e`)."""
+"""The client library against the real tritonserver."""
 from __future__ import annotations
 
 import asyncio

@@ -1,5 +1,5 @@
 """Client retries against the real tritonserver: a restart mid-request and a
-burst past a tiny engine queue (run by the lead with `-m e2e`)."""
+burst past a tiny engine queue."""
 from __future__ import annotations
 
 import asyncio

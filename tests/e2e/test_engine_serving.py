@@ -1,4 +1,4 @@
-"""Issue 3 against the real server: the engine behind `python_llm`, called
+"""The engine behind `python_llm` on the real server, called
 directly (TensorRT-LLM's tensors), frees, preempts, rejects and times out."""
 from __future__ import annotations
 

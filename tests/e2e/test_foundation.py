@@ -1,4 +1,5 @@
-"""Issue 2: the real Triton stack end to end on the default model."""
+"""The real Triton stack end to end on the default model: streaming over SSE,
+gRPC and generate, batching, bad requests, metrics."""
 from __future__ import annotations
 
 import json

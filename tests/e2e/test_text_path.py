@@ -1,4 +1,4 @@
-"""Issue 4: the text path end to end on the real server, through both public
+"""The text path end to end on the real server, through both public
 entry points (`ensemble` and `llm_bls`), over SSE and gRPC."""
 from __future__ import annotations
 

@@ -170,7 +170,7 @@ def wait_for(predicate, timeout_s: float, interval_s: float = 0.05) -> float:
         time.sleep(interval_s)
 
 
-# --- text path helpers (issue 4) ------------------------------------------
+# --- text path helpers ------------------------------------------------------
 
 SPECIAL_TOKEN_TEXTS = ("<|im_end|>", "<|im_start|>", "<|endoftext|>")
 
