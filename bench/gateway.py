@@ -39,7 +39,8 @@ class Results:
     gateway_tok_s: list[float] = field(default_factory=list)
     direct_ttft_ms: list[float] = field(default_factory=list)
     gateway_ttft_ms: list[float] = field(default_factory=list)
-    gateway_phase_mean_ms: dict[str, float] = field(default_factory=dict)
+    gateway_phase_mean_ms: dict[str, float] = field(default_factory=dict)      # over the throughput rounds
+    gateway_phase_mean_ms_c1: dict[str, float] = field(default_factory=dict)   # over the TTFT pairs
 
     def summary(self) -> dict[str, object]:
         ratio = statistics.mean(self.gateway_tok_s) / statistics.mean(self.direct_tok_s)
@@ -50,7 +51,8 @@ class Results:
                 "direct_ttft_p50_ms": round(statistics.median(self.direct_ttft_ms), 2),
                 "gateway_ttft_p50_ms": round(statistics.median(self.gateway_ttft_ms), 2),
                 "added_ttft_p50_ms": round(statistics.median(diffs), 2),
-                "gateway_phase_mean_ms": self.gateway_phase_mean_ms}
+                "gateway_phase_mean_ms_throughput": self.gateway_phase_mean_ms,
+                "gateway_phase_mean_ms_concurrency_1": self.gateway_phase_mean_ms_c1}
 
 
 def _messages(i: int) -> list[dict[str, str]]:
@@ -110,6 +112,8 @@ async def measure(grpc_url: str, gateway_url: str, key: str, args: argparse.Name
                 getattr(results, f"{name}_tok_s").append(rate)
                 print(f"round {round_index + 1} {name:8s} {rate:8.1f} output tok/s at {args.streams} streams",
                       flush=True)
+        before = _phase_totals((await http.get("/metrics")).text)
+        results.gateway_phase_mean_ms = _means(before)
         for pair in range(args.pairs):
             order = ("direct", "gateway") if pair % 2 == 0 else ("gateway", "direct")
             for name in order:
@@ -117,20 +121,25 @@ async def measure(grpc_url: str, gateway_url: str, key: str, args: argparse.Name
                 getattr(results, f"{name}_ttft_ms").append((first or 0.0) * 1000)
         print(f"TTFT at concurrency 1: direct p50 {statistics.median(results.direct_ttft_ms):.1f} ms, "
               f"gateway p50 {statistics.median(results.gateway_ttft_ms):.1f} ms", flush=True)
-        results.gateway_phase_mean_ms = _phase_means((await http.get("/metrics")).text)
+        after = _phase_totals((await http.get("/metrics")).text)
+        results.gateway_phase_mean_ms_c1 = _means({key: after[key] - before.get(key, 0.0) for key in after})
     return results
 
 
-def _phase_means(metrics: str) -> dict[str, float]:
-    sums: dict[str, float] = {}
-    counts: dict[str, float] = {}
+def _phase_totals(metrics: str) -> dict[tuple[str, str], float]:
+    """(phase, "sum" | "count") -> value of gateway_added_latency_seconds."""
+    totals: dict[tuple[str, str], float] = {}
     for line in metrics.splitlines():
-        for suffix, into in (("_sum", sums), ("_count", counts)):
-            prefix = f"gateway_added_latency_seconds{suffix}{{phase=\""
+        for suffix in ("sum", "count"):
+            prefix = f"gateway_added_latency_seconds_{suffix}{{phase=\""
             if line.startswith(prefix):
-                phase = line[len(prefix):].split('"', 1)[0]
-                into[phase] = float(line.rsplit(" ", 1)[1])
-    return {phase: round(1000 * sums[phase] / counts[phase], 3) for phase in sums if counts.get(phase)}
+                totals[(line[len(prefix):].split('"', 1)[0], suffix)] = float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def _means(totals: dict[tuple[str, str], float]) -> dict[str, float]:
+    return {phase: round(1000 * value / totals[(phase, "count")], 3)
+            for (phase, kind), value in totals.items() if kind == "sum" and totals.get((phase, "count"))}
 
 
 def main(argv: list[str] | None = None) -> int:
