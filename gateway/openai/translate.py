@@ -45,11 +45,18 @@ def capped_max_tokens(requested: int | None, tier: TierConfig) -> int | None:
     return cap if requested is None else min(requested, cap)
 
 
+def choice_seed(seed: int | None, choice: int) -> int | None:
+    """The seed of a prompt's choice `choice`: one seed for all n choices would
+    sample n identical answers; seed + choice keeps the whole answer reproducible."""
+    return None if seed is None else (seed + choice) % 2 ** 64
+
+
 def _options(request: _Sampling, tier: TierConfig, max_tokens: int | None, *, logprobs: bool,
-             messages: list[dict[str, str]] | None, request_id: str) -> GenerationOptions:
+             messages: list[dict[str, str]] | None, request_id: str, choice: int) -> GenerationOptions:
     return GenerationOptions(
         max_tokens=capped_max_tokens(max_tokens, tier),
-        temperature=request.temperature, top_p=request.top_p, top_k=request.top_k, seed=request.seed,
+        temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
+        seed=choice_seed(request.seed, choice),
         min_tokens=request.min_tokens, repetition_penalty=request.repetition_penalty,
         presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
         stop_words=request.stop_words(), ignore_eos=request.ignore_eos, messages=messages,
@@ -69,7 +76,7 @@ def chat_upstream(request: ChatCompletionRequest, tier: TierConfig, max_n: int,
     n = check_n(request, max_n)
     messages = chat_messages(request)
     return [UpstreamRequest(i, "", _options(request, tier, request.output_limit(), logprobs=bool(request.logprobs),
-                                            messages=messages, request_id=f"{request_id}-{i}"))
+                                            messages=messages, request_id=f"{request_id}-{i}", choice=i))
             for i in range(n)]
 
 
@@ -83,7 +90,8 @@ def completion_upstream(request: CompletionRequest, tier: TierConfig, max_n: int
     # OpenAI's order: the choices of prompt 0, then of prompt 1, ...
     return [UpstreamRequest(p * n + i, prompt,
                             _options(request, tier, request.output_limit(), logprobs=request.wants_logprobs,
-                                     messages=None, request_id=f"{request_id}-{p * n + i}"), prompt_index=p)
+                                     messages=None, request_id=f"{request_id}-{p * n + i}", choice=i),
+                            prompt_index=p)
             for p, prompt in enumerate(prompts) for i in range(n)]
 
 

@@ -114,10 +114,15 @@ def test_translation_of_sampling_parameters():
     assert options.ignore_eos is True and options.priority == 5 and options.return_output_ids is True
     assert options.return_log_probs is None and (first.index, second.index) == (0, 1)
     assert (options.request_id, second.options.request_id) == ("abc-0", "abc-1")
+    assert second.options.seed == 4        # seed + choice: n seeded choices are not n copies
     completion = CompletionRequest.model_validate({"model": "llm_bls", "prompt": ["a", "b"], "stop": ["x", "y"]})
     items = completion_upstream(completion, TierConfig(), 4, "r")
     assert [(i.index, i.text_input, i.prompt_index) for i in items] == [(0, "a", 0), (1, "b", 1)]
     assert items[0].options.stop_words == ["x", "y"] and items[0].options.messages is None
+    assert [i.options.seed for i in items] == [None, None]
+    seeded = completion_upstream(CompletionRequest.model_validate({"model": "llm_bls", "prompt": ["a", "b"], "n": 2,
+                                                                   "seed": 2 ** 64 - 1}), TierConfig(), 4, "r")
+    assert [i.options.seed for i in seeded] == [2 ** 64 - 1, 0, 2 ** 64 - 1, 0]
 
 
 def test_max_tokens_cap_and_finish_reasons():
