@@ -137,9 +137,16 @@ async def _stream_body(job: Job) -> AsyncIterator[bytes]:
 
 def _delta(job: Job, choice: ChoiceState, event: Any, first: bool) -> dict[str, Any] | None:
     reason = finish_reason(event.finish_reason) if event.finish_reason else None
+    if job.with_logprobs:
+        # a streamed choice's token_ids / logprobs hold what no chunk has carried yet
+        choice.token_ids.extend(event.output_ids)
+        choice.logprobs.extend(event_logprobs(event))
     if not event.text and not first and reason is None:
         return None     # tokens held back by the text stages (a possible stop string, split UTF-8)
-    logprobs = (list(event.output_ids), event_logprobs(event)) if job.with_logprobs else None
+    logprobs = None
+    if job.with_logprobs:
+        logprobs = (choice.token_ids, choice.logprobs)
+        choice.token_ids, choice.logprobs = [], []
     return job.fmt.delta(choice, event.text, first, reason, logprobs)
 
 

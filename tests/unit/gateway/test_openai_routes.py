@@ -122,6 +122,16 @@ def test_logprobs_of_the_chosen_tokens():
     assert body["choices"][0]["logprobs"]["token_logprobs"] == [-0.5, -1.25]
 
 
+def test_streamed_logprobs_of_held_back_tokens_come_with_the_next_chunk():
+    h = harness(lambda *a: [ev("A", ids=(1,), logprobs=(-0.1,)), ev("", ids=(2,), logprobs=(-0.2,)),
+                            ev("BC", ids=(3,), logprobs=(-0.3,), finish="stop", final=True)])
+    response = run(post(h, "/v1/chat/completions", {**CHAT, "stream": True, "logprobs": True}))
+    chunks = [json.loads(p) for p in sse_payloads(response.text)[:-1]]
+    assert [[e["token"] for e in c["choices"][0]["logprobs"]["content"]] for c in chunks] == [
+        ["token_id:1"], ["token_id:2", "token_id:3"]]
+    assert [e["logprob"] for e in chunks[1]["choices"][0]["logprobs"]["content"]] == [-0.2, -0.3]
+
+
 def test_overload_is_503_with_retry_after():
     h = harness(overloaded_script)
     response = run(post(h, "/v1/chat/completions", CHAT))
