@@ -71,3 +71,12 @@ def test_one_json_access_line_per_request_without_prompt_text_or_keys():
     assert (entry["status"], entry["route"], entry["tier"], entry["key_id"]) == (200, "chat", "free", "k1")
     assert (entry["prompt_tokens"], entry["completion_tokens"], entry["outcome"]) == (5, 2, "ok")
     assert entry["user"] == logs.hashed("alice") and entry["upstream_ids"] == [entry["request_id"] + "-0"]
+
+
+def test_the_serve_command_reads_the_gateway_section_and_names_bad_settings(capsys):
+    import pytest
+
+    from gateway.__main__ import load_config
+    assert load_config(None, ["gateway.port=9300", "engine.max_num_seqs=2"]).port == 9300
+    with pytest.raises(SystemExit, match=r"error: --set: gateway\.nope: no such setting"):
+        load_config(None, ["gateway.nope=1"])

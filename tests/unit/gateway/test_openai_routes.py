@@ -141,6 +141,17 @@ def test_overload_is_503_with_retry_after():
     assert h.policy.admissions[0].released == 1
 
 
+def test_an_unreachable_triton_is_503_and_an_unexpected_refusal_502():
+    from client.errors import RequestError, ServerConnectionError
+    h = harness(lambda *a: [ServerConnectionError("connection refused")])
+    response = run(post(h, "/v1/chat/completions", CHAT))
+    assert response.status_code == 503 and response.json()["error"]["code"] == "upstream_unavailable"
+    assert response.headers["retry-after"] == "1"
+    h = harness(lambda *a: [RequestError("model 'ensemble' is not ready")])
+    response = run(post(h, "/v1/chat/completions", CHAT))
+    assert response.status_code == 502 and "ensemble" not in response.json()["error"]["message"]
+
+
 def test_an_engine_field_error_is_400_naming_the_openai_param():
     from client.errors import RequestError
     h = harness(lambda *a: [RequestError("in ensemble 'ensemble', messages: too long (2000000 bytes)")])
