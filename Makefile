@@ -43,6 +43,8 @@ test-e2e: $(STAMP)
 bench: $(STAMP) kernels
 	$(PY) -m serving prepare-model
 	$(PY) -m bench
+	@# what the gateway costs: gRPC direct vs the gateway's OpenAI API, interleaved
+	$(PY) -m bench.gateway
 
 clean:
 	rm -rf $(VENV) build
