@@ -231,3 +231,51 @@ def test_an_overloaded_engine_is_a_503_with_retry_after(start_triton, tmp_path_f
         print(f"\n[overload] {len(refused)} of {len(outcomes)} refused with 503")
     finally:
         gateway.process.stop()
+
+
+def test_tiers_limit_models_requests_and_tokens_before_triton(triton_server, tmp_path_factory):
+    """403 for a model the tier may not use; 429 when a key's requests per
+    second run out, and when a long stream left the key in token debt: each
+    with Retry-After and OpenAI's x-ratelimit-* headers, before any upstream work."""
+    tiers = {"paid": {}, "one_rps": {"requests_per_second": 1, "allowed_models": ["ensemble"]},
+             "one_tps": {"tokens_per_second": 1}}        # a 60-token budget per minute
+    work = tmp_path_factory.mktemp("gateway-tiers")
+    gateway = start_gateway(triton_server, work, f"gateway.tiers={json.dumps(tiers)}")
+    store = KeyStore(work / "keys.json")
+    one_rps, one_tps = store.create("one_rps", label="qps").key, store.create("one_tps", label="tps").key
+    try:
+        def sdk(key: str) -> openai.OpenAI:
+            return openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
+
+        with pytest.raises(openai.PermissionDeniedError) as denied:
+            sdk(one_rps).chat.completions.create(model="llm_bls", messages=MESSAGES, max_tokens=4)
+        assert denied.value.status_code == 403 and denied.value.body["param"] == "model"
+
+        sdk(one_rps).chat.completions.create(model="ensemble", messages=MESSAGES, max_tokens=4, temperature=0)
+        before = scrape_metrics(triton_server.metrics_url).get("nv_inference_request_success", 0.0)
+        with pytest.raises(openai.RateLimitError) as qps:
+            sdk(one_rps).chat.completions.create(model="ensemble", messages=MESSAGES, max_tokens=4)
+        headers = qps.value.response.headers
+        assert int(headers["retry-after"]) >= 1 and headers["x-ratelimit-remaining-requests"] == "0", headers
+        assert scrape_metrics(triton_server.metrics_url).get("nv_inference_request_success", 0.0) == before
+
+        # a stream is never cut: 64 tokens past a 60-token budget become the key's debt
+        stream = sdk(one_tps).chat.completions.create(model="ensemble", messages=MESSAGES, max_tokens=64,
+                                                      temperature=0, stream=True, extra_body={"ignore_eos": True},
+                                                      stream_options={"include_usage": True})
+        usage = [chunk.usage for chunk in stream if chunk.usage][0]
+        assert usage.completion_tokens == 64 and usage.prompt_tokens + 64 > 60
+        before_debt = scrape_metrics(triton_server.metrics_url).get("nv_inference_request_success", 0.0)
+        with pytest.raises(openai.RateLimitError) as tps:
+            sdk(one_tps).chat.completions.create(model="ensemble", messages=MESSAGES, max_tokens=4)
+        headers = tps.value.response.headers
+        print(f"\n[token debt: {usage.prompt_tokens + usage.completion_tokens} tokens against a 60-token budget; "
+              f"next request 429, Retry-After {headers['retry-after']} s]")
+        assert int(headers["retry-after"]) >= 1 and headers["x-ratelimit-remaining-tokens"] == "0", headers
+        after = scrape_metrics(triton_server.metrics_url).get("nv_inference_request_success", 0.0)
+        assert after == before_debt, "a 429 reached Triton"
+        metrics = httpx.get(f"{gateway.root}/metrics").text
+        assert 'gateway_rate_limited_total{kind="qps",tier="one_rps"} 1.0' in metrics, metrics[-3000:]
+        assert 'gateway_rate_limited_total{kind="tps",tier="one_tps"} 1.0' in metrics
+    finally:
+        gateway.process.stop()
