@@ -77,19 +77,20 @@ _STOP = {"anyOf": [{"type": "string", "minLength": 1},
                    {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 16}, _NULL]}
 _N = _or_null({"type": "integer", "minimum": 1, "maximum": 4})           # gateway.max_n
 _SERVED = {"type": "string", "enum": list(PUBLIC_MODELS)}
+_BOTH = ("ChatCompletionRequest", "CompletionRequest")
 # (component, property, what the gateway enforces and the published schema does not say, the precise schema)
 SCHEMA_GAPS: list[tuple[str, str, str, dict[str, Any]]] = [
-    *[(c, "model", "only the served models (else 404)", _SERVED) for c in ("ChatCompletionRequest", "CompletionRequest")],
-    *[(c, "n", "at most gateway.max_n (4)", _N) for c in ("ChatCompletionRequest", "CompletionRequest")],
-    *[(c, "stop", "non-empty strings, at most 16", _STOP) for c in ("ChatCompletionRequest", "CompletionRequest")],
-    *[(c, "logit_bias", "must be empty", _or_null({"type": "object", "maxProperties": 0}))
-      for c in ("ChatCompletionRequest", "CompletionRequest")],
+    *[(c, "model", "only the served models (else 404)", _SERVED) for c in _BOTH],
+    *[(c, "n", "at most gateway.max_n (4)", _N) for c in _BOTH],
+    *[(c, "stop", "non-empty strings, at most 16", _STOP) for c in _BOTH],
+    *[(c, "logit_bias", "must be empty", _or_null({"type": "object", "maxProperties": 0})) for c in _BOTH],
     ("ChatMessage", "role", "'tool' and 'function' refused",
      {"type": "string", "enum": ["system", "developer", "user", "assistant"]}),
     ("ChatMessage", "tool_calls", "must be empty", _EMPTY_LIST),
     *[("ChatMessage", p, "must be null", _NULL) for p in ("function_call", "audio")],
     *[("ChatCompletionRequest", p, "must be empty", _EMPTY_LIST) for p in ("tools", "functions")],
-    *[("ChatCompletionRequest", p, "null or 'none'", {"enum": ["none", None]}) for p in ("tool_choice", "function_call")],
+    *[("ChatCompletionRequest", p, "null or 'none'", {"enum": ["none", None]})
+      for p in ("tool_choice", "function_call")],
     ("ChatCompletionRequest", "response_format", "null or {'type': 'text'}",
      _or_null({"type": "object", "properties": {"type": {"const": "text"}}, "required": ["type"],
                "additionalProperties": False})),
