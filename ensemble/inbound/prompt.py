@@ -170,6 +170,8 @@ class PromptBuilder:
             raise InvalidInputError("text_input", "must not be empty (or give messages)")
         _check_size("text_input", text_input, self.max_text_input_bytes)
         ids = self._info.tokenizer.encode(text_input, add_special_tokens=True).ids
+        if not ids:   # e.g. only control characters the tokenizer drops: nothing to continue
+            raise InvalidInputError("text_input", "tokenizes to no tokens at all")
         if len(ids) + max_tokens > self.max_context:
             raise InvalidInputError("text_input", f"prompt of {len(ids)} tokens + max_tokens {max_tokens} "
                                                   f"exceeds the context of {self.max_context}")

@@ -109,6 +109,7 @@ def test_plain_text_too_long_is_an_error_naming_text_input(tokenizer_info: Token
 
 @pytest.mark.parametrize("text_input, messages, max_tokens, expected", [
     ("", None, 8, r"^text_input: must not be empty"),
+    ("\u0004\u0016", None, 8, r"^text_input: tokenizes to no tokens at all$"),
     (None, None, 8, r"^text_input: must not be empty"),
     ("hi", '[{"role": "user", "content": "hi"}]', 8, r"^text_input: must be empty when messages is given"),
     ("", "[{", 8, r"^messages: not valid JSON"),
