@@ -73,7 +73,8 @@ def report_outcome(events: Any, outcome: StreamOutcome, counter: TokenCounter, s
         "ttft_ms": None if outcome.ttft_s is None else _ms(outcome.ttft_s),
         "itl_ms": [_ms(g) for g in outcome.itl_s], "tpot_ms": None if tpot is None else _ms(tpot),
         "e2e_ms": _ms(outcome.e2e_s), "output_tokens": output_tokens, "responses_with_tokens":
-        len(outcome.token_times_s), "finish_reason": outcome.finish_reason, "cancelled": outcome.cancelled,
+        len(outcome.token_times_s), "server_output_tokens": outcome.server_output_tokens,
+        "finish_reason": outcome.finish_reason, "cancelled": outcome.cancelled,
         "error": outcome.error,
     }
     samples.write(record)

@@ -40,6 +40,8 @@ class StreamOutcome:
     finish_reason: str | None = None
     error: str | None = None
     cancelled: bool = False
+    # the engine's own count (each delta's num_output_tokens), where the server sends it
+    server_output_tokens: int = 0
 
     @property
     def ttft_s(self) -> float | None:
@@ -94,6 +96,7 @@ def _on_event(outcome: StreamOutcome, outputs: dict[str, Any], at: float) -> Non
     """Record one response."""
     event = event_from_outputs(outputs, at)
     outcome.text += event.text
+    outcome.server_output_tokens += event.num_output_tokens or 0
     if event.carries_tokens:
         outcome.token_times_s.append(at)
     if event.finish_reason:

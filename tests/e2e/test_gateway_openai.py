@@ -19,7 +19,7 @@ import pytest
 from gateway.keys import KeyStore
 from gateway.process import GatewayProcess
 from serving.launcher import TritonServer, free_local_ports
-from tests.e2e.triton_calls import scrape_metrics, sse_stream
+from tests.e2e.triton_calls import scrape_metrics, sse_stream, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -197,8 +197,11 @@ def test_ids_trace_and_metrics(gateway):
         extra_headers={"x-request-id": "mine-123", "traceparent": parent})
     assert raw.headers["x-request-id"] == "mine-123"
     assert raw.headers["traceparent"].startswith("00-4bf92f3577b34da6a3ce929d0e0e4736-")
+    # the access line is written once the response is done: poll for it (generous bound)
+    took = wait_for(lambda: "mine-123" in gateway.process.log_path.read_text(), 30.0)
+    print(f"\n[access log line written {took * 1000:.0f} ms after the response]")
     log = gateway.process.log_path.read_text()
-    assert "mine-123" in log and QUESTION not in log and gateway.key not in log
+    assert QUESTION not in log and gateway.key not in log
     metrics = httpx.get(f"{gateway.root}/metrics").text
     assert 'gateway_requests_total{route="chat",status="200",tier="paid"}' in metrics
     assert "gateway_key_completion_tokens_total" in metrics

@@ -32,8 +32,10 @@ def test_locust_smoke_both_transports(triton_server, tmp_path):
     for sample in completed_streams:
         # ITL is measured between responses that carry tokens: one sample per gap.
         assert len(sample["itl_ms"]) == max(0, sample["responses_with_tokens"] - 1), sample
-        # A response carries at least one token (slack: re-tokenizing the text can merge across deltas).
-        assert sample["responses_with_tokens"] <= sample["output_tokens"] + 2, sample
+        # A response that carries text carries at least one of the engine's tokens
+        # (re-tokenizing the text can merge tokens across deltas, so the bound is
+        # the engine's own count of each delta, not the client's re-count).
+        assert 0 < sample["responses_with_tokens"] <= sample["server_output_tokens"], sample
     # English deltas carry one token each; a Chinese answer from this model holds
     # back incomplete UTF-8 (measured: 16 tokens in 9 text deltas), so the bound is loose.
     responses = sum(s["responses_with_tokens"] for s in completed_streams)
