@@ -49,13 +49,15 @@ class AsyncLLMClient:
         return getattr(self.transport, "name", self.config.transport)
 
     def stream(self, text_input: str = "", options: GenerationOptions | None = None, *,
-               model: str | None = None, **option_fields: Any) -> GenerationStream:
+               model: str | None = None, streaming: bool = True, **option_fields: Any) -> GenerationStream:
         """Start a streaming generation (lazily: nothing is sent before iteration).
 
         Options come as a `GenerationOptions` or as its field names, e.g.
         `client.stream("Hi", max_tokens=16, temperature=0)`. `request_id` and
         `request_key` (the secret that stops the request) are minted per call
         unless given; a given `request_key` must be 32-128 chars of [A-Za-z0-9_-].
+        `streaming=False` sends `stream: false`: the server answers once, with
+        the whole text (still read through this iterator).
         """
         options = _merge(options, option_fields)
         request_id = options.request_id or new_request_id()
@@ -64,7 +66,7 @@ class AsyncLLMClient:
         request_key = options.request_key or new_request_key()
         if options.request_key is None:
             options = dataclasses.replace(options, request_key=request_key)
-        values = input_values(text_input, options, stream=True)
+        values = input_values(text_input, options, stream=streaming)
         return GenerationStream(self, model or self.config.model, values, request_id, request_key)
 
     async def generate(self, text_input: str = "", options: GenerationOptions | None = None, *,

@@ -111,6 +111,7 @@ def event_from_outputs(outputs: Mapping[str, Any], received_s: float, final: boo
         # `ensemble` echoes it as request_key_out (a Triton ensemble cannot have an
         # input and an output of one name), `llm_bls` as request_key
         request_key=_text(outputs.get("request_key") or outputs.get("request_key_out")) or None,
+        outputs=dict(outputs),
     )
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from ensemble.request_key import mint_request_key as new_request_key
 from ensemble.request_key import parse_request_key
@@ -124,6 +124,10 @@ class StreamEvent:
     received_s: float = 0.0  # client clock (time.perf_counter)
     # The `request_key` output the server echoes on every response; a secret, so not in repr().
     request_key: str | None = field(default=None, repr=False)
+    # Every output of the response as the server sent it (numpy arrays over
+    # gRPC, JSON values over SSE): what a proxy re-renders in Triton's own
+    # formats. Not in repr() (it holds the request key) nor in equality.
+    outputs: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def carries_tokens(self) -> bool:

@@ -14,6 +14,9 @@ class TierConfig:
     max_tokens_cap: int = 0               # a request's max_tokens is capped to this (0: engine limit)
     max_concurrent_requests: int = 0
     allowed_models: tuple[str, ...] = ()  # empty: every public model
+    # a dropped stream keeps generating this long for a resume (GET /v1/streams/{id});
+    # then it is stopped and its KV blocks freed. 0: stop at once, no resume
+    stream_grace_s: float = 10.0
 
 
 def _default_tiers() -> dict[str, TierConfig]:
@@ -28,6 +31,7 @@ def _default_tiers() -> dict[str, TierConfig]:
 class GatewayConfig:
     host: str = "0.0.0.0"                 # the public front door (Triton itself stays on loopback)
     port: int = 9000
+    public_grpc_port: int = 9001                # KServe v2 GRPCInferenceService for the public models; 0: off
     upstream_grpc_url: str = "127.0.0.1:8001"
     keys_file: str = ""                   # the API key store (hashes only); empty: <build dir>/gateway_keys.json
     redis_url: str = ""                   # shared rate-limit counters for several gateway processes; empty: memory
@@ -35,4 +39,9 @@ class GatewayConfig:
     max_json_depth: int = 32
     max_n: int = 4                        # the largest `n` (fanned out; the prefix cache shares the prompt)
     max_concurrent_requests: int = 512    # all keys together
+    # the events of one stream kept for a resume; a resume from before them is a 410
+    stream_buffer_bytes: int = 262_144
+    # an SSE comment this often while nothing else is sent (queueing, prefill):
+    # below the 60 s read timeouts of common proxies (nginx, ALBs)
+    keepalive_interval_s: float = 15.0
     tiers: dict[str, TierConfig] = field(default_factory=_default_tiers)

@@ -80,7 +80,7 @@ def map_error(exc: BaseException) -> GatewayError:
 
 class StreamingClient(Protocol):
     def stream(self, text_input: str = "", options: GenerationOptions | None = None, *,
-               model: str | None = None, **option_fields: Any) -> Any: ...
+               model: str | None = None, streaming: bool = True, **option_fields: Any) -> Any: ...
 
     async def aclose(self) -> None: ...
 
@@ -126,10 +126,12 @@ class Upstream:
     def __init__(self, grpc_url: str = "127.0.0.1:8001", client: StreamingClient | None = None) -> None:
         self.client: StreamingClient = client or AsyncLLMClient(client_config(grpc_url))
 
-    async def start(self, model: str, text_input: str, options: GenerationOptions) -> UpstreamStream:
+    async def start(self, model: str, text_input: str, options: GenerationOptions,
+                    streaming: bool = True) -> UpstreamStream:
         """Send one engine request and wait for its first response, so that a
-        refusal is still an HTTP status and not an error inside a 200 stream."""
-        stream = self.client.stream(text_input, options, model=model)
+        refusal is still an HTTP status and not an error inside a 200 stream.
+        `streaming=False`: one response with the whole answer."""
+        stream = self.client.stream(text_input, options, model=model, streaming=streaming)
         try:
             first = await stream.__anext__()
         except StopAsyncIteration:
