@@ -24,6 +24,8 @@ from .guard import ASGIApp, BodyGuard, Message, Receive, Scope, Send
 from .metrics import IN_FLIGHT, REGISTRY, REQUEST_DURATION, REQUESTS, exposition
 from .openai.routes import router as openai_router
 from .policy import Policy
+from .streams import StreamRegistry
+from .streams.routes import router as streams_router
 from .upstream import Upstream
 
 access_log = logging.getLogger("gateway.access")
@@ -40,9 +42,20 @@ def build_policy(config: GatewayConfig) -> Policy:
     return AccessPolicy(config, registry=REGISTRY)
 
 
+def build_streams(config: GatewayConfig) -> StreamRegistry:
+    """The resumable streams; shared through Redis when the deployment has one."""
+    shared = None
+    if config.redis_url:
+        from .streams.shared import SharedStreams    # imported here: it brings the Redis client
+        shared = SharedStreams.from_url(config.redis_url)
+    return StreamRegistry(config, shared)
+
+
 def _route(path: str) -> str:
     if path.startswith("/v1/models/"):
         return "models"
+    if path.startswith("/v1/streams/"):
+        return "streams"
     return _ROUTES.get(path, "other")
 
 
@@ -118,10 +131,14 @@ def _validation_error(exc: RequestValidationError) -> GatewayError:
     return GatewayError(400, f"{param}: {message}" if param else message, param=param, code="invalid_value")
 
 
-def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream) -> FastAPI:
+def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream,
+               streams: StreamRegistry | None = None) -> FastAPI:
+    streams = streams or build_streams(config)
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
+        await streams.aclose()      # stops the running streams' engine requests
         await upstream.aclose()
         closer = getattr(policy, "aclose", None)
         if closer is not None:
@@ -130,7 +147,9 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream) -> Fas
     app = FastAPI(title="triton-llm-stack gateway", version="1", lifespan=lifespan,
                   docs_url=None, redoc_url=None)
     app.state.config, app.state.policy, app.state.upstream = config, policy, upstream
+    app.state.streams = streams
     app.include_router(openai_router)
+    app.include_router(streams_router)
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:

@@ -41,3 +41,10 @@ KEY_COMPLETION_TOKENS = Counter("gateway_key_completion_tokens_total", "completi
 
 def exposition() -> tuple[bytes, str]:
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+STREAMS_ACTIVE = Gauge("gateway_streams_active", "resumable streams whose generation is running", registry=REGISTRY)
+STREAMS_ENDED = Counter("gateway_streams_ended_total",
+                        "resumable streams by how they ended (completed, refused, expired: no reader for the grace "
+                        "period, deleted, hung_up: before the first event)", ["outcome"], registry=REGISTRY)
+STREAM_RESUMES = Counter("gateway_stream_resumes_total",
+                         "resumes served, by where the stream was read (local: this process runs it; shared: "
+                         "another process, through Redis)", ["where"], registry=REGISTRY)

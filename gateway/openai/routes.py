@@ -23,7 +23,8 @@ from ..upstream import PUBLIC_MODELS, Upstream
 from .chunks import ChatFormat, CompletionFormat, Format
 from .generation import Generation
 from .schemas import ChatCompletionRequest, CompletionRequest, _Sampling
-from .serve import Job, disconnected, streamed, whole
+from ..streams.serve import CLIENT_CLOSED_REQUEST, disconnected, serve_resumable
+from .serve import Job, error_event, produce_stream, whole
 from .translate import UpstreamRequest, chat_upstream, completion_upstream, prompt_bytes
 
 router = APIRouter()
@@ -32,8 +33,6 @@ router = APIRouter()
 # engine has counted them (no BPE vocabulary averages more than 8 bytes a
 # token); the real count is added when the first response brings it
 BYTES_PER_TOKEN_BOUND = 8
-# nginx's status for "the client closed the request": only ever logged, nobody receives it
-CLIENT_CLOSED_REQUEST = 499
 _MODELS_CREATED = 1_700_000_000     # a fixed `created`: the models have no creation date worth reporting
 
 _ERRORS = {400: {"description": "invalid request (OpenAI error shape)"},
@@ -78,6 +77,13 @@ async def _run(request: Request, caller: Caller, body: _Sampling, fmt: Format, p
                             started_s=context.started_s if context else time.perf_counter(),
                             prompt_estimate=estimate, keep_logprobs=with_logprobs and not body.stream,
                             streamed=bool(body.stream))
+    job = Job(fmt=fmt, response_id=f"{prefix}-{request_id}", model=body.model, caller=caller,
+              admission=admission, generation=generation, with_logprobs=with_logprobs,
+              include_usage=body.include_usage)
+    if body.stream:
+        # resumable: the response id is the stream id (GET /v1/streams/{id})
+        return await serve_resumable(request, caller, lambda: produce_stream(job), error_event=error_event,
+                                     headers=admission.headers, stream_id=job.response_id)
     try:
         started = await _unless_hung_up(generation.start(), request)
     except BaseException:
@@ -88,10 +94,7 @@ async def _run(request: Request, caller: Caller, body: _Sampling, fmt: Format, p
         # the engine requests were stopped; nobody reads this answer
         await admission.release()
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    job = Job(fmt=fmt, response_id=f"{prefix}-{request_id}", model=body.model, caller=caller,
-              admission=admission, generation=generation, with_logprobs=with_logprobs,
-              include_usage=body.include_usage)
-    return streamed(job) if body.stream else whole(job)
+    return whole(job)
 
 
 @router.post("/v1/chat/completions", responses=_ERRORS)

@@ -1,7 +1,8 @@
-"""Serving one admitted generation, streamed (SSE) or whole, and what happens
-however it ends: engine requests still running are stopped (a caller that
-hangs up frees its KV blocks at once), the admission is released, usage is
-counted per key and logged."""
+"""Serving one admitted generation, streamed (the SSE events of a resumable
+stream) or whole, and what happens however it ends: engine requests still
+running are stopped (a whole answer's caller that hangs up frees its KV blocks
+at once; a stream's, after its grace period), the admission is released, usage
+is counted per key and logged."""
 from __future__ import annotations
 
 import asyncio
@@ -19,6 +20,7 @@ from .. import logs
 from ..errors import GatewayError
 from ..metrics import KEY_COMPLETION_TOKENS, KEY_PROMPT_TOKENS, KEY_REQUESTS
 from ..policy import Admission, Caller
+from ..streams.serve import disconnected
 from ..upstream import UpstreamFailure
 from . import chunks
 from .chunks import Format
@@ -26,9 +28,6 @@ from .generation import ChoiceState, Generation, engine_failure, event_logprobs
 from .translate import finish_reason
 
 log = logging.getLogger("gateway.requests")
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
 
 @dataclass
 class Job:
@@ -66,44 +65,18 @@ def error_event(error: GatewayError) -> bytes:
     return b"data: " + json.dumps(error.body()).encode() + b"\n\n"
 
 
-def streamed(job: Job) -> "SSEResponse":
-    return SSEResponse(_stream_body(job), headers={**SSE_HEADERS, **job.admission.headers})
-
-
-class SSEResponse(Response):
-    """Server-sent events that end the moment the caller hangs up: the body
-    generator is closed then (its `finally` stops the engine requests), not
-    whenever the garbage collector gets to it, as with Starlette's
-    StreamingResponse when the disconnect lands while a chunk is being sent."""
-
-    media_type = "text/event-stream"
-
-    def __init__(self, body: AsyncIterator[bytes], headers: dict[str, str]) -> None:
-        # not Response.__init__: it would render an empty body and announce Content-Length: 0
-        self.status_code = 200
-        self.background = None
-        self._chunks = body
-        self.init_headers(headers)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        pump = asyncio.ensure_future(self._pump(send))
-        hangup = asyncio.ensure_future(disconnected(receive))
-        try:
-            await asyncio.wait({pump, hangup}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            hangup.cancel()
-            if not pump.done():
-                pump.cancel()
-            await asyncio.gather(pump, hangup, return_exceptions=True)
-            await self._chunks.aclose()     # type: ignore[attr-defined]
-        if pump.done() and not pump.cancelled() and pump.exception() is not None:
-            raise pump.exception()      # type: ignore[misc]
-
-    async def _pump(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        async for chunk in self._chunks:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+async def produce_stream(job: Job) -> AsyncIterator[bytes]:
+    """The stream's SSE events, from sending the engine requests to `[DONE]`:
+    the producer of a resumable stream (gateway/streams/), which runs it
+    detached from the connection. A refusal before the first event is raised
+    (the caller's HTTP status); the admission is released however it ends."""
+    try:
+        await job.generation.start()
+    except BaseException:
+        await job.admission.release()
+        raise
+    async for chunk in _stream_body(job):
+        yield chunk
 
 
 async def _stream_body(job: Job) -> AsyncIterator[bytes]:
@@ -200,12 +173,6 @@ class WholeResponse(Response):
 
     def render(self, content: Any) -> bytes:
         return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-async def disconnected(receive: Receive) -> None:
-    """Returns when the caller has hung up."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 def whole(job: Job) -> WholeResponse:

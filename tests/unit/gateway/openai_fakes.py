@@ -24,6 +24,12 @@ AUTH = {"Authorization": f"Bearer {GOOD_KEY}"}
 HANG = "hang"        # a script item: the engine goes quiet until cancelled
 
 
+@dataclass(frozen=True)
+class Pause:
+    """A script item: the engine is silent this long, then goes on."""
+    seconds: float
+
+
 @dataclass
 class FakeAdmission:
     headers: dict[str, str] = field(default_factory=lambda: {"x-ratelimit-limit-requests": "10"})
@@ -37,6 +43,9 @@ class FakeAdmission:
         self.released += 1
 
 
+OTHER_KEY = "sk-test-other"      # a second valid key (another key id, same tier)
+
+
 class FakePolicy:
     def __init__(self, tier: TierConfig | None = None) -> None:
         self.tier = tier or TierConfig(priority=7)
@@ -44,6 +53,8 @@ class FakePolicy:
         self.admitted_prompt_tokens: list[int] = []
 
     async def authenticate(self, authorization: str | None) -> Caller:
+        if authorization == f"Bearer {OTHER_KEY}":
+            return Caller(key_id="k2", tier_name="free", tier=self.tier)
         if authorization != f"Bearer {GOOD_KEY}":
             raise GatewayError(401, "Incorrect API key provided.", code="invalid_api_key")
         return Caller(key_id="k1", tier_name="free", tier=self.tier)
@@ -77,6 +88,9 @@ class FakeStream:
         if not self.items:
             return None
         item = self.items.pop(0)
+        while isinstance(item, Pause):
+            await asyncio.sleep(item.seconds)
+            item = self.items.pop(0)
         if item == HANG:
             await asyncio.Event().wait()
         if isinstance(item, BaseException):
@@ -127,6 +141,8 @@ class Harness:
     policy: FakePolicy
     app: Any
     config: GatewayConfig
+    streams: Any = None           # the app's StreamRegistry
+    stops_in_time: list[tuple[str, str, str]] = field(default_factory=list)
 
     def client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://gw")
@@ -138,4 +154,4 @@ def harness(script: Script, tier: TierConfig | None = None, **config: Any) -> Ha
     client = AsyncLLMClient(client_config("127.0.0.1:1"), transport=transport)
     policy = FakePolicy(tier)
     app = create_app(gateway_config, policy, Upstream(client=client))
-    return Harness(transport, policy, app.state.asgi, gateway_config)
+    return Harness(transport, policy, app.state.asgi, gateway_config, streams=app.state.streams)

@@ -1,0 +1,125 @@
+"""The streams of one gateway process: opening them, binding each to the API
+key that started it, the grace period after the last reader left, explicit
+cancel, and (with Redis) the mirror that lets any gateway process resume or
+cancel them.
+
+A stream id is bound to its key: another key, or an id never issued, gets the
+same 404, so ids reveal nothing. A stream's events stay resumable until its
+grace period after the end (a reader that dropped just before the last token
+can still fetch it); a running stream nobody reads is stopped after its
+tier's grace period."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+
+from ..config import GatewayConfig
+from ..metrics import STREAMS_ACTIVE, STREAMS_ENDED
+from ..policy import Caller
+from .session import ErrorEvent, Producer, StreamSession
+from .shared import SharedStreams
+
+log = logging.getLogger(__name__)
+
+# how often an expiring stream re-checks a reader attached through another gateway process
+_REMOTE_RECHECK_S = 1.0
+
+
+def new_stream_id() -> str:
+    return "strm_" + secrets.token_urlsafe(18)
+
+
+class StreamRegistry:
+    def __init__(self, config: GatewayConfig, shared: SharedStreams | None = None) -> None:
+        self.config = config
+        self.shared = shared
+        self._sessions: dict[str, StreamSession] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def open(self, caller: Caller, produce: Producer, error_event: ErrorEvent,
+             stream_id: str | None = None) -> StreamSession:
+        """Start `produce` as a stream of `caller`'s, with one reader attached
+        (the request that opened it; it detaches when its response ends)."""
+        session = StreamSession(stream_id or new_stream_id(), caller.key_id, caller.tier.stream_grace_s,
+                                self.config.stream_buffer_bytes, error_event)
+        self._sessions[session.stream_id] = session
+        session.readers = 1
+        if self.shared is not None:
+            self.shared.mirror(session, self.cancel_local)
+        STREAMS_ACTIVE.inc()
+        session.start(produce)
+        self._spawn(self._retire(session))
+        return session
+
+    def find(self, stream_id: str, caller: Caller) -> StreamSession | None:
+        session = self._sessions.get(stream_id)
+        if session is None or not secrets.compare_digest(session.key_id, caller.key_id):
+            return None
+        return session
+
+    def attach(self, session: StreamSession) -> None:
+        session.readers += 1
+
+    def detach(self, session: StreamSession) -> None:
+        session.readers -= 1
+        if session.readers <= 0 and not session.done:
+            if session.grace_s <= 0:
+                self._expire_now(session, "no reader (no grace period)")
+            else:
+                self._spawn(self._expire_later(session))
+
+    def cancel_local(self, stream_id: str) -> bool:
+        session = self._sessions.get(stream_id)
+        if session is None:
+            return False
+        if not session.done:
+            session.end_reason = "deleted"
+            session.cancel()
+        return True
+
+    def cancel(self, session: StreamSession) -> None:
+        """DELETE: stop now (the producer's cleanup stops the engine request)."""
+        self.cancel_local(session.stream_id)
+
+    async def _expire_later(self, session: StreamSession) -> None:
+        await asyncio.sleep(session.grace_s)
+        while session.readers <= 0 and not session.done:
+            if self.shared is not None and await self.shared.attached_elsewhere(session.stream_id):
+                await asyncio.sleep(_REMOTE_RECHECK_S)
+                continue
+            self._expire_now(session, f"no reader for its grace period ({session.grace_s:g} s)")
+            return
+
+    def _expire_now(self, session: StreamSession, why: str) -> None:
+        log.info("stream %s stopped: %s", session.stream_id, why)
+        session.end_reason = "expired"
+        session.cancel()
+
+    async def _retire(self, session: StreamSession) -> None:
+        """Forget the stream its grace period after it ended."""
+        await session.wait_closed()
+        STREAMS_ACTIVE.dec()
+        STREAMS_ENDED.labels(outcome=session.end_reason or ("refused" if session.failure else "completed")).inc()
+        await asyncio.sleep(max(session.grace_s, 1.0))
+        self._sessions.pop(session.stream_id, None)
+
+    def _spawn(self, work: object) -> None:
+        task = asyncio.ensure_future(work)     # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def forget(self, session: StreamSession) -> None:
+        """A stream refused before its first event: nothing to resume."""
+        self._sessions.pop(session.stream_id, None)
+
+    async def aclose(self) -> None:
+        """At shutdown: stop every stream (their engine requests included)."""
+        for session in list(self._sessions.values()):
+            session.cancel()
+        await asyncio.gather(*(s.wait_closed() for s in list(self._sessions.values())), return_exceptions=True)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.shared is not None:
+            await self.shared.aclose()
