@@ -43,7 +43,7 @@ def event_logprobs(event: StreamEvent) -> list[float]:
 class Generation:
     def __init__(self, upstream: Upstream, model: str, requests: list[UpstreamRequest], admission: Admission,
                  *, route: str, started_s: float, prompt_estimate: int = 0, keep_logprobs: bool = False,
-                 streamed: bool = True) -> None:
+                 streamed: bool = True, streaming: bool = True) -> None:
         self._upstream = upstream
         self._model = model
         self._requests = requests
@@ -53,6 +53,9 @@ class Generation:
         self._prompt_estimate = prompt_estimate
         self._keep_logprobs = keep_logprobs    # a whole (non-streamed) answer lists them at the end
         self._streamed = streamed
+        # the engine requests' `stream` input: False asks for one whole answer
+        # (Triton's generate / infer routes), True for deltas
+        self._streaming = streaming
         self.choices = [ChoiceState(r.index, r.prompt_index) for r in requests]
         self._streams: list[UpstreamStream] = []
         self._prompt_tokens: dict[int, int] = {}
@@ -71,7 +74,8 @@ class Generation:
         """Send every engine request and wait for each one's first response;
         any refusal closes the others and is raised as the caller's answer."""
         ADDED_LATENCY.labels(phase="request").observe(time.perf_counter() - self._started_s)
-        starts = [asyncio.ensure_future(self._upstream.start(self._model, r.text_input, r.options))
+        starts = [asyncio.ensure_future(self._upstream.start(self._model, r.text_input, r.options,
+                                                             streaming=self._streaming))
                   for r in self._requests]
         try:
             await asyncio.wait(starts, return_when=asyncio.FIRST_EXCEPTION)
