@@ -1,8 +1,10 @@
-"""Streaming client library for the Triton LLM stack (SSE and gRPC)."""
+"""Streaming client library for the Triton LLM stack (SSE and gRPC), to Triton
+directly or through the gateway (`ClientConfig.api_key`; see client/config.py,
+client/resume.py)."""
 from .client import AsyncLLMClient
 from .config import ClientConfig, RetryConfig, TimeoutConfig
 from .errors import (ClientError, ClientTimeoutError, FirstTokenTimeoutError, RequestError,
-                     ServerConnectionError, TokenTimeoutError)
+                     ServerConnectionError, StreamResumeError, TokenTimeoutError)
 from .retry import RetryBudget
 from .stream import GenerationStream
 from .sync import LLMClient
@@ -14,5 +16,5 @@ __all__ = [
     "GenerationOptions", "GenerationResult", "GenerationStream", "StreamEvent", "Timings", "compute_tpot",
     "new_request_key",
     "ClientError", "ClientTimeoutError", "FirstTokenTimeoutError", "RequestError",
-    "ServerConnectionError", "TokenTimeoutError",
+    "ServerConnectionError", "StreamResumeError", "TokenTimeoutError",
 ]

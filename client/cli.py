@@ -1,8 +1,14 @@
-"""`python -m client generate|chat`: one-shot generation and an interactive chat."""
+"""`python -m client generate|chat`: one-shot generation and an interactive chat.
+
+With an API key (`--api-key`, or `$LLM_API_KEY`) it goes through the gateway,
+whose ports are then the default URL: `LLM_API_KEY=sk-... python -m client
+generate "Hi"` streams from http://127.0.0.1:9000 with the key as a Bearer token.
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Sequence, TextIO
 
@@ -12,6 +18,9 @@ from .sync import LLMClient
 from .types import GenerationOptions, GenerationResult
 
 DEFAULT_URLS = {"sse": "http://127.0.0.1:8000", "grpc": "127.0.0.1:8001"}
+# With an API key the gateway is the one to talk to: Triton takes no keys.
+GATEWAY_URLS = {"sse": "http://127.0.0.1:9000", "grpc": "127.0.0.1:9001"}
+API_KEY_ENV = "LLM_API_KEY"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--transport", choices=TRANSPORTS, default="sse")
     parser.add_argument("--model", choices=ENTRY_MODELS, default="ensemble")
-    parser.add_argument("--url", default=None, help="default: http://127.0.0.1:8000 (sse), 127.0.0.1:8001 (grpc)")
+    parser.add_argument("--url", default=None, help="default: http://127.0.0.1:8000 (sse), 127.0.0.1:8001 (grpc); "
+                                                     "with an API key the gateway's :9000 / :9001")
+    # Read from the environment in _config, not as the default here: --help would print it.
+    parser.add_argument("--api-key", default=None,
+                        help=f"the gateway's API key (default: ${API_KEY_ENV}); sends the request through the gateway")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=None)
     parser.add_argument("--top-p", type=float, default=None)
@@ -45,8 +58,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 def _config(args: argparse.Namespace) -> ClientConfig:
     timeouts = TimeoutConfig(first_token_s=args.first_token_timeout, token_s=args.token_timeout)
-    return ClientConfig(url=args.url or DEFAULT_URLS[args.transport], transport=args.transport,
-                        model=args.model, timeouts=timeouts)
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    default_url = (GATEWAY_URLS if api_key else DEFAULT_URLS)[args.transport]
+    return ClientConfig(url=args.url or default_url, transport=args.transport,
+                        model=args.model, timeouts=timeouts, api_key=api_key)
 
 
 def _options(args: argparse.Namespace, messages: list[dict[str, str]] | None = None) -> GenerationOptions:

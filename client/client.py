@@ -19,10 +19,11 @@ from .types import GenerationOptions, GenerationResult, new_request_id, new_requ
 log = logging.getLogger(__name__)
 
 
-def make_transport(config: ClientConfig, clock: Clock = DEFAULT_CLOCK) -> Transport:
+def make_transport(config: ClientConfig, clock: Clock = DEFAULT_CLOCK, sleep: Sleep = asyncio.sleep) -> Transport:
     if config.transport == "sse":
-        return SseTransport(config.url, config.timeouts, config.max_connections, clock=clock)
-    return GrpcTransport(config.url, config.timeouts, clock=clock)
+        return SseTransport(config.url, config.timeouts, config.max_connections, clock=clock,
+                            api_key=config.api_key, retry=config.retry, sleep=sleep)
+    return GrpcTransport(config.url, config.timeouts, clock=clock, api_key=config.api_key)
 
 
 class AsyncLLMClient:
@@ -33,6 +34,11 @@ class AsyncLLMClient:
                 async for event in stream:
                     print(event.text, end="")
             print(stream.result.ttft_s)
+
+    Through the gateway, give its URL and an API key (`ClientConfig.api_key`):
+    the key goes with every request, a dropped SSE stream is resumed
+    (`result.resumes`), and cancelling (break, `aclose()`, task cancel) stops the
+    request with `DELETE /v1/streams/{id}` (SSE) or the RPC's cancel (gRPC).
     """
 
     def __init__(self, config: ClientConfig | None = None, *, transport: Transport | None = None,
@@ -41,7 +47,7 @@ class AsyncLLMClient:
         self.config = config or ClientConfig()
         self.clock = clock
         self.sleep = sleep
-        self.transport = transport or make_transport(self.config, clock)
+        self.transport = transport or make_transport(self.config, clock, sleep)
         self.budget = budget or RetryBudget.from_config(self.config.retry)
 
     @property

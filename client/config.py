@@ -1,4 +1,13 @@
-"""Client settings: timeouts shaped for LLM streams and the retry policy."""
+"""Client settings: timeouts shaped for LLM streams, the retry and resume policy,
+and the API key that sends the client through the gateway.
+
+    # Triton directly (loopback): no key; cancel = `stop` to python_llm with the request key
+    ClientConfig(url="http://127.0.0.1:8000")
+    # the gateway: Bearer key on every request; a dropped SSE stream is resumed
+    # (GET /v1/streams/{id} + Last-Event-ID), cancel = DELETE /v1/streams/{id}
+    ClientConfig(url="http://127.0.0.1:9000", api_key=os.environ["LLM_API_KEY"])
+    ClientConfig(url="127.0.0.1:9001", transport="grpc", api_key=...)   # cancel = the RPC's cancel
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -47,6 +56,14 @@ class RetryConfig:
     budget_ratio: float = 0.2
     budget_floor: float = 10.0
     budget_cap: float = 100.0
+    # Resuming a dropped SSE stream through the gateway (client/resume.py): up to
+    # `resume_attempts` reconnections per drop (0: no resume), full-jitter backoff
+    # from `backoff_base_s` up to `resume_backoff_max_s`. Kept well inside the
+    # gateway's grace period (~10 s), after which the stream is stopped anyway.
+    # Resumes do not spend the retry budget: they replay a generation that is
+    # already running instead of adding one.
+    resume_attempts: int = 3
+    resume_backoff_max_s: float = 2.0
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -59,6 +76,10 @@ class RetryConfig:
             raise ValueError("need 0 <= budget_floor <= budget_cap")
         if self.max_retry_after_s < 0:
             raise ValueError("max_retry_after_s must be >= 0")
+        if self.resume_attempts < 0:
+            raise ValueError(f"resume_attempts must be >= 0 (got {self.resume_attempts})")
+        if self.resume_backoff_max_s < 0:
+            raise ValueError(f"resume_backoff_max_s must be >= 0 (got {self.resume_backoff_max_s})")
 
 
 @dataclass(frozen=True)
@@ -71,6 +92,11 @@ class ClientConfig:
     max_connections: int = 256
     # The LLM step that accepts `stop` for a request key (interface.md, "Request identity").
     stop_model: str = "python_llm"
+    # The gateway's API key (`Authorization: Bearer`, gRPC metadata alike). Set =
+    # "through the gateway": cancel is the gateway's (DELETE /v1/streams/{id}, or
+    # the RPC cancel), never the python_llm stop, which the gateway does not expose.
+    # A secret: not in repr().
+    api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.transport not in TRANSPORTS:
@@ -81,9 +107,17 @@ class ClientConfig:
             raise ValueError("max_connections must be >= 1")
         if not self.url:
             raise ValueError("url must not be empty")
+        if self.api_key is not None and (not self.api_key or any(c.isspace() for c in self.api_key)):
+            # The message never repeats the value: errors end up in logs.
+            raise ValueError("api_key must be a non-empty token without whitespace")
+
+    @property
+    def through_gateway(self) -> bool:
+        return self.api_key is not None
 
     @property
     def sends_stop_on_cancel(self) -> bool:
         # llm_bls and the LLM step itself see the disconnect; an ensemble does
         # not pass it on, so it gets an explicit stop to free the KV blocks.
-        return self.model not in ("llm_bls", self.stop_model)
+        # Through the gateway the stop model is unreachable: it cancels instead.
+        return not self.through_gateway and self.model not in ("llm_bls", self.stop_model)

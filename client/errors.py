@@ -39,6 +39,11 @@ class ServerConnectionError(ClientError):
     """The server could not be reached (refused, reset, DNS): always retryable."""
 
 
+class StreamResumeError(ServerConnectionError):
+    """A dropped stream could not be resumed through the gateway (refused with
+    404 / 410, or every reconnection failed); the message says which."""
+
+
 class ClientTimeoutError(ClientError):
     """The client stopped waiting; `result` holds whatever arrived before."""
 

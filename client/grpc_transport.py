@@ -3,6 +3,10 @@
 One bidirectional stream per request over one shared channel (HTTP/2
 multiplexes them). The request side stays open until the final response:
 closing it early would half-close the stream before the answer is complete.
+
+Through the gateway (:9001) an `api_key` travels as the call's
+`authorization: Bearer <key>` metadata, and cancelling the RPC is the whole
+cancel: the gateway stops the engine request by its key.
 """
 from __future__ import annotations
 
@@ -68,6 +72,8 @@ async def _one_request(request: dict[str, Any], done: asyncio.Event) -> AsyncIte
 
 
 class GrpcResponseStream:
+    resumes = 0  # a broken gRPC stream is not resumed
+
     def __init__(self, responses: Any, done: asyncio.Event, clock: Clock) -> None:
         self._responses = responses
         self._done = done
@@ -104,13 +110,19 @@ class GrpcResponseStream:
             self._responses.cancel()
         self._finish()
 
+    async def cancel(self) -> None:
+        """Nothing more: the gateway stops the request when the RPC is cancelled
+        (`aclose`), and Triton directly is stopped with `send_stop`."""
+
 
 class GrpcTransport:
     name = "grpc"
 
     def __init__(self, url: str, timeouts: TimeoutConfig, client_factory: GrpcClientFactory | None = None,
-                 clock: Clock = DEFAULT_CLOCK) -> None:
+                 clock: Clock = DEFAULT_CLOCK, *, api_key: str | None = None) -> None:
         self._url = url.removeprefix("grpc://")
+        # The gateway reads the key from the call's metadata (gRPC keys are lowercase).
+        self._headers = {"authorization": f"Bearer {api_key}"} if api_key else None
         self._factory = client_factory or self._real_client
         self._client: Any = None
         self._stop_timeout = timeouts.stop_s
@@ -133,8 +145,10 @@ class GrpcTransport:
                                  request_id: str) -> GrpcResponseStream:
         request = {"model_name": model, "inputs": build_inputs(tensors), "request_id": request_id}
         done = asyncio.Event()
+        # Only with a key: a plain Triton call stays exactly what it was.
+        extra = {"headers": self._headers} if self._headers else {}
         try:
-            responses = self._grpc().stream_infer(_one_request(request, done))
+            responses = self._grpc().stream_infer(_one_request(request, done), **extra)
         except (grpc.RpcError, InferenceServerException) as exc:
             raise map_rpc_error(exc) from exc
         return GrpcResponseStream(responses, done, self._clock)

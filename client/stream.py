@@ -1,5 +1,6 @@
 """One streaming generation: retries before the first response, LLM-shaped
-timeouts after it, and cleanup (close + `stop`) however the stream ends."""
+timeouts after it, and cleanup however the stream ends: close, then `stop` with
+the request key (Triton directly) or the gateway's cancel (with an api_key)."""
 from __future__ import annotations
 
 import asyncio
@@ -35,7 +36,8 @@ class GenerationStream:
 
     Use as `async with client.stream(...) as s: async for event in s: ...` or
     call `aclose()`; leaving early (break, cancellation, timeout) closes the
-    stream and, for the ensemble, sends `stop` so the engine frees the request.
+    stream and, for the ensemble, sends `stop` so the engine frees the request;
+    through the gateway it cancels there instead (ResponseStream.cancel).
     """
 
     def __init__(self, client: "AsyncLLMClient", model: str, values: dict[str, Any], request_id: str,
@@ -83,6 +85,7 @@ class GenerationStream:
             while event is not None:
                 self._check_echo(event)
                 self.result.add(event)
+                self.result.resumes = _resumes(stream)
                 server_done = event.final or event.finish_reason is not None
                 yield event
                 if event.final:
@@ -112,6 +115,9 @@ class GenerationStream:
             self.result.timings.finish(self._client.clock())
             if stream is not None:
                 await stream.aclose()
+                self.result.resumes = _resumes(stream)
+                if not server_done and self._client.config.through_gateway:
+                    await asyncio.shield(self._cancel_at_gateway(stream))
             if not server_done and self._client.config.sends_stop_on_cancel:
                 # Shielded: a second cancellation must not lose the stop.
                 await asyncio.shield(self._send_stop())
@@ -152,12 +158,23 @@ class GenerationStream:
             remaining = None if limit is None else max(0.0, limit - (self._client.clock() - started))
             first = await asyncio.wait_for(stream.next_event(), remaining)
         except asyncio.TimeoutError:
-            await stream.aclose()
+            await self._discard(stream)
             raise FirstTokenTimeoutError(f"no response within {limit}s (first-token timeout)") from None
+        except RequestError:
+            await stream.aclose()  # the server ended it: nothing left to cancel
+            raise
         except BaseException:
-            await stream.aclose()
+            await self._discard(stream)
             raise
         return stream, first
+
+    async def _discard(self, stream: ResponseStream) -> None:
+        """Close a stream that gave no first event. Through the gateway also
+        cancel it: a retry starts a new one, and this one would otherwise run on
+        for the gateway's grace period. (Triton directly: `_run` sends the stop.)"""
+        await stream.aclose()
+        if self._client.config.through_gateway:
+            await asyncio.shield(self._cancel_at_gateway(stream))
 
     async def _next(self, stream: ResponseStream) -> StreamEvent | None:
         limit = self._client.config.timeouts.token_s
@@ -167,6 +184,13 @@ class GenerationStream:
             raise TokenTimeoutError(
                 f"no response for {limit}s after {self.result.num_responses} response(s) (per-token timeout)"
             ) from None
+
+    async def _cancel_at_gateway(self, stream: ResponseStream) -> None:
+        try:
+            await stream.cancel()
+        except Exception as exc:  # best effort, as the stop: the gateway's grace period bounds the waste
+            log.warning("cancel of request %s at the gateway failed: %s", self.request_id,
+                        redact(repr(exc), self.request_key))
 
     async def _send_stop(self) -> None:
         config = self._client.config
@@ -181,3 +205,8 @@ class GenerationStream:
                 log.warning("stop for request %s failed: %s", self.request_id, redact(str(exc), key))
         except Exception as exc:  # best effort: a failed stop must not mask the caller's outcome
             log.warning("stop for request %s failed: %s", self.request_id, redact(repr(exc), key))
+
+
+def _resumes(stream: ResponseStream) -> int:
+    # Transports outside this package (the gateway's test fakes) may predate resume.
+    return getattr(stream, "resumes", 0)

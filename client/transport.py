@@ -13,11 +13,19 @@ from .types import StreamEvent
 
 
 class ResponseStream(Protocol):
+    # Reconnections made so far (SSE through the gateway resumes dropped streams).
+    resumes: int
+
     async def next_event(self) -> StreamEvent | None:
         """The next response, or None once the stream has ended."""
 
     async def aclose(self) -> None:
         """Stop reading and release the connection or cancel the call; idempotent."""
+
+    async def cancel(self) -> None:
+        """Through the gateway: ask it to stop the request (SSE: DELETE
+        /v1/streams/{id}). A no-op where closing is enough (gRPC: the RPC cancel)
+        or no stream id is known. Best effort; called after `aclose`."""
 
 
 class Transport(Protocol):

@@ -150,6 +150,7 @@ class GenerationResult:
     num_responses: int = 0
     error: str | None = None
     attempts: int = 1
+    resumes: int = 0  # reconnections of a dropped SSE stream through the gateway
     # The key that stops this request (sent, or echoed by the server); a secret:
     # not in repr() and not in to_dict().
     request_key: str = field(default="", repr=False)
@@ -199,6 +200,7 @@ class GenerationResult:
             "output_ids": self.output_ids or None,
             "num_responses": self.num_responses,
             "attempts": self.attempts,
+            "resumes": self.resumes,
             "ttft_ms": _ms(self.ttft_s),
             "tpot_ms": _ms(self.tpot_s),
             "e2e_ms": _ms(self.e2e_s),
