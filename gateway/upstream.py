@@ -26,6 +26,10 @@ PUBLIC_MODELS = ("ensemble", "llm_bls")
 # seconds a caller should wait after an overload: the engine's queue drains in
 # about one generation's time, and OpenAI SDKs honour the header
 OVERLOAD_RETRY_AFTER_S = 1
+# the gateway waits this long between two responses of an engine request; a
+# caller's own per-token timeout (`token_timeout_ms`, enforced by the engine)
+# may be shorter, never longer
+UPSTREAM_TOKEN_TIMEOUT_S = 60.0
 # the text stages answer `<field>: <what>` (interface.md, "Errors"); Triton may prefix it
 _FIELD_ERROR = re.compile(r"(?:^|[\s,'])([a-z_]+): ")
 # public input → the OpenAI parameter a caller sent
@@ -45,7 +49,7 @@ def client_config(grpc_url: str) -> ClientConfig:
     # request and multiply the load exactly when the engine is full.
     return ClientConfig(url=grpc_url, transport="grpc", model="ensemble",
                         retry=RetryConfig(max_attempts=1),
-                        timeouts=TimeoutConfig(first_token_s=300.0, token_s=60.0))
+                        timeouts=TimeoutConfig(first_token_s=300.0, token_s=UPSTREAM_TOKEN_TIMEOUT_S))
 
 
 def map_error(exc: BaseException) -> GatewayError:

@@ -6,12 +6,15 @@ OpenAI parameter this stack cannot honour: silently ignoring `tools` or
 Parameters that only describe the caller or hint at caching (`user`,
 `metadata`, `store`, `prompt_cache_key`...) are accepted and not acted on.
 vLLM's extensions `top_k`, `min_tokens`, `repetition_penalty` and `ignore_eos`
-are accepted too: benchmark tools (AIPerf, genai-perf) send them."""
+are accepted too: benchmark tools (AIPerf, genai-perf) send them; so is this
+stack's `token_timeout_ms` (the engine's per-token timeout, passed through)."""
 from __future__ import annotations
 
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from ..upstream import UPSTREAM_TOKEN_TIMEOUT_S
 
 MAX_STOP_SEQUENCES = 16
 # the one content part type; image_url, input_audio, file... are refused
@@ -110,6 +113,9 @@ class _Sampling(_Strict):
     min_tokens: int | None = Field(default=None, ge=0)
     repetition_penalty: float | None = Field(default=None, gt=0)
     ignore_eos: bool | None = None
+    # this stack's extension: the engine ends the request (finish_reason
+    # "timeout", an error event) when no token follows for this long
+    token_timeout_ms: int | None = Field(default=None, ge=1, le=int(UPSTREAM_TOKEN_TIMEOUT_S * 1000))
 
     @field_validator("stream_options")
     @classmethod

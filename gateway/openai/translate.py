@@ -60,6 +60,7 @@ def _options(request: _Sampling, tier: TierConfig, max_tokens: int | None, *, lo
         min_tokens=request.min_tokens, repetition_penalty=request.repetition_penalty,
         presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
         stop_words=request.stop_words(), ignore_eos=request.ignore_eos, messages=messages,
+        token_timeout_ms=request.token_timeout_ms,
         priority=tier.priority,
         # completion tokens are counted from the ids (exact usage), and the
         # prompt's from num_input_tokens (asked for by default)
