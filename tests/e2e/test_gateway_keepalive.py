@@ -1,0 +1,85 @@
+"""Keep-alive comments against the real stack: a tritonserver whose engine
+runs one sequence at a time (`max_num_seqs=1`), so a second request queues
+behind a long one, and the gateway as its own process.
+
+The property under test is "a client (or proxy) whose read timeout is longer
+than the keep-alive interval never times out, however long the queue": it is
+scaled down from nginx's 60 s against the default 15 s interval to a 4 s read
+timeout against a 1 s interval, so that the wait (seconds behind a long
+generation) is several read timeouts long without making CI wait minutes."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from serving.launcher import TritonServer
+from tests.e2e.test_gateway_openai import Gateway, start_gateway
+
+pytestmark = pytest.mark.e2e
+
+KEEPALIVE_S = 1.0
+READ_TIMEOUT_S = 4.0
+
+
+@pytest.fixture(scope="module")
+def single_sequence(start_triton) -> TritonServer:
+    return start_triton(max_num_seqs=1)
+
+
+@pytest.fixture(scope="module")
+def gateway(single_sequence: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    started = start_gateway(single_sequence, tmp_path_factory.mktemp("keepalive"),
+                            f"gateway.keepalive_interval_s={KEEPALIVE_S}")
+    yield started
+    assert started.process.stop() == 0
+
+
+def stream(gateway: Gateway, prompt: str, max_tokens: int, timeout: httpx.Timeout,
+           first_token: threading.Event | None = None) -> dict:
+    """Read one streamed completion line by line: keep-alive comments, data
+    events, and the time to the first data event."""
+    seen = {"keepalives": 0, "data": [], "first_data_s": None}
+    started = time.monotonic()
+    body = {"model": "ensemble", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "ignore_eos": True}
+    with httpx.Client(timeout=timeout) as client:
+        with client.stream("POST", f"{gateway.base_url}/completions", json=body,
+                           headers={"Authorization": f"Bearer {gateway.key}"}) as response:
+            assert response.status_code == 200, response.read()
+            for line in response.iter_lines():
+                if line.startswith(": keep-alive"):
+                    seen["keepalives"] += 1
+                elif line.startswith("data: "):
+                    if seen["first_data_s"] is None:
+                        seen["first_data_s"] = time.monotonic() - started
+                        if first_token is not None:
+                            first_token.set()
+                    seen["data"].append(line[len("data: "):])
+    return seen
+
+
+def test_a_request_queued_behind_a_long_one_completes_under_a_short_read_timeout(gateway):
+    first_token = threading.Event()
+    long_result: dict = {}
+    long_run = threading.Thread(target=lambda: long_result.update(stream(
+        gateway, "Tell me everything about the history of ships.", 200, httpx.Timeout(120.0), first_token)))
+    long_run.start()
+    try:
+        assert first_token.wait(120), "the long request never started"
+        # connect / write / pool as usual; `read` bounds every gap between bytes, as a proxy's does
+        queued = stream(gateway, "Say hello.", 8, httpx.Timeout(30.0, read=READ_TIMEOUT_S))
+    finally:
+        long_run.join(180)
+    waited = queued["first_data_s"]
+    print(f"\n[queued request: first token after {waited:.1f} s behind the long one, "
+          f"{queued['keepalives']} keep-alives, read timeout {READ_TIMEOUT_S} s, interval {KEEPALIVE_S} s]")
+    assert waited > READ_TIMEOUT_S, "the request did not wait longer than the read timeout: nothing was shown"
+    assert queued["keepalives"] >= int(waited / KEEPALIVE_S) - 1
+    assert queued["data"][-1] == "[DONE]"
+    assert "".join(json.loads(d)["choices"][0]["text"] for d in queued["data"][:-1])
+    assert long_result["data"][-1] == "[DONE]"
