@@ -180,7 +180,8 @@ def fuzz_gateway(triton_server: TritonServer, tmp_path_factory: pytest.TempPathF
     key = created.stdout.strip()
     port, = free_local_ports(1)
     process = GatewayProcess([f"gateway.port={port}", "gateway.host=127.0.0.1",
-                              f"gateway.upstream_grpc_url={triton_server.grpc_url}", f"gateway.keys_file={keys}"],
+                              f"gateway.upstream_grpc_url={triton_server.grpc_url}", f"gateway.keys_file={keys}",
+                              "gateway.public_grpc_port=0"],
                              log_path=work / "gateway.log", port=port, settings_file=str(settings))
     process.start()
     try:

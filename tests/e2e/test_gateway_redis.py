@@ -64,7 +64,8 @@ def fleet(triton_server: Any, redis_server: RedisServer,  # noqa: F811
     store = KeyStore(folder / "keys.json")
     keys = {tier: store.create(tier).key for tier in TIERS}
     settings = json.dumps({"keys_file": str(store.path), "redis_url": redis_server.url,
-                           "upstream_grpc_url": triton_server.grpc_url, "tiers": TIERS})
+                           "upstream_grpc_url": triton_server.grpc_url, "tiers": TIERS,
+                           "public_grpc_port": 0})
     gateways: list[Gateway] = []
     try:
         for port in free_local_ports(2):

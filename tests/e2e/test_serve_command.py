@@ -75,12 +75,12 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 @pytest.fixture(scope="module")
 def serve(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
     build_dir = tmp_path_factory.mktemp("serve")
-    http, grpc, metrics, gateway = free_local_ports(4)
+    http, grpc, metrics, gateway, gateway_grpc = free_local_ports(5)
     env = {**os.environ, "LLM_BUILD_DIR": str(build_dir), "LLM_MODEL_DIR": str(model_dir)}
     env.pop(ADMIN_KEY_ENV, None)     # serve's own default: a generated key
     proc = subprocess.Popen([sys.executable, "-m", "serving", "serve", "--http-port", str(http),
                              "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-                             "--set", f"gateway.port={gateway}"],
+                             "--set", f"gateway.port={gateway}", "--set", f"gateway.public_grpc_port={gateway_grpc}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     started = Serve(proc, build_dir, http, grpc, metrics, gateway)
     try:
