@@ -1,9 +1,11 @@
 """The gateway's FastAPI application: routes, error shape, request context.
 
 Layers, outermost first: the request context (ids, trace, access log,
-metrics, echoed headers) → the body guard (ASGI: size, media type, nesting)
-→ FastAPI (authentication, validation, the handlers). Every refusal, from
-any layer, is OpenAI's error shape."""
+metrics, echoed headers) → Triton's error shape under /v2 → the body guard
+(ASGI: size, media type, nesting) → FastAPI (authentication, validation, the
+handlers). Every refusal, from any layer, is OpenAI's error shape, but under
+/v2 (Triton's own protocol, gateway/triton/) Triton's `{"error": "..."}`.
+The lifespan also runs the gRPC door (KServe v2) in the same event loop."""
 from __future__ import annotations
 
 import logging
@@ -26,6 +28,10 @@ from .openai.routes import router as openai_router
 from .policy import Policy
 from .streams import StreamRegistry
 from .streams.routes import router as streams_router
+from .triton.grpc_door import start_door
+from .triton.http_routes import route_label as triton_route
+from .triton.http_routes import router as triton_router
+from .triton.responses import TritonErrorShape
 from .upstream import Upstream
 
 access_log = logging.getLogger("gateway.access")
@@ -56,7 +62,7 @@ def _route(path: str) -> str:
         return "models"
     if path.startswith("/v1/streams/"):
         return "streams"
-    return _ROUTES.get(path, "other")
+    return triton_route(path) or _ROUTES.get(path, "other")
 
 
 class RequestContextMiddleware:
@@ -137,7 +143,11 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream,
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # Triton's gRPC protocol (KServe v2) in this event loop, with this policy and upstream
+        door = await start_door(config, policy, upstream)
         yield
+        if door is not None:
+            await door.stop()       # requests in flight get a grace period, then are stopped
         await streams.aclose()      # stops the running streams' engine requests
         await upstream.aclose()
         closer = getattr(policy, "aclose", None)
@@ -150,6 +160,7 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream,
     app.state.streams = streams
     app.include_router(openai_router)
     app.include_router(streams_router)
+    app.include_router(triton_router)
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
@@ -178,7 +189,8 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream,
         body, content_type = exposition()
         return Response(body, media_type=content_type)
 
-    guarded = BodyGuard(app, config.max_body_bytes, config.max_json_depth)
+    # Triton's error shape under /v2, whichever layer refused (the guard too)
+    guarded = TritonErrorShape(BodyGuard(app, config.max_body_bytes, config.max_json_depth))
     app.state.asgi = RequestContextMiddleware(guarded)
     return app
 

@@ -1,0 +1,105 @@
+"""One Triton-protocol request from admission to its end, the same behind
+every door (HTTP generate / generate_stream / infer, gRPC ModelInfer /
+ModelStreamInfer): admitted under the caller's limits with a prompt
+estimate, sent through the one upstream (`Upstream`, the client library over
+gRPC) by the OpenAI routes' `Generation` (exact token accounting, TTFT / ITL,
+stop by key on close), and however it ends, the engine request stopped, the
+admission released and the key's usage counted."""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from client import StreamEvent
+
+from .. import logs
+from ..errors import GatewayError
+from ..metrics import KEY_COMPLETION_TOKENS, KEY_PROMPT_TOKENS, KEY_REQUESTS
+from ..openai.generation import Generation
+from ..openai.routes import BYTES_PER_TOKEN_BOUND
+from ..openai.translate import UpstreamRequest
+from ..policy import Admission, Caller, Policy
+from ..upstream import Upstream
+from .inputs import ValidatedCall
+from .metadata import check_served
+
+
+def check_model(policy: Policy, caller: Caller, model: str, version: str = "") -> None:
+    """404 for a model the gateway does not serve (Triton's words), 403 for
+    one the caller's tier may not use."""
+    check_served(model, version)
+    policy.check_model(caller, model)
+
+
+@dataclass
+class Call:
+    validated: ValidatedCall
+    caller: Caller
+    admission: Admission
+    generation: Generation
+    started: bool = False
+    finished: bool = False
+
+    async def start(self) -> None:
+        """Send the engine request and wait for its first response, so that a
+        refusal (the text stages' 400, an overloaded engine's 503) is still the
+        caller's answer; on a refusal the admission is released here."""
+        try:
+            await self.generation.start()
+        except BaseException:
+            self.finished = True
+            await asyncio.shield(self.admission.release())
+            raise
+        self.started = True
+
+    async def events(self) -> AsyncIterator[StreamEvent]:
+        """Every response to the end; UpstreamFailure when the engine request breaks off."""
+        async for _, event in self.generation.events():
+            yield event
+
+    async def whole(self) -> StreamEvent:
+        """The one response of a `stream: false` request."""
+        events = [event async for event in self.events()]
+        if len(events) != 1:
+            raise GatewayError(502, f"The engine answered a whole-answer request with {len(events)} responses.",
+                               code="upstream_error")
+        return events[0]
+
+    async def finish(self, outcome: str) -> None:
+        """Idempotent; from any exit path. Shield it where the caller's
+        cancellation could interrupt it."""
+        if self.finished:
+            return
+        self.finished = True
+        try:
+            await self.generation.aclose()
+        finally:
+            await self.admission.release()
+        prompt, completion = self.generation.prompt_tokens, self.generation.completion_tokens
+        labels = {"key_id": self.caller.key_id, "tier": self.caller.tier_name}
+        KEY_REQUESTS.labels(**labels).inc()
+        KEY_PROMPT_TOKENS.labels(**labels).inc(prompt)
+        KEY_COMPLETION_TOKENS.labels(**labels).inc(completion)
+        context = logs.current()
+        if context is not None:
+            context.fields.update(prompt_tokens=prompt, completion_tokens=completion, outcome=outcome,
+                                  finish_reasons=[c.engine_finish for c in self.generation.choices])
+
+
+async def admit(policy: Policy, upstream: Upstream, caller: Caller, validated: ValidatedCall, *,
+                route: str) -> Call:
+    """Admission under the caller's limits (429 / 503 raised from here);
+    nothing is sent upstream yet."""
+    context = logs.current()
+    started_s = context.started_s if context else time.perf_counter()
+    if context is not None:
+        context.fields.update(model=validated.model, stream=validated.streaming,
+                              upstream_ids=[validated.options.request_id])
+    estimate = validated.prompt_bytes // BYTES_PER_TOKEN_BOUND
+    admission = await policy.admit(caller, estimate)
+    generation = Generation(upstream, validated.model, [UpstreamRequest(0, validated.text_input, validated.options)],
+                            admission, route=route, started_s=started_s, prompt_estimate=estimate,
+                            streamed=validated.streaming, streaming=validated.streaming)
+    return Call(validated, caller, admission, generation)
