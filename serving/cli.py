@@ -75,8 +75,15 @@ def _gateway_banner(server: TritonServer, gateway: GatewayConfig, log_path: Path
     python = (f"from openai import OpenAI\nclient = OpenAI(base_url=\"{base_url}\", api_key=\"{shown}\")\n"
               "answer = client.chat.completions.create(model=\"ensemble\", messages=[{\"role\": \"user\", "
               "\"content\": \"What is the capital of France?\"}])\nprint(answer.choices[0].message.content)")
+    if gateway.public_grpc_port:
+        grpc_line = (f"  gRPC        127.0.0.1:{gateway.public_grpc_port}  (KServe v2 for ensemble / llm_bls, "
+                     f"listening on {gateway.host}:{gateway.public_grpc_port}; metadata authorization: Bearer <key>)\n")
+    else:
+        grpc_line = "  gRPC        off (gateway.public_grpc_port = 0)\n"
     return (f"\nready.\n  OpenAI API  {base_url}  (the gateway, listening on {gateway.host}:{gateway.port}; "
-            f"log {log_path})\n{key_line}"
+            f"log {log_path})\n"
+            f"  Triton API  http://127.0.0.1:{gateway.port}/v2/models/{{ensemble,llm_bls}}/generate[_stream] | infer\n"
+            f"{grpc_line}{key_line}"
             f"  Triton, behind it on loopback:\n{_triton_lines(server)}"
             f"\ntry:\n{curl}\n\n{python}\n\nCtrl-C stops the server.")
 
