@@ -23,7 +23,7 @@ from ..policy import Caller
 from ..upstream import UpstreamFailure
 from . import calls
 from .grpc_observe import metadata_of, observed
-from .outputs import MODEL_VERSION, infer_proto, visible
+from .outputs import infer_proto, visible
 from .wire_proto import validated_request
 
 if TYPE_CHECKING:
@@ -40,9 +40,7 @@ def error_response(error: GatewayError) -> Response:
 
 def empty_final(model: str, caller_id: str | None) -> Response:
     """A final flag with no data, for a request whose last response did not say so."""
-    response = service_pb2.ModelInferResponse(model_name=model, model_version=MODEL_VERSION, id=caller_id or "")
-    response.parameters["triton_final_response"].bool_param = True
-    return Response(infer_response=response)
+    return Response(infer_response=infer_proto(model, {}, caller_id, final=True))
 
 
 async def serve_stream(door: TritonDoor, requests: AsyncIterator[service_pb2.ModelInferRequest],

@@ -31,6 +31,12 @@ from .raw import encode_raw
 
 MODEL_VERSION = "1"
 FINAL_FLAG = "triton_final_response"
+# Triton 2.51's ensemble scheduler puts these parameters on every response
+# (generate renders them as top-level keys); for a request outside a sequence
+# they always have these values. The client library keeps only the outputs,
+# so they are restored here.
+RESPONSE_PARAMETERS: dict[str, dict[str, bool | int]] = {
+    "ensemble": {"sequence_end": False, "sequence_id": 0, "sequence_start": False}}
 
 
 def output_names(model: str) -> list[str]:
@@ -91,6 +97,7 @@ def generate_json(model: str, outputs: Mapping[str, np.ndarray], caller_id: str 
     body: dict[str, Any] = {"model_name": model, "model_version": MODEL_VERSION}
     if caller_id:
         body["id"] = caller_id
+    body.update(RESPONSE_PARAMETERS.get(model, {}))
     body.update((name, json_value(array)) for name, array in outputs.items())
     return body
 
@@ -102,6 +109,8 @@ def infer_json(model: str, outputs: Mapping[str, np.ndarray], caller_id: str | N
     body: dict[str, Any] = {"model_name": model, "model_version": MODEL_VERSION}
     if caller_id:
         body["id"] = caller_id
+    if model in RESPONSE_PARAMETERS:
+        body["parameters"] = dict(RESPONSE_PARAMETERS[model])
     rendered, chunks = [], []
     for name, array in outputs.items():
         tensor: dict[str, Any] = {"name": name, "datatype": datatype_of(array), "shape": list(array.shape)}
@@ -124,6 +133,11 @@ def infer_proto(model: str, outputs: Mapping[str, np.ndarray], caller_id: str | 
     for name, array in outputs.items():
         response.outputs.add(name=name, datatype=datatype_of(array), shape=list(array.shape))
         response.raw_output_contents.append(encode_raw(array))
+    for name, value in RESPONSE_PARAMETERS.get(model, {}).items():
+        if isinstance(value, bool):
+            response.parameters[name].bool_param = value
+        else:
+            response.parameters[name].int64_param = value
     if final is not None:
         response.parameters[FINAL_FLAG].bool_param = final
     return response

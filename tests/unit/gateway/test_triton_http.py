@@ -44,7 +44,9 @@ def test_generate_answers_whole_like_triton_with_the_gateways_ids_and_the_tiers_
                                "num_input_tokens": 5,
                                "num_output_tokens": 2, "output_ids": [], "cum_log_probs": [],
                                "output_log_probs": [], "arrival_time_ns": 0, "first_token_time_ns": 0,
-                               "last_token_time_ns": 0}
+                               "last_token_time_ns": 0,
+                               # the ensemble scheduler's response parameters, as Triton renders them
+                               "sequence_id": 0, "sequence_start": False, "sequence_end": False}
     (model, values, request_id), = h.transport.opened
     assert model == "ensemble" and values["stream"] is False and values["priority"] == 9
     assert values["max_tokens"] == 3 and values["return_output_ids"] is True

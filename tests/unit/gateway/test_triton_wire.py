@@ -156,7 +156,8 @@ def test_generate_json_renders_like_triton():
     assert body == {"model_name": "ensemble", "model_version": "1", "id": "abc", "text_output": "-and-go",
                     "finish_reason": "length", "request_key_out": KEY, "num_input_tokens": 1,
                     "num_output_tokens": 4, "output_ids": [], "cum_log_probs": [], "output_log_probs": [],
-                    "arrival_time_ns": 0, "first_token_time_ns": 0, "last_token_time_ns": 0}
+                    "arrival_time_ns": 0, "first_token_time_ns": 0, "last_token_time_ns": 0,
+                    "sequence_id": 0, "sequence_start": False, "sequence_end": False}
     assert "id" not in generate_json("ensemble", shown, None)
     wants_ids = validate("llm_bls", generate_inputs({"text_input": "x", "return_output_ids": True})[0],
                          tier=TierConfig(), request_id="r")
@@ -184,6 +185,7 @@ def test_infer_proto_decodes_in_tritonclient_with_the_final_flag():
     assert result.as_numpy("output_ids").tolist() == [[5, 6]] and result.as_numpy("output_ids").dtype == np.int32
     assert result.as_numpy("output_log_probs").shape == (1, 0, 0)
     assert response.parameters["triton_final_response"].bool_param is True and response.id == "id-1"
+    assert response.parameters["sequence_id"].int64_param == 0 and not response.parameters["sequence_end"].bool_param
     assert "triton_final_response" not in infer_proto("ensemble", arrays, None).parameters
     only = visible(call, outputs("ensemble", "P"), ["finish_reason", "text_output"])
     assert list(only) == ["finish_reason", "text_output"]
@@ -201,3 +203,5 @@ def test_infer_json_binary_and_plain_decode_in_tritonclient():
         assert result.as_numpy("num_input_tokens").reshape(-1).tolist() == [5]
         assert result.as_numpy("output_ids").size == 0        # not asked for
         assert result.get_response()["id"] == "q" and result.get_response()["model_version"] == "1"
+        assert result.get_response()["parameters"] == {"sequence_end": False, "sequence_id": 0,
+                                                       "sequence_start": False}
