@@ -9,7 +9,6 @@ import json
 import queue
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
