@@ -5,6 +5,7 @@ equal Triton's own for the same request (text, field set), a call without a
 key is refused before Triton, and a gRPC cancel frees the KV blocks."""
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
 import time
@@ -18,6 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from client import AsyncLLMClient, ClientConfig
 from client.payload import INPUT_DATATYPES
 from serving.launcher import TritonServer, free_local_ports
 from tests.e2e.test_gateway_openai import Gateway, start_gateway
@@ -213,3 +215,16 @@ def test_tritonclient_http_infer_through_the_gateway(door, triton_server):
         assert client.get_model_metadata("ensemble", headers=headers)["name"] == "ensemble"
     finally:
         client.close()
+
+
+def test_the_client_library_over_grpc_through_the_gateway(door, triton_server):
+    """The project's own client (transport grpc, `api_key`: the door's metadata) gets Triton's greedy text."""
+    direct = grpc_stream(triton_server.grpc_url, "llm_bls", {**GREEDY, "stream": True})
+
+    async def through() -> Any:
+        config = ClientConfig(url=door.url, transport="grpc", model="llm_bls", api_key=door.gateway.key)
+        async with AsyncLLMClient(config) as client:
+            return await client.generate("", max_tokens=MAX_TOKENS, temperature=0.0,
+                                         messages=json.loads(CHAT_PARIS))
+    result = asyncio.run(through())
+    assert result.error is None and result.text == direct.text and result.num_responses > 1
