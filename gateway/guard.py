@@ -1,6 +1,7 @@
 """Body guards, as pure ASGI middleware in front of any parsing.
 
-A request with a body must say `Content-Type: application/json` (415), may not
+A request with a body must say `Content-Type: application/json` (415; Triton's
+/v2 routes also take none or octet-stream, as tritonclient.http sends), may not
 announce or send more than `max_body_bytes` (413: an announced length is
 refused before reading a byte; a chunked body is read only up to the bound),
 and its JSON may not nest deeper than `max_json_depth` (400; checked on the
@@ -46,9 +47,22 @@ def json_depth(body: bytes, bound: int | None = None) -> int:
     return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
 
 
-def _is_json(content_type: str) -> bool:
+def _media_type_ok(content_type: str, path: str) -> bool:
     media_type = content_type.split(";", 1)[0].strip().lower()
-    return media_type == "application/json"
+    if media_type == "application/json":
+        return True
+    # Triton's own routes take what tritonclient.http sends: no Content-Type at
+    # all, or octet-stream for the binary-data extension (a JSON header, then tensors)
+    return path.startswith("/v2/") and media_type in ("", "application/octet-stream")
+
+
+def _json_part(body: bytes, headers: dict[bytes, bytes]) -> bytes:
+    """The JSON of a body: all of it, or the header before the binary tensors
+    (whose bytes may hold anything, brackets included)."""
+    declared = headers.get(b"inference-header-content-length")
+    if declared is not None and declared.isdigit():
+        return body[:int(declared)]
+    return body
 
 
 async def send_error(send: Send, error: GatewayError) -> None:
@@ -81,7 +95,7 @@ class BodyGuard:
 
     async def _read(self, scope: Scope, receive: Receive) -> bytes:
         headers = {k.lower(): v for k, v in scope["headers"]}
-        if not _is_json(headers.get(b"content-type", b"").decode("latin-1")):
+        if not _media_type_ok(headers.get(b"content-type", b"").decode("latin-1"), scope["path"]):
             raise GatewayError(415, "Content-Type must be application/json.", code="unsupported_media_type")
         declared = headers.get(b"content-length")
         if declared is not None:
@@ -105,7 +119,7 @@ class BodyGuard:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        if json_depth(body, self.max_json_depth) > self.max_json_depth:
+        if json_depth(_json_part(body, headers), self.max_json_depth) > self.max_json_depth:
             raise GatewayError(400, f"JSON nesting deeper than {self.max_json_depth} levels.",
                                code="json_too_deep")
         return body

@@ -17,6 +17,8 @@ from client import (AsyncLLMClient, ClientConfig, ClientTimeoutError, FirstToken
                     RequestError, RetryConfig, ServerConnectionError, StreamEvent, TimeoutConfig)
 from client.errors import OVERLOADED_MARKER
 
+from ensemble.public_tensors import PUBLIC_INPUTS
+
 from .errors import GatewayError
 from .metrics import UPSTREAM_ERRORS
 
@@ -32,11 +34,10 @@ OVERLOAD_RETRY_AFTER_S = 1
 UPSTREAM_TOKEN_TIMEOUT_S = 60.0
 # the text stages answer `<field>: <what>` (interface.md, "Errors"); Triton may prefix it
 _FIELD_ERROR = re.compile(r"(?:^|[\s,'])([a-z_]+): ")
-# public input → the OpenAI parameter a caller sent
-_PARAMS = {"text_input": "prompt", "messages": "messages", "max_tokens": "max_tokens", "stop_words": "stop",
-           "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
-           "min_tokens": "min_tokens", "presence_penalty": "presence_penalty",
-           "frequency_penalty": "frequency_penalty", "repetition_penalty": "repetition_penalty"}
+# public input → the parameter a caller sent
+# (its own name, except where OpenAI names it otherwise)
+_PARAMS = {spec.name: {"text_input": "prompt", "stop_words": "stop"}.get(spec.name, spec.name)
+           for spec in PUBLIC_INPUTS}
 
 
 class UpstreamFailure(Exception):

@@ -55,6 +55,7 @@ class StreamSession:
         self.end_reason: str | None = None       # "expired" / "deleted" when stopped from outside
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
+        self._started = False
         self._listeners: list[Callable[[Event | None], None]] = []
 
     # the producer side
@@ -63,6 +64,7 @@ class StreamSession:
         self._task = asyncio.ensure_future(self._pump(produce))
 
     async def _pump(self, produce: Producer) -> None:
+        self._started = True
         events = produce()
         try:
             async for data in events:
@@ -111,8 +113,15 @@ class StreamSession:
         return self._events[0].seq if self._events else self.last_seq + 1
 
     def cancel(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
+        if self._task is None or self._task.done():
+            return
+        if not self._started:
+            # a task cancelled before its first step never runs the producer,
+            # whose own cleanup (stop by key, release the admission) would then
+            # never run either: cancel once it has started
+            asyncio.get_running_loop().call_soon(self.cancel)
+            return
+        self._task.cancel()
 
     async def wait_closed(self) -> None:
         if self._task is not None:

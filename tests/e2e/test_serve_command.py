@@ -40,6 +40,7 @@ class Serve:
     grpc: int
     metrics: int
     gateway: int
+    gateway_grpc: int
     output: list[str] = field(default_factory=list)
 
     @property
@@ -82,7 +83,7 @@ def serve(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
                              "--grpc-port", str(grpc), "--metrics-port", str(metrics),
                              "--set", f"gateway.port={gateway}", "--set", f"gateway.public_grpc_port={gateway_grpc}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    started = Serve(proc, build_dir, http, grpc, metrics, gateway)
+    started = Serve(proc, build_dir, http, grpc, metrics, gateway, gateway_grpc)
     try:
         t0 = time.monotonic()
         _read_until_ready(started, 300)
@@ -125,11 +126,12 @@ def test_triton_listens_on_loopback_only(serve: Serve):
     assert {port for _, port in sockets} >= {serve.http, serve.grpc, serve.metrics}, sockets
     assert {address for address, _ in sockets} <= {"127.0.0.1", "::1"}, sockets
     # nothing else serve started (the Python stubs) listens beyond loopback either,
-    # but the gateway, the public front door, on its one port
+    # but the gateway, the public front door, on its two ports (HTTP and the gRPC door)
     for process in tree:
         listening = _listening(process)
         if any(port == serve.gateway for _, port in listening):
-            assert "gateway" in " ".join(process.cmdline()) and {p for _, p in listening} == {serve.gateway}, listening
+            assert "gateway" in " ".join(process.cmdline()), process
+            assert {p for _, p in listening} == {serve.gateway, serve.gateway_grpc}, listening
             continue
         assert {address for address, _ in listening} <= {"127.0.0.1", "::1"}, process
     print(f"[tritonserver {triton[0].pid} listens on {sorted(sockets)}; checked {len(tree)} processes "

@@ -20,7 +20,7 @@ async def echo_app(scope, receive, send):
 
 
 def call(chunks: list[bytes], headers: list[tuple[bytes, bytes]], method: str = "POST",
-         depth: int = 4) -> tuple[int, bytes, int]:
+         depth: int = 4, path: str = "/v1/completions") -> tuple[int, bytes, int]:
     """(status, body, how many chunks the guard read)."""
     reads = 0
     sent: list[dict] = []
@@ -33,7 +33,7 @@ def call(chunks: list[bytes], headers: list[tuple[bytes, bytes]], method: str = 
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "method": method, "path": "/v1/completions", "headers": headers}
+    scope = {"type": "http", "method": method, "path": path, "headers": headers}
     asyncio.run(BodyGuard(echo_app, LIMIT, depth)(scope, receive, send))
     return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:]), reads
 
@@ -52,6 +52,25 @@ def test_anything_but_json_is_415(content_type):
     headers = [(b"content-type", content_type)] if content_type else []
     status, body, reads = call([b"{}"], headers)
     assert status == 415 and json.loads(body)["error"]["code"] == "unsupported_media_type" and reads == 0
+
+
+@pytest.mark.parametrize("content_type", [None, b"application/octet-stream"])
+def test_triton_routes_take_what_tritonclient_http_sends(content_type):
+    headers = [(b"content-type", content_type)] if content_type else []
+    status, body, _ = call([b'{"a": [1]}'], headers, path="/v2/models/ensemble/infer")
+    assert (status, body) == (200, b'{"a": [1]}')
+    status, _, _ = call([b"{}"], [(b"content-type", b"text/plain")], path="/v2/models/ensemble/infer")
+    assert status == 415
+
+
+def test_the_depth_of_a_binary_data_body_is_that_of_its_json_header():
+    header = b'{"a": [1]}'
+    tensors = b"[[[[[[[[[[" * 4          # raw tensor bytes that look like deep nesting
+    headers = [(b"inference-header-content-length", str(len(header)).encode())]
+    status, _, _ = call([header + tensors], headers, path="/v2/models/ensemble/infer", depth=4)
+    assert status == 200
+    status, _, _ = call([b"[[[[[[" + tensors], headers, path="/v2/models/ensemble/infer", depth=4)
+    assert status == 400
 
 
 def test_an_announced_length_past_the_bound_is_413_before_reading():
