@@ -24,6 +24,7 @@ from .config import GatewayConfig
 from .errors import GatewayError
 from .guard import ASGIApp, BodyGuard, Message, Receive, Scope, Send
 from .metrics import IN_FLIGHT, REGISTRY, REQUEST_DURATION, REQUESTS, exposition
+from .openai.responses_routes import router as responses_router
 from .openai.routes import router as openai_router
 from .policy import Policy
 from .streams import StreamRegistry
@@ -62,6 +63,8 @@ def _route(path: str) -> str:
         return "models"
     if path.startswith("/v1/streams/"):
         return "streams"
+    if path == "/v1/responses" or path.startswith("/v1/responses/"):
+        return "responses"
     return triton_route(path) or _ROUTES.get(path, "other")
 
 
@@ -159,6 +162,7 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream,
     app.state.config, app.state.policy, app.state.upstream = config, policy, upstream
     app.state.streams = streams
     app.include_router(openai_router)
+    app.include_router(responses_router)
     app.include_router(streams_router)
     app.include_router(triton_router)
 

@@ -44,4 +44,6 @@ class GatewayConfig:
     # an SSE comment this often while nothing else is sent (queueing, prefill):
     # below the 60 s read timeouts of common proxies (nginx, ALBs)
     keepalive_interval_s: float = 15.0
+    # a background response (Responses API) stays readable this long after its end
+    response_retention_s: float = 600.0
     tiers: dict[str, TierConfig] = field(default_factory=_default_tiers)

@@ -51,7 +51,7 @@ async def authenticated(request: Request) -> Caller:
     return caller
 
 
-def _check_model(request: Request, caller: Caller, model: str) -> None:
+def check_model(request: Request, caller: Caller, model: str) -> None:
     if model not in PUBLIC_MODELS:
         raise GatewayError(404, f"The model '{model}' does not exist; models are {', '.join(PUBLIC_MODELS)}.",
                            param="model", code="model_not_found")
@@ -63,7 +63,7 @@ async def _run(request: Request, caller: Caller, body: _Sampling, fmt: Format, p
                with_logprobs: bool) -> Response:
     context = logs.current()
     request_id = context.request_id if context else logs.new_request_id()
-    _check_model(request, caller, body.model)
+    check_model(request, caller, body.model)
     config = request.app.state.config
     upstream_requests = upstream_of(body, caller.tier, config.max_n, request_id)
     if context is not None:

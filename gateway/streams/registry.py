@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from typing import Any
 
 from ..config import GatewayConfig
 from ..metrics import STREAMS_ACTIVE, STREAMS_ENDED
@@ -37,16 +38,19 @@ class StreamRegistry:
         self._sessions: dict[str, StreamSession] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def open(self, caller: Caller, produce: Producer, error_event: ErrorEvent,
-             stream_id: str | None = None) -> StreamSession:
+    def open(self, caller: Caller, produce: Producer, error_event: ErrorEvent, stream_id: str | None = None,
+             *, background: bool = False, summary: Any = None) -> StreamSession:
         """Start `produce` as a stream of `caller`'s, with one reader attached
-        (the request that opened it; it detaches when its response ends)."""
+        (the request that opened it; it detaches when its response ends). A
+        background stream runs to its end without readers and stays readable
+        for `gateway.response_retention_s`."""
         session = StreamSession(stream_id or new_stream_id(), caller.key_id, caller.tier.stream_grace_s,
                                 self.config.stream_buffer_bytes, error_event)
+        session.background, session.summary = background, summary
         self._sessions[session.stream_id] = session
         session.readers = 1
         if self.shared is not None:
-            self.shared.mirror(session, self.cancel_local)
+            self.shared.mirror(session, self.cancel_local, self._retention_s(session))
         STREAMS_ACTIVE.inc()
         session.start(produce)
         self._spawn(self._retire(session))
@@ -63,7 +67,7 @@ class StreamRegistry:
 
     def detach(self, session: StreamSession) -> None:
         session.readers -= 1
-        if session.readers <= 0 and not session.done:
+        if session.readers <= 0 and not session.done and not session.background:
             if session.grace_s <= 0:
                 self._expire_now(session, "no reader (no grace period)")
             else:
@@ -101,8 +105,12 @@ class StreamRegistry:
         await session.wait_closed()
         STREAMS_ACTIVE.dec()
         STREAMS_ENDED.labels(outcome=session.end_reason or ("refused" if session.failure else "completed")).inc()
-        await asyncio.sleep(max(session.grace_s, 1.0))
+        await asyncio.sleep(self._retention_s(session))
         self._sessions.pop(session.stream_id, None)
+
+    def _retention_s(self, session: StreamSession) -> float:
+        """How long a stream stays readable after its end."""
+        return self.config.response_retention_s if session.background else max(session.grace_s, 1.0)
 
     def _spawn(self, work: object) -> None:
         task = asyncio.ensure_future(work)     # type: ignore[arg-type]

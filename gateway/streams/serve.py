@@ -14,6 +14,7 @@ import asyncio
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -46,13 +47,14 @@ def registry_of(request: Request) -> StreamRegistry:
 
 
 async def serve_resumable(request: Request, caller: Caller, produce: Producer, *, error_event: ErrorEvent,
-                          headers: dict[str, str] | None = None, stream_id: str | None = None) -> Response:
+                          headers: dict[str, str] | None = None, stream_id: str | None = None,
+                          background: bool = False, summary: Any = None) -> Response:
     """The SSE answer to a streamed request. `produce()` yields whole SSE
     events (b"data: ...\\n\\n"); a GatewayError it raises before its first
     event is the HTTP answer; its own cleanup stops the engine request and
     releases the admission however it ends (completed, expired, deleted)."""
     registry = registry_of(request)
-    session = registry.open(caller, produce, error_event, stream_id)
+    session = registry.open(caller, produce, error_event, stream_id, background=background, summary=summary)
     keepalive_s = registry.config.keepalive_interval_s
     first = asyncio.ensure_future(session.wait_first(keepalive_s))
     hangup = asyncio.ensure_future(disconnected(request.receive))
@@ -63,11 +65,14 @@ async def serve_resumable(request: Request, caller: Caller, produce: Producer, *
         if not first.done():
             first.cancel()
         await asyncio.gather(first, hangup, return_exceptions=True)
-    if not first.done() or first.cancelled():
+    if (not first.done() or first.cancelled()) and not background:
         # gone before anything was sent: it never learnt the stream id, so nothing to keep
         session.end_reason = "hung_up"
         session.cancel()
         registry.forget(session)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    if not first.done() or first.cancelled():
+        registry.detach(session)       # a background stream goes on without this reader
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     if session.failure is not None and session.last_seq <= 1:
         registry.detach(session)
@@ -133,9 +138,11 @@ def parse_last_event_id(value: str | None) -> int:
     return seq
 
 
-async def resume(request: Request, caller: Caller, stream_id: str) -> Response:
+async def resume(request: Request, caller: Caller, stream_id: str, after: int | None = None) -> Response:
+    """The events after `after` (default: the `Last-Event-ID` header; none: all), then live ones."""
     registry = registry_of(request)
-    after = parse_last_event_id(request.headers.get("last-event-id"))
+    if after is None:
+        after = parse_last_event_id(request.headers.get("last-event-id"))
     keepalive_s = registry.config.keepalive_interval_s
     headers = {**SSE_HEADERS, STREAM_ID_HEADER: stream_id}
     session = registry.find(stream_id, caller)
@@ -145,7 +152,7 @@ async def resume(request: Request, caller: Caller, stream_id: str) -> Response:
         STREAM_RESUMES.labels(where="local").inc()
         return ReaderResponse(session.read(after, keepalive_s), headers, on_close=lambda: registry.detach(session))
     shared = registry.shared
-    if shared is None or not await _owned_by(shared, stream_id, caller):
+    if shared is None or not await owned_by(shared, stream_id, caller):
         raise _not_found(stream_id)
     try:
         await shared.check_resumable(stream_id, after)
@@ -164,7 +171,7 @@ async def delete(request: Request, caller: Caller, stream_id: str) -> Response:
         await session.wait_closed()       # the engine request is stopped when this answers
         return Response(status_code=204)
     shared = registry.shared
-    if shared is None or not await _owned_by(shared, stream_id, caller):
+    if shared is None or not await owned_by(shared, stream_id, caller):
         raise _not_found(stream_id)
     await shared.request_cancel(stream_id)
     return Response(status_code=204)
@@ -180,7 +187,7 @@ def _check_after(session: StreamSession, after: int) -> None:
         raise _gone(exc) from None
 
 
-async def _owned_by(shared: SharedStreams, stream_id: str, caller: Caller) -> bool:
+async def owned_by(shared: SharedStreams, stream_id: str, caller: Caller) -> bool:
     owner = await shared.owner_key(stream_id)
     return owner is not None and secrets.compare_digest(owner, caller.key_id)
 

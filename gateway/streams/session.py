@@ -15,6 +15,7 @@ import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import GatewayError
 
@@ -53,6 +54,10 @@ class StreamSession:
         self.failure: GatewayError | None = None
         self.readers = 0
         self.end_reason: str | None = None       # "expired" / "deleted" when stopped from outside
+        # a background response runs to its end whether or not anyone reads
+        self.background = False
+        # what GET /v1/responses/{id} answers (an object with `snapshot() -> dict`), if anything
+        self.summary: Any = None
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
         self._started = False

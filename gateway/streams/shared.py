@@ -16,6 +16,7 @@ stream itself."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -55,18 +56,17 @@ class SharedStreams:
 
     # the owner
 
-    def mirror(self, session: StreamSession, cancel_local: Callable[[str], bool]) -> None:
+    def mirror(self, session: StreamSession, cancel_local: Callable[[str], bool], retention_s: float) -> None:
         if self._listener is None:
             self._listener = asyncio.ensure_future(self._listen(cancel_local))
         queue: asyncio.Queue[Event | None] = asyncio.Queue()
         session.on_event(queue.put_nowait)
-        task = asyncio.ensure_future(self._write(session, queue))
+        task = asyncio.ensure_future(self._write(session, queue, max(int(retention_s) + 1, 2)))
         self._writers.add(task)
         task.add_done_callback(self._writers.discard)
 
-    async def _write(self, session: StreamSession, queue: "asyncio.Queue[Event | None]") -> None:
+    async def _write(self, session: StreamSession, queue: "asyncio.Queue[Event | None]", retention_s: int) -> None:
         meta, events = self._meta(session.stream_id), self._events(session.stream_id)
-        retention_s = max(int(session.grace_s) + 1, 2)
         try:
             await self._redis.hset(meta, mapping={"key_id": session.key_id, "done": 0, "last_seq": 0})
             await self._redis.expire(meta, _ORPHAN_TTL_S)
@@ -74,7 +74,10 @@ class SharedStreams:
                 event = await queue.get()
                 pipe = self._redis.pipeline(transaction=False)
                 if event is None:
-                    pipe.hset(meta, mapping={"done": 1, "last_seq": session.last_seq})
+                    end: dict[str, Any] = {"done": 1, "last_seq": session.last_seq}
+                    if session.summary is not None:
+                        end["summary"] = json.dumps(session.summary.snapshot())
+                    pipe.hset(meta, mapping=end)      # one command: a reader sees the end and the summary together
                     pipe.expire(meta, retention_s)
                     pipe.expire(events, retention_s)
                     await pipe.execute()
@@ -119,6 +122,11 @@ class SharedStreams:
     async def owner_key(self, stream_id: str) -> str | None:
         value = await self._redis.hget(self._meta(stream_id), "key_id")
         return value.decode() if isinstance(value, bytes) else value
+
+    async def summary(self, stream_id: str) -> dict[str, Any] | None:
+        """The final summary the owner wrote when the stream ended (a response object)."""
+        value = await self._redis.hget(self._meta(stream_id), "summary")
+        return json.loads(value) if value else None
 
     async def request_cancel(self, stream_id: str) -> None:
         await self._redis.publish(f"{self._prefix}:{_CANCEL_CHANNEL}", stream_id)

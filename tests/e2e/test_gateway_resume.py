@@ -157,3 +157,36 @@ def test_a_resume_after_the_end_replays_the_tail_and_an_unknown_stream_is_404(fl
         missing = client.get(f"{fleet.urls[0]}/v1/streams/strm_unknown",
                              headers={"Authorization": f"Bearer {fleet.key}"})
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "stream_not_found"
+
+
+@pytest.mark.parametrize("resume_on", [0, 1], ids=["same_gateway", "other_gateway_via_redis"])
+def test_the_openai_sdk_resumes_a_background_response_with_starting_after(fleet, resume_on):
+    """The Responses API's own resume, with the real `openai` SDK and no custom
+    code: a background stream read for a while and dropped, then
+    `responses.retrieve(id, stream=True, starting_after=N)`."""
+    import openai
+
+    def sdk(url: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{url}/v1", api_key=fleet.key, max_retries=0)
+
+    request = {"model": "ensemble", "input": PROMPT, "max_output_tokens": 40, "temperature": 0}
+    reference = sdk(fleet.urls[0]).responses.create(**request)
+    stream = sdk(fleet.urls[0]).responses.create(**request, stream=True, background=True)
+    seen = []
+    for event in stream:
+        seen.append(event)
+        if sum(e.type == "response.output_text.delta" for e in seen) >= 5:
+            break
+    stream.close()
+    dropped = time.monotonic()
+    response_id = seen[0].response.id
+    rest = list(sdk(fleet.urls[resume_on]).responses.retrieve(response_id, stream=True,
+                                                              starting_after=seen[-1].sequence_number))
+    print(f"\n[Responses API via gateway {resume_on}: {len(seen)} events, dropped, {len(rest)} more after "
+          f"{time.monotonic() - dropped:.2f} s]")
+    numbers = [e.sequence_number for e in seen + rest]
+    assert numbers == list(range(len(numbers))), "events lost or repeated across the resume"
+    text = "".join(e.delta for e in seen + rest if e.type == "response.output_text.delta")
+    assert rest[-1].type == "response.incomplete" and text == reference.output_text and text
+    final = sdk(fleet.urls[resume_on]).responses.retrieve(response_id)
+    assert final.output_text == text and final.usage.output_tokens == 40

@@ -40,6 +40,7 @@ GATEWAY_VALUES = {
     "host": "127.0.0.2", "port": 9100, "public_grpc_port": 9101, "upstream_grpc_url": "10.0.0.5:8001", "keys_file": "/etc/keys.json",
     "redis_url": "redis://127.0.0.1:6390/0", "max_body_bytes": 2048, "max_json_depth": 6, "max_n": 2,
     "max_concurrent_requests": 7, "stream_buffer_bytes": 4096, "keepalive_interval_s": 2.5,
+    "response_retention_s": 30.0,
     # a structured field: a TOML table in a file, JSON in the environment and --set
     "tiers": {"gold": TierConfig(requests_per_second=1.5, tokens_per_second=300.0, priority=4, max_tokens_cap=64,
                                  max_concurrent_requests=3, allowed_models=("llm_bls",),
