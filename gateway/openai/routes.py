@@ -39,7 +39,8 @@ _ERRORS = {400: {"description": "invalid request (OpenAI error shape)"},
            401: {"description": "missing or wrong API key"}, 403: {"description": "model not allowed for the tier"},
            404: {"description": "unknown model"}, 413: {"description": "body too large"},
            415: {"description": "not application/json"}, 429: {"description": "rate limited"},
-           503: {"description": "engine overloaded or unreachable; see Retry-After"}}
+           503: {"description": "engine overloaded or unreachable; see Retry-After"},
+           504: {"description": "the engine timed out: no first token in time, or the caller's token_timeout_ms"}}
 
 
 async def authenticated(request: Request) -> Caller:
