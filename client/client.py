@@ -80,6 +80,13 @@ class AsyncLLMClient:
         """Stream to the end and return the whole result."""
         return await self.stream(text_input, options, model=model, **option_fields).collect()
 
+    async def ready(self) -> bool:
+        """Whether the server is ready to serve (gRPC `ServerReady`, SSE
+        `GET /v2/health/ready`): False when it is not, cannot be reached, or does
+        not answer within `timeouts.connect_s`. Never raises for those; for
+        health checks and routing."""
+        return await self.transport.ready(self.config.timeouts.connect_s)
+
     async def aclose(self) -> None:
         await self.transport.aclose()
 

@@ -153,6 +153,18 @@ class GrpcTransport:
             raise map_rpc_error(exc) from exc
         return GrpcResponseStream(responses, done, self._clock)
 
+    async def ready(self, timeout_s: float) -> bool:
+        # ServerReady on the shared channel; the key as metadata, as on every call
+        # (the gateway's door wants it). client_timeout bounds the RPC itself,
+        # wait_for also the channel's connecting, which the deadline may not cover.
+        extra = {"headers": self._headers} if self._headers else {}
+        try:
+            return bool(await asyncio.wait_for(self._grpc().is_server_ready(client_timeout=timeout_s, **extra),
+                                               timeout_s))
+        except (asyncio.TimeoutError, grpc.RpcError, InferenceServerException, OSError) as exc:
+            log.debug("readiness of %s: %r", self._url, exc)
+            return False
+
     async def send_stop(self, model: str, request_id: str, request_key: str) -> None:
         # ModelInfer refuses decoupled models, so the stop travels on a stream too.
         tensors = [(name, datatype, array) for name, (datatype, array) in stop_values(request_key).items()]

@@ -176,6 +176,16 @@ class SseTransport:
                                parse_retry_after(response.headers.get("retry-after")))
         return SseResponseStream(response, self._clock)
 
+    async def ready(self, timeout_s: float) -> bool:
+        # One deadline for the whole call (connect and answer): a readiness check
+        # that hangs is as good as a "no" to whoever routes on it.
+        try:
+            response = await asyncio.wait_for(self._http.get("/v2/health/ready", timeout=timeout_s), timeout_s)
+        except (asyncio.TimeoutError, httpx.HTTPError) as exc:
+            log.debug("readiness of %s: %r", self._http.base_url, exc)
+            return False
+        return response.status_code == 200
+
     async def send_stop(self, model: str, request_id: str, request_key: str) -> None:
         # Triton's `infer` endpoint refuses decoupled models (HTTP 501), so the
         # stop goes through `generate`, which accepts them.

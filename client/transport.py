@@ -38,5 +38,10 @@ class Transport(Protocol):
         """Ask `model` (the LLM step) to stop the request holding `request_key`;
         `request_id` only names the stop in the server's logs."""
 
+    async def ready(self, timeout_s: float) -> bool:
+        """Whether the server says it is ready (Triton's readiness, or the
+        gateway's answer to the same call) within `timeout_s`; False when it
+        cannot be reached, answers not ready, or takes longer."""
+
     async def aclose(self) -> None:
         """Close pooled connections."""
