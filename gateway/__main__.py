@@ -27,15 +27,19 @@ def serve(config: GatewayConfig, log_level: str) -> int:
     import uvicorn
 
     from . import logs
-    from .app import asgi_app
+    from .app import build_policy, create_app
+    from .drain import DrainingServer
 
     logs.configure(log_level)
-    app = asgi_app(config)
+    app = create_app(config, build_policy(config))
+    state = app.state
     # access_log off: the gateway writes its own, with request ids and no secrets
-    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_config=None,
-                                           access_log=False, lifespan="on", timeout_graceful_shutdown=10))
-    # uvicorn shuts down gracefully on SIGINT / SIGTERM and then re-raises the
-    # signal to the handler it found: a no-op one makes a clean stop exit 0
+    server = DrainingServer(uvicorn.Config(state.asgi, host=config.host, port=config.port, log_config=None,
+                                           access_log=False, lifespan="on", timeout_graceful_shutdown=10),
+                            state.drain, busy=lambda: state.fleet.in_flight() + state.streams.running(),
+                            drain_timeout_s=config.drain_timeout_s)
+    # SIGINT / SIGTERM drain first (drain.py), then uvicorn shuts down and
+    # re-raises the signal to the handler it found: a no-op one makes a clean stop exit 0
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
     server.run()

@@ -34,6 +34,9 @@ from .triton.http_routes import route_label as triton_route
 from .triton.http_routes import router as triton_router
 from .triton.responses import TritonErrorShape
 from .upstream import Upstream
+from .admin import router as admin_router
+from .drain import DrainGuard, DrainState
+from .fleet import build_fleet
 
 access_log = logging.getLogger("gateway.access")
 
@@ -140,31 +143,37 @@ def _validation_error(exc: RequestValidationError) -> GatewayError:
     return GatewayError(400, f"{param}: {message}" if param else message, param=param, code="invalid_value")
 
 
-def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream,
+def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream | None = None,
                streams: StreamRegistry | None = None) -> FastAPI:
+    """`upstream`: a single replica's (tests); else the replicas of the settings."""
     streams = streams or build_streams(config)
+    fleet = build_fleet(config, upstream)
+    drain = DrainState()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # Triton's gRPC protocol (KServe v2) in this event loop, with this policy and upstream
-        door = await start_door(config, policy, upstream)
+        door = await start_door(config, policy, fleet)
+        fleet.start_loops()         # health and load before the first request
         yield
         if door is not None:
             await door.stop()       # requests in flight get a grace period, then are stopped
         await streams.aclose()      # stops the running streams' engine requests
-        await upstream.aclose()
+        await fleet.aclose()
         closer = getattr(policy, "aclose", None)
         if closer is not None:
             await closer()
 
     app = FastAPI(title="triton-llm-stack gateway", version="1", lifespan=lifespan,
                   docs_url=None, redoc_url=None)
-    app.state.config, app.state.policy, app.state.upstream = config, policy, upstream
-    app.state.streams = streams
+    # every route reaches Triton through the fleet: routing, health, failover
+    app.state.config, app.state.policy, app.state.upstream = config, policy, fleet
+    app.state.fleet, app.state.streams, app.state.drain = fleet, streams, drain
     app.include_router(openai_router)
     app.include_router(responses_router)
     app.include_router(streams_router)
     app.include_router(triton_router)
+    app.include_router(admin_router)
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
@@ -185,8 +194,11 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream,
         return _error_response(GatewayError(500, "Internal error.", code="internal_error"))
 
     @app.get("/health", include_in_schema=False)
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> JSONResponse:
+        # readiness: a draining gateway is taken out of rotation first
+        if drain.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        return JSONResponse({"status": "ok", "replicas_routable": len(fleet.routable())})
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
@@ -195,11 +207,11 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream,
 
     # Triton's error shape under /v2, whichever layer refused (the guard too)
     guarded = TritonErrorShape(BodyGuard(app, config.max_body_bytes, config.max_json_depth))
-    app.state.asgi = RequestContextMiddleware(guarded)
+    app.state.asgi = RequestContextMiddleware(DrainGuard(guarded, drain))
     return app
 
 
 def asgi_app(config: GatewayConfig, policy: Policy | None = None, upstream: Upstream | None = None) -> ASGIApp:
     """The whole stack as one ASGI callable (what uvicorn serves)."""
-    app = create_app(config, policy or build_policy(config), upstream or Upstream(config.upstream_grpc_url))
+    app = create_app(config, policy or build_policy(config), upstream)
     return app.state.asgi

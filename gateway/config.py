@@ -28,11 +28,40 @@ def _default_tiers() -> dict[str, TierConfig]:
 
 
 @dataclass(frozen=True)
+class ReplicaConfig:
+    """One tritonserver behind the gateway."""
+    grpc_url: str                         # where requests go (through client/)
+    metrics_url: str = ""                 # its Prometheus metrics, scraped for routing; empty: not scraped
+
+
+ROUTING_POLICIES = ("round_robin", "least_load", "prefix_aware")
+
+
+@dataclass(frozen=True)
 class GatewayConfig:
     host: str = "0.0.0.0"                 # the public front door (Triton itself stays on loopback)
     port: int = 9000
     public_grpc_port: int = 9001                # KServe v2 GRPCInferenceService for the public models; 0: off
-    upstream_grpc_url: str = "127.0.0.1:8001"
+    upstream_grpc_url: str = "127.0.0.1:8001"  # the one replica, when `replicas` is empty
+    # several replicas, by name (a TOML table each; JSON in the environment / --set)
+    replicas: dict[str, ReplicaConfig] = field(default_factory=dict)
+    routing_policy: str = "prefix_aware"  # one of ROUTING_POLICIES
+    # the score's weights (llm-d's endpoint picker defaults: queue 2, KV 2, prefix 3)
+    weight_queue: float = 2.0
+    weight_kv_cache: float = 2.0
+    weight_prefix: float = 3.0
+    weight_session: float = 1.0           # the replica a session (`user`, x-session-id) was last sent to
+    metrics_interval_s: float = 0.5       # each replica's metrics scraped this often
+    metrics_stale_s: float = 3.0          # older metrics count as a saturated replica
+    probe_interval_s: float = 5.0         # readiness + an inference probe per replica
+    probe_timeout_s: float = 20.0
+    probe_golden_file: str = ""           # the expected probe answer (serving prepare-model); empty: readiness only
+    eject_after_failures: int = 3         # consecutive failed probes or upstream errors / stalls
+    readmit_after_successes: int = 2      # consecutive good probes of an ejected replica
+    eject_backoff_s: float = 5.0          # the first ejection's minimum length; doubles per ejection (max 300 s)
+    failover_attempts: int = 3            # tries of one request before its first token, on different replicas
+    drain_timeout_s: float = 30.0         # SIGTERM: in-flight streams get this long to finish
+    admin_key_file: str = ""              # the key of /admin/* (drain a replica); empty: <build dir>/gateway_admin_key
     keys_file: str = ""                   # the API key store (hashes only); empty: <build dir>/gateway_keys.json
     redis_url: str = ""                   # shared rate-limit counters for several gateway processes; empty: memory
     max_body_bytes: int = 1_048_576

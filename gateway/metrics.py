@@ -48,3 +48,20 @@ STREAMS_ENDED = Counter("gateway_streams_ended_total",
 STREAM_RESUMES = Counter("gateway_stream_resumes_total",
                          "resumes served, by where the stream was read (local: this process runs it; shared: "
                          "another process, through Redis)", ["where"], registry=REGISTRY)
+REPLICA_ROUTABLE = Gauge("gateway_replica_routable", "1 while a replica takes new requests (not ejected, not draining)",
+                         ["replica"], registry=REGISTRY)
+REPLICA_DRAINING = Gauge("gateway_replica_draining", "1 while a replica is drained by an operator", ["replica"],
+                         registry=REGISTRY)
+REPLICA_IN_FLIGHT = Gauge("gateway_replica_in_flight", "engine requests this gateway has running on a replica",
+                          ["replica"], registry=REGISTRY)
+EJECTIONS = Counter("gateway_replica_ejections_total", "replicas taken out of routing, by the failure that did it",
+                    ["replica", "reason"], registry=REGISTRY)
+PROBES = Counter("gateway_replica_probes_total", "health + inference probes by outcome (ok, overloaded, "
+                 "not_ready, ready_timeout, unreachable, timeout, refused, error, wrong_answer)",
+                 ["replica", "outcome"], registry=REGISTRY)
+ROUTED = Counter("gateway_routed_total", "engine requests sent to a replica, by what decided it (prefix, session, "
+                 "load, round_robin)", ["replica", "reason"], registry=REGISTRY)
+FAILOVERS = Counter("gateway_failovers_total", "attempts retried on another replica before the first token, by cause",
+                    ["reason"], registry=REGISTRY)
+DRAINING = Gauge("gateway_draining", "1 once the gateway stops admitting (SIGTERM): in-flight requests finish",
+                 registry=REGISTRY)

@@ -56,6 +56,10 @@ class StreamRegistry:
         self._spawn(self._retire(session))
         return session
 
+    def running(self) -> int:
+        """Streams whose generation still runs (the drain waits for them)."""
+        return sum(1 for s in self._sessions.values() if not s.done)
+
     def find(self, stream_id: str, caller: Caller) -> StreamSession | None:
         session = self._sessions.get(stream_id)
         if session is None or not secrets.compare_digest(session.key_id, caller.key_id):

@@ -117,6 +117,9 @@ class FakeTransport:
     async def send_stop(self, model: str, request_id: str, request_key: str) -> None:
         self.stops.append((model, request_id, request_key))
 
+    async def ready(self, timeout_s: float) -> bool:
+        return True
+
     async def aclose(self) -> None:
         pass
 

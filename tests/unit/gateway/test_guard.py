@@ -54,6 +54,11 @@ def test_anything_but_json_is_415(content_type):
     assert status == 415 and json.loads(body)["error"]["code"] == "unsupported_media_type" and reads == 0
 
 
+def test_a_post_without_a_body_needs_no_media_type():
+    status, body, _ = call([b""], [(b"content-length", b"0")])
+    assert (status, body) == (200, b"")
+
+
 @pytest.mark.parametrize("content_type", [None, b"application/octet-stream"])
 def test_triton_routes_take_what_tritonclient_http_sends(content_type):
     headers = [(b"content-type", content_type)] if content_type else []

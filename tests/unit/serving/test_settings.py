@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ensemble.stage_settings import TextStageConfig, TextStageSettings
-from gateway.config import GatewayConfig, TierConfig
+from gateway.config import GatewayConfig, ReplicaConfig, TierConfig
 from python_llm.config_params import engine_config_from_parameters
 from python_llm.engine.config import EngineConfig
 from serving.paths import REPO_ROOT
@@ -41,6 +41,12 @@ GATEWAY_VALUES = {
     "redis_url": "redis://127.0.0.1:6390/0", "max_body_bytes": 2048, "max_json_depth": 6, "max_n": 2,
     "max_concurrent_requests": 7, "stream_buffer_bytes": 4096, "keepalive_interval_s": 2.5,
     "response_retention_s": 30.0,
+    "replicas": {"a": ReplicaConfig(grpc_url="10.0.0.7:8001", metrics_url="http://10.0.0.7:8002/metrics")},
+    "routing_policy": "least_load", "weight_queue": 1.5, "weight_kv_cache": 0.5, "weight_prefix": 4.0,
+    "weight_session": 0.25, "metrics_interval_s": 0.25, "metrics_stale_s": 1.5, "probe_interval_s": 2.0,
+    "probe_timeout_s": 4.0, "probe_golden_file": "/var/probe.json", "eject_after_failures": 2,
+    "readmit_after_successes": 3, "eject_backoff_s": 1.0, "failover_attempts": 2, "drain_timeout_s": 12.0,
+    "admin_key_file": "/etc/gateway_admin_key",
     # a structured field: a TOML table in a file, JSON in the environment and --set
     "tiers": {"gold": TierConfig(requests_per_second=1.5, tokens_per_second=300.0, priority=4, max_tokens_cap=64,
                                  max_concurrent_requests=3, allowed_models=("llm_bls",),

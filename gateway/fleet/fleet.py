@@ -1,0 +1,253 @@
+"""The replicas behind the gateway, as one upstream: every engine request is
+routed (router.py) to a routable replica, with failover before the first
+token; background loops keep each replica's load (its metrics) and health
+(readiness + the inference probe) current.
+
+Failover: an attempt refused as overloaded, or that cannot reach its
+replica, is retried on another replica (never the same one twice) after a
+full-jitter backoff, while a retry budget (10 spare retries plus 0.2 per
+request, client/retry.py) lasts, so that a fleet-wide overload is answered
+with 503s rather than multiplied. A request that already streams is not
+moved: its replica dying ends it with an error event (the next issue
+migrates it). Passive outlier detection: a replica that cannot be reached,
+or whose streams break or stall, collects failures like a failed probe."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from client import GenerationOptions, StreamEvent
+from client.retry import RetryBudget
+
+from .. import logs
+from ..config import GatewayConfig, ReplicaConfig
+from ..errors import GatewayError
+from ..metrics import (EJECTIONS, FAILOVERS, PROBES, REPLICA_DRAINING, REPLICA_IN_FLIGHT, REPLICA_ROUTABLE,
+                       ROUTED)
+from ..upstream import OVERLOAD_RETRY_AFTER_S, Upstream, UpstreamFailure, UpstreamStream
+from .load import parse_load
+from .probe import OK, OVERLOADED, GoldenAnswer, probe_once
+from .replica import Replica
+from .router import RouteRequest, Router
+
+log = logging.getLogger(__name__)
+
+_RETRYABLE = frozenset({"overloaded", "upstream_unavailable"})
+_BACKOFF_BASE_S, _BACKOFF_MAX_S = 0.05, 1.0
+
+
+def prompt_text(text_input: str, options: GenerationOptions) -> str:
+    """What the prefix cache keys on, as text: the messages (each turn's role
+    and content, in order) or the plain prompt."""
+    if options.messages:
+        return "".join(f"<{m['role']}>{m['content']}" for m in options.messages) + text_input
+    return text_input
+
+
+class Fleet:
+    def __init__(self, config: GatewayConfig, replicas: list[Replica], golden: GoldenAnswer | None = None) -> None:
+        if not replicas:
+            raise ValueError("a fleet needs at least one replica")
+        self.config = config
+        self.replicas = replicas
+        self.by_name = {r.name: r for r in replicas}
+        self.golden = golden
+        self.router = Router(config)
+        self.budget = RetryBudget(ratio=0.2, floor=10.0, cap=100.0)
+        self._tasks: list[asyncio.Task[None]] = []
+        for replica in replicas:
+            self._publish(replica)
+
+    @classmethod
+    def from_config(cls, config: GatewayConfig) -> "Fleet":
+        specs = config.replicas or {"default": ReplicaConfig(grpc_url=config.upstream_grpc_url)}
+        golden = None
+        if config.probe_golden_file:
+            from serving.probe_golden import load_golden     # late: the gateway reads only the file
+            golden = load_golden(config.probe_golden_file)
+        return cls(config, [Replica.build(name, spec, config) for name, spec in specs.items()], golden)
+
+    # the Upstream interface (what Generation calls)
+
+    async def start(self, model: str, text_input: str, options: GenerationOptions,
+                    streaming: bool = True) -> UpstreamStream:
+        self._ensure_loops()
+        context = logs.current()
+        route = RouteRequest(prompt_text(text_input, options),
+                             session=context.fields.get("user") if context is not None else None)
+        self.budget.record_request()
+        tried: set[str] = set()
+        last_error: GatewayError | None = None
+        for attempt in range(max(1, self.config.failover_attempts)):
+            candidates = [r for r in self.routable() if r.name not in tried]
+            if not candidates:
+                break
+            if attempt > 0:
+                if not self.budget.try_spend():
+                    break
+                await asyncio.sleep(random.uniform(0, min(_BACKOFF_MAX_S, _BACKOFF_BASE_S * 2 ** attempt)))
+            decision = self.router.pick(candidates, route)
+            replica = decision.replica
+            tried.add(replica.name)
+            ROUTED.labels(replica=replica.name, reason=decision.reason).inc()
+            self._track(replica, +1)
+            try:
+                stream = await replica.upstream.start(model, text_input, options, streaming)
+            except GatewayError as error:
+                self._track(replica, -1)
+                if error.code == "upstream_unavailable":
+                    self.failed(replica, "unreachable")
+                if error.code not in _RETRYABLE:
+                    raise
+                FAILOVERS.labels(reason=error.code or "error").inc()
+                log.info("replica %s refused a request (%s); trying another", replica.name, error.code)
+                last_error = error
+                continue
+            except BaseException:
+                self._track(replica, -1)
+                raise
+            if context is not None:
+                context.fields.setdefault("replicas", []).append(replica.name)
+            return RoutedStream(stream, replica, self)
+        if last_error is not None:
+            raise last_error
+        raise GatewayError(503, "No replica can take the request now; retry after the delay in Retry-After.",
+                           code="no_replica", headers={"Retry-After": str(OVERLOAD_RETRY_AFTER_S)})
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(r.upstream.aclose() for r in self.replicas), return_exceptions=True)
+
+    # state
+
+    def routable(self) -> list[Replica]:
+        return [r for r in self.replicas if r.routable]
+
+    def may_eject(self, replica: Replica) -> bool:
+        """Never the last replica still taking traffic."""
+        return any(r is not replica and not r.health.ejected for r in self.replicas)
+
+    def failed(self, replica: Replica, reason: str) -> None:
+        if replica.health.failed(reason, self.may_eject(replica)):
+            EJECTIONS.labels(replica=replica.name, reason=reason).inc()
+            log.warning("replica %s ejected (%s); back in after %d good probes, not before %.0f s",
+                        replica.name, reason, self.config.readmit_after_successes,
+                        replica.health.ejected_until - time.monotonic())
+            self._publish(replica)
+
+    def succeeded(self, replica: Replica) -> None:
+        if replica.health.succeeded():
+            replica.prefix.forget()       # it may have restarted: its cache is cold
+            log.info("replica %s re-admitted", replica.name)
+            self._publish(replica)
+
+    def set_draining(self, name: str, draining: bool) -> Replica:
+        replica = self.by_name[name]
+        replica.draining = draining
+        log.info("replica %s %s", name, "draining: no new requests" if draining else "taking requests again")
+        self._publish(replica)
+        return replica
+
+    def in_flight(self) -> int:
+        return sum(r.in_flight for r in self.replicas)
+
+    def _track(self, replica: Replica, change: int) -> None:
+        replica.in_flight += change
+        REPLICA_IN_FLIGHT.labels(replica=replica.name).set(replica.in_flight)
+
+    @staticmethod
+    def _publish(replica: Replica) -> None:
+        REPLICA_ROUTABLE.labels(replica=replica.name).set(1 if replica.routable else 0)
+        REPLICA_DRAINING.labels(replica=replica.name).set(1 if replica.draining else 0)
+
+    # background loops
+
+    def _ensure_loops(self) -> None:
+        # one replica and nothing to check it against: it takes every request anyway
+        if self._tasks or (len(self.replicas) == 1 and self.golden is None):
+            return
+        self._tasks = [asyncio.ensure_future(self._probe_loop())]
+        if any(r.config.metrics_url for r in self.replicas):
+            self._tasks.append(asyncio.ensure_future(self._scrape_loop()))
+
+    def start_loops(self) -> None:
+        """From the app's startup: probes run before the first request too."""
+        self._ensure_loops()
+
+    async def _scrape_loop(self) -> None:
+        interval = self.config.metrics_interval_s
+        async with httpx.AsyncClient(timeout=max(0.5, min(2.0, interval * 2))) as http:
+            while True:
+                await asyncio.gather(*(self._scrape(http, r) for r in self.replicas if r.config.metrics_url))
+                await asyncio.sleep(interval)
+
+    async def _scrape(self, http: httpx.AsyncClient, replica: Replica) -> None:
+        try:
+            response = await http.get(replica.config.metrics_url)
+            replica.load = parse_load(response.text, time.monotonic())
+        except Exception as exc:      # the old reading ages into "saturated"
+            log.debug("scraping replica %s failed: %r", replica.name, exc)
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await asyncio.gather(*(self._probe(r) for r in self.replicas))
+            await asyncio.sleep(self.config.probe_interval_s)
+
+    async def _probe(self, replica: Replica) -> None:
+        ready_timeout = max(0.5, min(2.0, self.config.probe_interval_s / 2))
+        try:
+            outcome = await probe_once(replica.upstream.client, self.golden, ready_timeout_s=ready_timeout,
+                                       answer_timeout_s=self.config.probe_timeout_s)
+        except Exception:
+            log.exception("probing replica %s failed unexpectedly", replica.name)
+            outcome = "error"
+        PROBES.labels(replica=replica.name, outcome=outcome).inc()
+        if outcome == OK:
+            self.succeeded(replica)
+        elif outcome != OVERLOADED:
+            log.warning("replica %s failed its probe: %s", replica.name, outcome)
+            self.failed(replica, f"probe_{outcome}")
+
+
+class RoutedStream(UpstreamStream):
+    """An engine request on one replica: counted in its in-flight load until
+    closed; a stream that breaks or stalls counts against the replica."""
+
+    def __init__(self, inner: UpstreamStream, replica: Replica, fleet: Fleet) -> None:
+        super().__init__(inner._stream, inner.first)
+        self._inner = inner
+        self.replica = replica
+        self._fleet = fleet
+        self._closed = False
+
+    async def rest(self) -> AsyncIterator[StreamEvent]:
+        try:
+            async for event in self._inner.rest():
+                yield event
+        except UpstreamFailure:
+            self._fleet.failed(self.replica, "stream_broke")
+            raise
+        self.replica.health.failures = 0      # a whole answer: the replica works
+
+    async def aclose(self) -> None:
+        try:
+            await self._inner.aclose()
+        finally:
+            if not self._closed:
+                self._closed = True
+                self._fleet._track(self.replica, -1)
+
+
+def build_fleet(config: GatewayConfig, upstream: Any = None) -> Fleet:
+    """The deployment's fleet; `upstream` (tests) stands in for a single replica's."""
+    if upstream is not None and not config.replicas:
+        return Fleet(config, [Replica.build("default", ReplicaConfig(config.upstream_grpc_url), config, upstream)])
+    return Fleet.from_config(config)

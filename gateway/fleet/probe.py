@@ -1,0 +1,55 @@
+"""The inference probe: a process whose weights are corrupted still answers
+`/v2/health/ready`, so readiness is not enough. Each round asks the replica
+for readiness and then for a fixed greedy answer whose expected tokens were
+recorded from the packaged weights by `serving prepare-model` (the golden
+file: never learnt from the replica being probed).
+
+Outcomes: `ok`; `overloaded` (the engine's queue was full: says nothing about
+its health, neither good nor bad); failures: `not_ready`, `ready_timeout` (a
+hung process accepts connections and never answers), `unreachable`,
+`timeout`, `refused`, `error`, `wrong_answer`."""
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Protocol
+
+from client import GenerationOptions, RequestError, ServerConnectionError
+from client.errors import OVERLOADED_MARKER
+
+# probes jump every queue: a probe that waits behind a long backlog would
+# eject a replica for being busy
+PROBE_PRIORITY = 2 ** 30
+OK, OVERLOADED = "ok", "overloaded"
+
+
+class GoldenAnswer(Protocol):
+    prompt: str
+    max_tokens: int
+    output_ids: list[int] | tuple[int, ...]
+
+
+async def probe_once(client: object, golden: GoldenAnswer | None, *, ready_timeout_s: float,
+                     answer_timeout_s: float, model: str = "ensemble") -> str:
+    try:
+        ready = await asyncio.wait_for(client.ready(), ready_timeout_s)      # type: ignore[attr-defined]
+    except asyncio.TimeoutError:
+        return "ready_timeout"
+    if not ready:
+        return "not_ready"
+    if golden is None:
+        return OK
+    options = GenerationOptions(max_tokens=golden.max_tokens, temperature=0.0, ignore_eos=True,
+                                priority=PROBE_PRIORITY, return_output_ids=True, request_id=f"probe-{uuid.uuid4().hex}")
+    try:
+        result = await asyncio.wait_for(client.generate(golden.prompt, options, model=model),  # type: ignore[attr-defined]
+                                        answer_timeout_s)
+    except asyncio.TimeoutError:
+        return "timeout"
+    except RequestError as exc:
+        return OVERLOADED if OVERLOADED_MARKER in exc.message else "refused"
+    except ServerConnectionError:
+        return "unreachable"
+    if result.error is not None:
+        return "error"
+    return OK if list(result.output_ids) == list(golden.output_ids) else "wrong_answer"

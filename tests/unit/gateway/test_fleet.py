@@ -1,0 +1,232 @@
+"""The fleet's parts without Triton: load readings, the prefix index, health
+(ejection, the last replica kept, re-admission with a growing back-off), the
+routing policies, failover before the first token, the inference probe's
+verdicts, and the fleet behind the real app (drain, admin endpoints)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from client import AsyncLLMClient, RequestError
+from gateway.app import create_app
+from gateway.config import GatewayConfig, ReplicaConfig
+from gateway.errors import GatewayError
+from gateway.fleet.fleet import Fleet, prompt_text
+from gateway.fleet.health import Health
+from gateway.fleet.load import LoadReading, parse_load
+from gateway.fleet.prefix import PrefixIndex, block_hashes
+from gateway.fleet.probe import probe_once
+from gateway.fleet.replica import Replica
+from gateway.fleet.router import RouteRequest, Router
+from gateway.upstream import Upstream, client_config
+from tests.unit.gateway.asgi_driver import call
+from tests.unit.gateway.openai_fakes import AUTH, FakePolicy, FakeTransport, overloaded_script, simple_script
+
+EXPOSITION = """# TYPE llm_num_requests_waiting gauge
+llm_num_requests_waiting{model="python_llm",version="1"} 3
+# TYPE llm_num_requests_running gauge
+llm_num_requests_running{model="python_llm",version="1"} 5
+# TYPE llm_kv_cache_blocks_used gauge
+llm_kv_cache_blocks_used{model="python_llm",version="1"} 40
+# TYPE llm_kv_cache_blocks_capacity gauge
+llm_kv_cache_blocks_capacity{model="python_llm",version="1"} 160
+"""
+
+
+def test_a_load_reading_from_the_engines_metrics():
+    reading = parse_load(EXPOSITION, at=100.0)
+    assert (reading.waiting, reading.running, reading.kv_utilisation) == (3, 5, 0.25)
+    assert not reading.stale(3.0, now=101.0) and reading.stale(3.0, now=104.0)
+    assert LoadReading().stale(3.0), "never scraped counts as stale"
+    with pytest.raises(ValueError):
+        parse_load("# nothing here\n", at=1.0)
+
+
+def test_prefix_blocks_chain_and_the_index_forgets_the_oldest():
+    system = "You are a helpful assistant. " * 40
+    one, two = block_hashes(system + "Question one?"), block_hashes(system + "Another, different question")
+    assert one[:4] == two[:4] and len(one) >= 4
+    assert block_hashes("x" * 255) == [] and block_hashes("y" + system)[0] != one[0]
+    shared = next(i for i, (x, y) in enumerate(zip(one, two)) if x != y) if one != two[:len(one)] else len(one)
+    index = PrefixIndex(capacity_blocks=len(one))
+    index.record(one)
+    assert index.matched(one) == len(one) and index.matched(two) == shared > 0
+    index.record(block_hashes("z" * 256 * 3))
+    assert index.matched(one) < len(one), "the LRU bound was not applied"
+
+
+def test_health_ejects_after_consecutive_failures_never_the_last_and_backs_off():
+    now = [0.0]
+    health = Health(eject_after_failures=2, readmit_after_successes=2, backoff_s=10.0, clock=lambda: now[0])
+    assert not health.failed("x", may_eject=True)
+    assert not health.failed("x", may_eject=False), "the last replica is never ejected"
+    assert health.failed("x", may_eject=True) and health.ejected
+    assert not health.succeeded() and not health.succeeded(), "back before its ejection's minimum length"
+    now[0] = 10.5
+    assert health.succeeded() and not health.ejected
+    health.failed("x", True)
+    health.failed("x", True)
+    assert health.ejected and health.ejected_until == pytest.approx(now[0] + 20.0), "the back-off doubles"
+
+
+def replica(name: str, *, waiting: float = 0, kv: float = 0.0, at: float | None = None) -> Replica:
+    config = GatewayConfig()
+    r = Replica.build(name, ReplicaConfig(grpc_url=f"{name}:1"), config, upstream=object())   # type: ignore[arg-type]
+    r.load = LoadReading(waiting=waiting, running=0, kv_used=kv * 100, kv_capacity=100,
+                         at=time.monotonic() if at is None else at)
+    return r
+
+
+def test_least_load_prefers_the_idle_replica_and_stale_metrics_count_as_saturated():
+    router = Router(GatewayConfig(routing_policy="least_load"))
+    busy, idle = replica("busy", waiting=6, kv=0.8), replica("idle", waiting=0, kv=0.1)
+    assert router.pick([busy, idle], RouteRequest("hi")).replica is idle
+    silent = replica("silent", waiting=0, kv=0.0, at=1.0)      # last scraped long ago
+    assert router.pick([silent, busy], RouteRequest("hi")).replica is busy
+
+
+def test_prefix_aware_sends_a_shared_prefix_where_it_went_before_unless_that_replica_is_swamped():
+    router = Router(GatewayConfig(routing_policy="prefix_aware"))
+    a, b = replica("a"), replica("b")
+    system = "You are the support agent of a shipping company. " * 30
+    first = router.pick([a, b], RouteRequest(system + "Where is my parcel?"))
+    again = router.pick([a, b], RouteRequest(system + "Can I change the address?"))
+    assert again.replica is first.replica and again.reason == "prefix" and again.prefix_blocks > 0
+    home = first.replica
+    home.load = replica("x", waiting=50, kv=0.97).load
+    home.in_flight = 50
+    other = b if home is a else a
+    assert router.pick([a, b], RouteRequest(system + "Refund?")).replica is other
+
+
+def test_round_robin_cycles_and_session_affinity_counts():
+    router = Router(GatewayConfig(routing_policy="round_robin"))
+    a, b = replica("a"), replica("b")
+    assert [router.pick([a, b], RouteRequest("q")).replica.name for _ in range(4)] == ["a", "b", "a", "b"]
+    sticky = Router(GatewayConfig(routing_policy="prefix_aware", weight_session=5.0))
+    home = sticky.pick([a, b], RouteRequest("short", session="u1")).replica
+    assert all(sticky.pick([a, b], RouteRequest("other", session="u1")).replica is home for _ in range(5))
+
+
+def fleet_of(scripts: dict[str, object], **config: object) -> tuple[Fleet, dict[str, FakeTransport]]:
+    settings = GatewayConfig(replicas={n: ReplicaConfig(grpc_url=f"{n}:1") for n in scripts}, **config)
+    transports = {n: FakeTransport(s) for n, s in scripts.items()}
+    replicas = [Replica.build(n, settings.replicas[n], settings,
+                              Upstream(client=AsyncLLMClient(client_config(f"{n}:1"), transport=transports[n])))
+                for n in scripts]
+    return Fleet(settings, replicas), transports
+
+
+def test_an_overloaded_replica_fails_over_to_another_before_the_first_token():
+    fleet, transports = fleet_of({"a": overloaded_script, "b": simple_script("ok")}, routing_policy="round_robin")
+
+    async def scenario():
+        stream = await fleet.start("ensemble", "hi", _options())
+        await stream.aclose()
+        return stream
+
+    stream = asyncio.run(scenario())
+    assert stream.replica.name == "b" and stream.first.text == "ok"
+    assert len(transports["a"].opened) == 1 and len(transports["b"].opened) == 1
+    assert fleet.in_flight() == 0 and not fleet.by_name["a"].health.failures, "overload is not a failure"
+
+
+def test_when_every_replica_refuses_the_caller_gets_the_503():
+    fleet, _ = fleet_of({"a": overloaded_script, "b": overloaded_script})
+    with pytest.raises(GatewayError) as refused:
+        asyncio.run(fleet.start("ensemble", "hi", _options()))
+    assert refused.value.status == 503 and refused.value.code == "overloaded"
+
+
+def _options():
+    from client import GenerationOptions
+    return GenerationOptions(max_tokens=4, request_id="r1")
+
+
+@dataclass
+class FakeProbeClient:
+    ready_after_s: float = 0.0
+    answer: list[int] | Exception | None = None
+
+    async def ready(self) -> bool:
+        await asyncio.sleep(self.ready_after_s)
+        return True
+
+    async def generate(self, prompt, options, model):
+        if isinstance(self.answer, Exception):
+            raise self.answer
+
+        @dataclass
+        class Result:
+            output_ids: list[int]
+            error: str | None = None
+        return Result(self.answer or [])
+
+
+@dataclass(frozen=True)
+class Golden:
+    prompt: str = "The capital of France is"
+    max_tokens: int = 3
+    output_ids: tuple[int, ...] = (1, 2, 3)
+
+
+@pytest.mark.parametrize("client, outcome", [
+    (FakeProbeClient(answer=[1, 2, 3]), "ok"),
+    (FakeProbeClient(answer=[1, 2, 4]), "wrong_answer"),
+    (FakeProbeClient(answer=RequestError("overloaded: the waiting queue is full (9)")), "overloaded"),
+    (FakeProbeClient(ready_after_s=5.0), "ready_timeout"),
+])
+def test_the_inference_probe_judges_the_answer_not_just_readiness(client, outcome):
+    verdict = asyncio.run(probe_once(client, Golden(), ready_timeout_s=0.1, answer_timeout_s=1.0))
+    assert verdict == outcome
+
+
+def test_the_prompt_text_of_a_chat_is_its_turns_in_order():
+    from client import GenerationOptions
+    options = GenerationOptions(messages=[{"role": "system", "content": "S"}, {"role": "user", "content": "U"}])
+    assert prompt_text("", options) == "<system>S<user>U"
+
+
+def test_draining_the_gateway_refuses_new_posts_and_fails_readiness():
+    app = create_app(GatewayConfig(), FakePolicy(),
+                     Upstream(client=AsyncLLMClient(client_config("x:1"), transport=FakeTransport(simple_script("a")))))
+    body = json.dumps({"model": "ensemble", "prompt": "hi"}).encode()
+
+    async def scenario():
+        ok = await call(app.state.asgi, "GET", "/health")
+        app.state.drain.begin()
+        health = await call(app.state.asgi, "GET", "/health")
+        refused = await call(app.state.asgi, "POST", "/v1/completions", headers=AUTH, body=body)
+        return ok, health, refused
+
+    ok, health, refused = asyncio.run(scenario())
+    assert ok.status == 200 and health.status == 503
+    assert refused.status == 503 and refused.headers["retry-after"] == "1" and b"draining" in refused.body
+
+
+def test_admin_endpoints_need_the_admin_key_and_drain_a_replica(tmp_path):
+    key_file = tmp_path / "admin_key"
+    key_file.write_text("s3cret-admin-key")
+    settings = GatewayConfig(admin_key_file=str(key_file), routing_policy="round_robin",
+                             replicas={"a": ReplicaConfig("a:1"), "b": ReplicaConfig("b:1")})
+    app = create_app(settings, FakePolicy())
+    admin = {"Authorization": "Bearer s3cret-admin-key", "Content-Length": "0"}
+
+    async def scenario():
+        denied = await call(app.state.asgi, "POST", "/admin/replicas/a/drain", headers={**AUTH, "Content-Length": "0"})
+        drained = await call(app.state.asgi, "POST", "/admin/replicas/a/drain", headers=admin)
+        listed = await call(app.state.asgi, "GET", "/admin/replicas", headers=admin)
+        missing = await call(app.state.asgi, "POST", "/admin/replicas/zz/drain", headers=admin)
+        await app.state.fleet.aclose()
+        return denied, drained, listed, missing
+
+    denied, drained, listed, missing = asyncio.run(scenario())
+    assert denied.status == 401 and drained.status == 200 and missing.status == 404
+    assert json.loads(drained.body)["draining"] is True
+    states = {r["name"]: r["routable"] for r in json.loads(listed.body)["replicas"]}
+    assert states == {"a": False, "b": True}
+    assert [r.name for r in app.state.fleet.routable()] == ["b"]
