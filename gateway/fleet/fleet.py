@@ -61,6 +61,8 @@ class Fleet:
         self.router = Router(config)
         self.budget = RetryBudget(ratio=0.2, floor=10.0, cap=100.0)
         self._tasks: list[asyncio.Task[None]] = []
+        self._verdicts: set[str] = set()          # replicas probed at least once
+        self._first_verdicts: asyncio.Event | None = None
         for replica in replicas:
             self._publish(replica)
 
@@ -78,6 +80,7 @@ class Fleet:
     async def start(self, model: str, text_input: str, options: GenerationOptions,
                     streaming: bool = True) -> UpstreamStream:
         self._ensure_loops()
+        await self._first_probes()
         context = logs.current()
         route = RouteRequest(prompt_text(text_input, options),
                              session=context.fields.get("user") if context is not None else None)
@@ -120,6 +123,24 @@ class Fleet:
         raise GatewayError(503, "No replica can take the request now; retry after the delay in Retry-After.",
                            code="no_replica", headers={"Retry-After": str(OVERLOAD_RETRY_AFTER_S)})
 
+    async def _first_probes(self) -> None:
+        """Just after start-up, wait (up to one probe timeout) until a replica
+        has proven itself or every replica has had a verdict, so that no caller
+        is sent to a replica nobody has checked (its weights may be broken)."""
+        if self.golden is None or self._first_verdicts is None or self._first_verdicts.is_set():
+            return
+        try:
+            await asyncio.wait_for(self._first_verdicts.wait(), self.config.probe_timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("no replica answered its first probe within %.0f s; routing anyway",
+                        self.config.probe_timeout_s)
+            self._first_verdicts.set()
+
+    def _verdict(self, replica: Replica) -> None:
+        self._verdicts.add(replica.name)
+        if self._first_verdicts is not None and (replica.health.proven or len(self._verdicts) == len(self.replicas)):
+            self._first_verdicts.set()
+
     async def aclose(self) -> None:
         for task in self._tasks:
             task.cancel()
@@ -129,7 +150,12 @@ class Fleet:
     # state
 
     def routable(self) -> list[Replica]:
-        return [r for r in self.replicas if r.routable]
+        """Replicas taking new requests. With an inference probe, a replica
+        gets user traffic only once it has answered the probe right (a new or
+        broken one is not tried on callers), unless none has yet (start-up)."""
+        live = [r for r in self.replicas if r.routable]
+        proven = [r for r in live if r.health.proven]
+        return proven if self.golden is not None and proven else live
 
     def may_eject(self, replica: Replica) -> bool:
         """Never the last replica still taking traffic."""
@@ -174,7 +200,9 @@ class Fleet:
         # one replica and nothing to check it against: it takes every request anyway
         if self._tasks or (len(self.replicas) == 1 and self.golden is None):
             return
-        self._tasks = [asyncio.ensure_future(self._probe_loop())]
+        self._first_verdicts = asyncio.Event()
+        # one loop per replica: a slow answer from a busy replica must not delay noticing a hung one
+        self._tasks = [asyncio.ensure_future(self._probe_loop(r)) for r in self.replicas]
         if any(r.config.metrics_url for r in self.replicas):
             self._tasks.append(asyncio.ensure_future(self._scrape_loop()))
 
@@ -196,12 +224,14 @@ class Fleet:
         except Exception as exc:      # the old reading ages into "saturated"
             log.debug("scraping replica %s failed: %r", replica.name, exc)
 
-    async def _probe_loop(self) -> None:
+    async def _probe_loop(self, replica: Replica) -> None:
         while True:
-            await asyncio.gather(*(self._probe(r) for r in self.replicas))
-            await asyncio.sleep(self.config.probe_interval_s)
+            good = await self._probe(replica)
+            # a failure is confirmed (or cleared) sooner: a hung replica is out
+            # in about two half-intervals after its first miss
+            await asyncio.sleep(self.config.probe_interval_s / (1 if good else 2))
 
-    async def _probe(self, replica: Replica) -> None:
+    async def _probe(self, replica: Replica) -> bool:
         ready_timeout = max(0.5, min(2.0, self.config.probe_interval_s / 2))
         try:
             outcome = await probe_once(replica.upstream.client, self.golden, ready_timeout_s=ready_timeout,
@@ -215,6 +245,8 @@ class Fleet:
         elif outcome != OVERLOADED:
             log.warning("replica %s failed its probe: %s", replica.name, outcome)
             self.failed(replica, f"probe_{outcome}")
+        self._verdict(replica)
+        return outcome in (OK, OVERLOADED)
 
 
 class RoutedStream(UpstreamStream):

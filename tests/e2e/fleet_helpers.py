@@ -1,0 +1,167 @@
+"""Helpers for the replica e2e tests: a gateway over several real
+tritonservers, concurrent streamed requests with their timings, the
+gateway's replica metrics, crashing / hanging a replica, and a copy of the
+model with one weight tensor corrupted."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from gateway.keys import KeyStore
+from gateway.process import GatewayProcess
+from serving.launcher import TritonServer, free_local_ports
+from tests.e2e.triton_calls import scrape_metrics
+
+FLEET_SETTINGS = ["gateway.probe_interval_s=1", "gateway.probe_timeout_s=15", "gateway.eject_after_failures=2",
+                  "gateway.readmit_after_successes=2", "gateway.eject_backoff_s=2", "gateway.metrics_interval_s=0.25",
+                  "gateway.metrics_stale_s=1.5", "gateway.public_grpc_port=0", "gateway.drain_timeout_s=60"]
+
+
+@dataclass
+class FleetGateway:
+    process: GatewayProcess
+    url: str
+    key: str
+    admin_key: str
+
+    def metric(self, name: str, replica: str) -> float:
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name + "{") and f'replica="{replica}"' in line:
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def routable(self, replica: str) -> bool:
+        return self.metric("gateway_replica_routable", replica) == 1.0
+
+    def routed(self, replica: str) -> float:
+        return self.metric("gateway_routed_total", replica)
+
+
+def start_fleet_gateway(replicas: dict[str, TritonServer], work: Path, golden: Path, *extra: str) -> FleetGateway:
+    port, = free_local_ports(1)
+    store = KeyStore(work / "keys.json")
+    key = store.create("paid", label="fleet").key
+    admin_key_file = work / "admin_key"
+    admin_key_file.write_text("fleet-admin-key-for-tests-0123456789")
+    spec = {name: {"grpc_url": server.grpc_url, "metrics_url": server.metrics_url} for name, server in replicas.items()}
+    process = GatewayProcess([f"gateway.port={port}", "gateway.host=127.0.0.1", f"gateway.keys_file={store.path}",
+                              f"gateway.replicas={json.dumps(spec)}", f"gateway.probe_golden_file={golden}",
+                              f"gateway.admin_key_file={admin_key_file}", *FLEET_SETTINGS, *extra],
+                             log_path=work / "gateway.log", port=port)
+    process.start()
+    return FleetGateway(process, f"http://127.0.0.1:{port}", key, admin_key_file.read_text())
+
+
+def wait_until(predicate, bound_s: float, what: str) -> float:
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > bound_s:
+            raise AssertionError(f"{what}: not within {bound_s} s")
+        time.sleep(0.1)
+    return time.monotonic() - started
+
+
+@dataclass
+class StreamOutcome:
+    sent_s: float
+    status: int | None = None
+    first_content_s: float | None = None
+    done: bool = False
+    error: str | None = None
+    text: str = ""
+
+
+@dataclass
+class Load:
+    """`count` streamed completions at once, each in its own thread."""
+    gateway: FleetGateway
+    count: int
+    max_tokens: int = 48
+    prompt: str = "Write a short story about a lighthouse."
+    outcomes: list[StreamOutcome] = field(default_factory=list)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> "Load":
+        for index in range(self.count):
+            outcome = StreamOutcome(sent_s=time.monotonic())
+            self.outcomes.append(outcome)
+            thread = threading.Thread(target=self._one, args=(outcome, f"{self.prompt} ({index})"), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+        return self
+
+    def _one(self, outcome: StreamOutcome, prompt: str) -> None:
+        body = {"model": "ensemble", "prompt": prompt, "max_tokens": self.max_tokens, "temperature": 0,
+                "stream": True, "ignore_eos": True}
+        try:
+            with httpx.Client(timeout=httpx.Timeout(30.0, read=120.0)) as client:
+                with client.stream("POST", f"{self.gateway.url}/v1/completions", json=body,
+                                   headers={"Authorization": f"Bearer {self.gateway.key}"}) as response:
+                    outcome.status = response.status_code
+                    if response.status_code != 200:
+                        outcome.error = response.read().decode(errors="replace")[:300]
+                        return
+                    for line in response.iter_lines():
+                        if not line.startswith("data: "):
+                            continue
+                        data = line[len("data: "):]
+                        if data == "[DONE]":
+                            outcome.done = True
+                            return
+                        event = json.loads(data)
+                        if "error" in event:
+                            outcome.error = json.dumps(event["error"])[:300]
+                            return
+                        text = event["choices"][0].get("text") or ""
+                        if text and outcome.first_content_s is None:
+                            outcome.first_content_s = time.monotonic()
+                        outcome.text += text
+        except httpx.HTTPError as exc:
+            outcome.error = repr(exc)
+
+    def wait(self, bound_s: float = 180.0) -> list[StreamOutcome]:
+        for thread in self.threads:
+            thread.join(bound_s)
+        return self.outcomes
+
+    def started(self) -> int:
+        return sum(o.first_content_s is not None for o in self.outcomes)
+
+
+def kill_group(server: TritonServer, sig: int) -> None:
+    """A signal to the tritonserver and its Python stubs (one process group)."""
+    if server.process is None:
+        raise RuntimeError("the server is not running")
+    os.killpg(server.process.pid, sig)
+
+
+def corrupted_model_copy(model_dir: Path, target: Path) -> Path:
+    """The model with one weight tensor scaled to nonsense: the process loads,
+    reports ready, and answers wrong."""
+    from safetensors.torch import load_file, save_file
+    target.mkdir(parents=True, exist_ok=True)
+    for item in model_dir.iterdir():
+        if item.name != "model.safetensors":
+            shutil.copy(item, target / item.name)
+    tensors = load_file(str(model_dir / "model.safetensors"))
+    name = next(n for n in sorted(tensors) if n.endswith("layers.0.mlp.down_proj.weight"))
+    tensors[name] = tensors[name] * -40.0
+    save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
+    return target
+
+
+def kv_blocks_used(server: TritonServer) -> float:
+    return scrape_metrics(server.metrics_url)["llm_kv_cache_blocks_used"]
+
+
+SIGKILL, SIGSTOP, SIGCONT = signal.SIGKILL, signal.SIGSTOP, signal.SIGCONT
