@@ -230,3 +230,22 @@ def test_admin_endpoints_need_the_admin_key_and_drain_a_replica(tmp_path):
     states = {r["name"]: r["routable"] for r in json.loads(listed.body)["replicas"]}
     assert states == {"a": False, "b": True}
     assert [r.name for r in app.state.fleet.routable()] == ["b"]
+
+
+def test_a_replica_dying_mid_stream_ends_the_stream_with_an_error_event_and_counts_against_it():
+    from client import ServerConnectionError
+    from tests.unit.gateway.openai_fakes import ev
+    died = lambda *a: [ev("Hel", ids=(1,)), ServerConnectionError("connection reset")]  # noqa: E731
+    settings = GatewayConfig(routing_policy="round_robin", replicas={"a": ReplicaConfig("a:1")})
+    transport = FakeTransport(died)
+    replica_a = Replica.build("a", settings.replicas["a"], settings,
+                              Upstream(client=AsyncLLMClient(client_config("a:1"), transport=transport)))
+    app = create_app(settings, FakePolicy())
+    app.state.fleet.replicas[:] = [replica_a]
+    app.state.fleet.by_name = {"a": replica_a}
+    body = json.dumps({"model": "ensemble", "prompt": "hi", "stream": True}).encode()
+    exchange = asyncio.run(call(app.state.asgi, "POST", "/v1/completions", headers=AUTH, body=body))
+    events = exchange.data()
+    assert exchange.status == 200 and json.loads(events[-1])["error"]["code"] == "upstream_error"
+    assert "[DONE]" not in events
+    assert replica_a.health.failures == 1 and replica_a.in_flight == 0
