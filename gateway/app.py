@@ -153,7 +153,7 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream | None 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # Triton's gRPC protocol (KServe v2) in this event loop, with this policy and upstream
-        door = await start_door(config, policy, fleet)
+        door = await start_door(config, policy, fleet, drain)
         fleet.start_loops()         # health and load before the first request
         yield
         if door is not None:

@@ -27,6 +27,7 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from ..config import GatewayConfig
+from ..drain import DrainState
 from ..errors import GatewayError
 from ..policy import Caller, Policy
 from ..upstream import Upstream, UpstreamFailure
@@ -53,9 +54,10 @@ def status_code(error: GatewayError) -> grpc.StatusCode:
 
 
 class TritonDoor(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, policy: Policy, upstream: Upstream) -> None:
+    def __init__(self, policy: Policy, upstream: Upstream, drain: DrainState | None = None) -> None:
         self.policy = policy
         self.upstream = upstream
+        self.drain = drain or DrainState()
 
     async def abort(self, context: grpc.aio.ServicerContext, error: GatewayError,
                     observation: Observation | None = None) -> NoReturn:
@@ -66,6 +68,10 @@ class TritonDoor(service_pb2_grpc.GRPCInferenceServiceServicer):
         raise AssertionError("unreachable: abort raises")      # pragma: no cover
 
     async def authenticate(self, context: grpc.aio.ServicerContext, observation: Observation | None = None) -> Caller:
+        if self.drain.draining:
+            # as the HTTP side: a shutting-down gateway admits nothing new (UNAVAILABLE: retry elsewhere)
+            await self.abort(context, GatewayError(503, "The gateway is shutting down; retry on another one.",
+                                                   code="draining", headers={"Retry-After": "1"}), observation)
         try:
             caller = await self.policy.authenticate(metadata_of(context).get("authorization"))
         except GatewayError as error:
@@ -80,7 +86,7 @@ class TritonDoor(service_pb2_grpc.GRPCInferenceServiceServicer):
         return service_pb2.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> service_pb2.ServerReadyResponse:
-        return service_pb2.ServerReadyResponse(ready=True)
+        return service_pb2.ServerReadyResponse(ready=not self.drain.draining)
 
     # metadata: authenticated
 
@@ -151,10 +157,11 @@ def _address(host: str, port: int) -> str:
 class GrpcDoor:
     """The server's lifecycle, for app.py's lifespan."""
 
-    def __init__(self, config: GatewayConfig, policy: Policy, upstream: Upstream) -> None:
+    def __init__(self, config: GatewayConfig, policy: Policy, upstream: Upstream,
+                 drain: DrainState | None = None) -> None:
         self.address = _address(config.host, config.public_grpc_port)
         self.max_message_bytes = config.max_body_bytes
-        self.servicer = TritonDoor(policy, upstream)
+        self.servicer = TritonDoor(policy, upstream, drain)
         self.server: grpc.aio.Server | None = None
         self.port = 0
 
@@ -180,10 +187,11 @@ class GrpcDoor:
             await self.server.stop(grace_s)
 
 
-async def start_door(config: GatewayConfig, policy: Policy, upstream: Upstream) -> GrpcDoor | None:
+async def start_door(config: GatewayConfig, policy: Policy, upstream: Upstream,
+                     drain: DrainState | None = None) -> GrpcDoor | None:
     """The running door, or None when `public_grpc_port` is 0."""
     if not config.public_grpc_port:
         return None
-    door = GrpcDoor(config, policy, upstream)
+    door = GrpcDoor(config, policy, upstream, drain)
     await door.start()
     return door

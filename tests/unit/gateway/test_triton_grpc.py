@@ -95,6 +95,17 @@ def test_model_infer_answers_whole_with_the_callers_id():
     assert d.policy.admissions[0].released == 1
 
 
+def test_a_draining_gateway_admits_no_new_grpc_request_and_is_not_ready():
+    async def test(d: Door) -> None:
+        d.door.servicer.drain.begin()
+        async with grpcclient.InferenceServerClient(d.url) as client:
+            assert not await client.is_server_ready()
+            with pytest.raises(InferenceServerException) as caught:
+                await client.infer("ensemble", prompt(), headers=HEADERS)
+        assert caught.value.status() == "StatusCode.UNAVAILABLE"
+    assert serve(engine("x"), test).transport.opened == []
+
+
 @pytest.mark.parametrize("headers, code", [(None, "StatusCode.UNAUTHENTICATED"),
                                            ({"authorization": "Bearer wrong"}, "StatusCode.UNAUTHENTICATED")])
 def test_model_infer_needs_the_key(headers, code):
