@@ -27,8 +27,9 @@ model: $(STAMP)
 kernels: $(STAMP)
 	-$(PY) -m python_llm.engine.worker.kernels
 
+# `make serve REPLICAS=3`: three tritonservers behind the gateway (ports +10 each)
 serve: $(STAMP) kernels
-	$(PY) -m serving serve
+	$(PY) -m serving serve$(if $(REPLICAS), --replicas $(REPLICAS))
 
 test: $(STAMP) kernels
 	$(PY) -m serving prepare-model

@@ -1,5 +1,6 @@
-"""`python -m serving`: prepare the default model, render the repository, serve
-(Triton on loopback, the gateway's OpenAI API in front of it)."""
+"""`python -m serving`: prepare the default model (and the inference probe's
+golden answer), render the repository, serve (one or several tritonservers on
+loopback, the gateway's OpenAI API in front of them)."""
 from __future__ import annotations
 
 import argparse
@@ -15,12 +16,13 @@ from gateway.config import GatewayConfig
 from gateway.process import GatewayProcess, GatewayStartError
 
 from .default_model import resolve_model_dir
+from .fleet import Fleet, FleetStartError, Replica, gateway_assignments, plan_replicas
 from .launcher import (ADMIN_KEY_ENV, ADMIN_KEY_HEADER, DEFAULT_ADDRESS, RESTRICTED_APIS, LaunchOptions, TritonServer,
-                       TritonStartError, exposure_warning)
+                       exposure_warning)
 from .paths import BUILD_DIR, REPO_ROOT
+from .probe_golden import ensure_golden
 from .repository import render_repository
 from .settings import DeploymentSettings, SettingsError
-from .triton_binary import TritonSetupError
 
 
 def _settings_from_args(args: argparse.Namespace) -> DeploymentSettings:
@@ -55,11 +57,27 @@ def _triton_lines(server: TritonServer) -> str:
             f"  admin    key in {server.admin_key_path}  (header {ADMIN_KEY_HEADER}: {', '.join(RESTRICTED_APIS)})\n")
 
 
-def _ready_banner(server: TritonServer) -> str:
-    return f"\nready.\n{_triton_lines(server)}\ntry:\n{_curl_example(server)}\n\nCtrl-C stops the server."
+def _fleet_lines(fleet: Fleet, golden: Path | None) -> str:
+    """One replica: today's lines. Several: each replica's, under its name."""
+    if len(fleet.replicas) == 1:
+        return _triton_lines(fleet.servers[0])
+    blocks = []
+    for replica in fleet.replicas:
+        lines = _triton_lines(replica.server).splitlines()
+        blocks.append("\n".join([f"  {replica.name:<3}{lines[0]}", *(f"     {line}" for line in lines[1:])]))
+    threads = fleet.servers[0].options.settings.engine.num_threads
+    probe = f"  probe  golden answer in {golden}\n" if golden else "  probe  no golden answer: readiness only\n"
+    return (f"  {len(fleet.replicas)} replicas, engine.num_threads={threads} each\n"
+            + "\n".join(blocks) + "\n" + probe)
 
 
-def _gateway_banner(server: TritonServer, gateway: GatewayConfig, log_path: Path, key: str | None) -> str:
+def _ready_banner(fleet: Fleet, golden: Path | None) -> str:
+    return (f"\nready.\n{_fleet_lines(fleet, golden)}\ntry:\n{_curl_example(fleet.servers[0])}\n\n"
+            f"Ctrl-C stops the server.")
+
+
+def _gateway_banner(fleet: Fleet, golden: Path | None, gateway: GatewayConfig, log_path: Path,
+                    key: str | None) -> str:
     base_url = f"http://127.0.0.1:{gateway.port}/v1"
     if key is None:
         key_line = ("  API key     the local key was revoked; create one with "
@@ -84,7 +102,7 @@ def _gateway_banner(server: TritonServer, gateway: GatewayConfig, log_path: Path
             f"log {log_path})\n"
             f"  Triton API  http://127.0.0.1:{gateway.port}/v2/models/{{ensemble,llm_bls}}/generate[_stream] | infer\n"
             f"{grpc_line}{key_line}"
-            f"  Triton, behind it on loopback:\n{_triton_lines(server)}"
+            f"  Triton, behind it on loopback:\n{_fleet_lines(fleet, golden)}"
             f"\ntry:\n{curl}\n\n{python}\n\nCtrl-C stops the server.")
 
 
@@ -94,12 +112,40 @@ def _local_key(gateway: GatewayConfig) -> str | None:
     return ensure_local_key(resolve_keys_file(gateway.keys_file))
 
 
-def _start_gateway(args: argparse.Namespace, server: TritonServer, gateway: GatewayConfig) -> GatewayProcess:
-    # the child reads the same settings sources; its upstream is this Triton
-    process = GatewayProcess([*(args.set or []), f"gateway.upstream_grpc_url={server.grpc_url}"],
+def _start_gateway(args: argparse.Namespace, fleet: Fleet, golden: Path | None,
+                   gateway: GatewayConfig) -> GatewayProcess:
+    # the child reads the same settings sources; its upstreams are these replicas
+    process = GatewayProcess([*(args.set or []), *gateway_assignments(fleet.replicas, golden)],
                              log_path=BUILD_DIR / "gateway.log", settings_file=args.settings, port=gateway.port)
     process.start()
     return process
+
+
+def _golden(settings: DeploymentSettings) -> Path | None:
+    """The probe's golden answer for the served model (computed once, a few
+    seconds); without it the gateway still probes readiness."""
+    try:
+        return ensure_golden(settings.engine.model_dir, settings.engine)
+    except Exception as exc:    # the probe is a safety net, not a reason to refuse serving
+        print(f"WARNING: no probe golden answer ({exc}); the gateway will check readiness only", flush=True)
+        return None
+
+
+def _announce(replicas: list[Replica], options: LaunchOptions) -> None:
+    model = options.settings.engine.model_dir
+    if len(replicas) == 1:
+        print(f"starting tritonserver (model {model}); log: {replicas[0].server.log_path}", flush=True)
+        return
+    threads = replicas[0].server.options.settings.engine.num_threads
+    print(f"starting {len(replicas)} tritonservers (model {model}, engine.num_threads={threads} each)", flush=True)
+    for replica in replicas:
+        o = replica.server.options
+        print(f"  {replica.name}: HTTP {o.http_port}, gRPC {o.grpc_port}, metrics {o.metrics_port}; "
+              f"log: {replica.server.log_path}", flush=True)
+
+
+def _report_ready(replica: Replica, seconds: float) -> None:
+    print(f"  {replica.name} ready in {seconds:.1f} s", flush=True)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -109,51 +155,76 @@ def cmd_serve(args: argparse.Namespace) -> int:
                             log_file=Path(args.log_file) if args.log_file else None,
                             repository_source=Path(args.model_repository))
     try:
-        server = TritonServer(options)
+        fleet = Fleet(plan_replicas(options, args.replicas))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     warning = exposure_warning(options.address)
     if warning:
         print(f"WARNING: {warning}", flush=True)
-    print(f"starting tritonserver (model {options.settings.engine.model_dir}); log: {server.log_path}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    golden = _golden(options.settings)
+    _announce(fleet.replicas, options)
     try:
-        server.start()
-    except (TritonStartError, TritonSetupError) as exc:
+        fleet.start(stop, on_ready=_report_ready if len(fleet.replicas) > 1 else lambda r, s: None)
+    except FleetStartError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except InterruptedError:
+        print("stopped before every replica was ready.", flush=True)
+        return 0
     gateway: GatewayProcess | None = None
     if args.no_gateway:
-        print(_ready_banner(server), flush=True)
+        print(_ready_banner(fleet, golden), flush=True)
     else:
         config = options.settings.gateway
         try:
-            gateway = _start_gateway(args, server, config)
+            gateway = _start_gateway(args, fleet, golden, config)
         except GatewayStartError as exc:
             print(f"error: {exc}", file=sys.stderr)
-            server.stop()
+            fleet.stop()
             return 1
-        print(_gateway_banner(server, config, gateway.log_path, _local_key(config)), flush=True)
-    code = _watch(server, gateway, stop)
+        print(_gateway_banner(fleet, golden, config, gateway.log_path, _local_key(config)), flush=True)
+    code = _watch(fleet, gateway, stop)
+    return _stop_all(fleet, gateway, options.settings.gateway, code)
+
+
+def _stop_all(fleet: Fleet, gateway: GatewayProcess | None, config: GatewayConfig, code: int) -> int:
+    """The gateway first, so it drains its streams while the replicas still
+    answer; then every replica."""
     if gateway is not None:
         print("stopping the gateway...", flush=True)
-        gateway.stop()
-    print("stopping tritonserver...", flush=True)
-    triton_code = server.stop()
-    print(f"stopped (exit code {triton_code}).")
+        gateway.stop(timeout_s=config.drain_timeout_s + 10.0)
+    if len(fleet.replicas) == 1:
+        print("stopping tritonserver...", flush=True)
+        print(f"stopped (exit code {fleet.stop()[fleet.replicas[0].name]}).")
+    else:
+        print(f"stopping {len(fleet.replicas)} tritonservers...", flush=True)
+        codes = fleet.stop()
+        print(f"stopped (exit codes {', '.join(f'{name} {c}' for name, c in codes.items())}).")
     return code
 
 
-def _watch(server: TritonServer, gateway: GatewayProcess | None, stop: threading.Event) -> int:
-    """Until Ctrl-C (0), or until either process dies on its own (its code, or 1)."""
+def _watch(fleet: Fleet, gateway: GatewayProcess | None, stop: threading.Event) -> int:
+    """Until Ctrl-C (0), or until the gateway, the only replica or every
+    replica dies on its own (its code, or 1). With several replicas one that
+    dies is reported and the others go on serving: routing around it is the
+    gateway's job."""
+    single = len(fleet.replicas) == 1
     while not stop.wait(0.5):
-        if server.process is None or server.process.poll() is not None:
-            code = server.process.returncode if server.process else 1
-            print(f"tritonserver exited on its own (code {code}); see {server.log_path}", file=sys.stderr)
-            return code or 1
+        for replica, code in fleet.dead():
+            if single:
+                print(f"tritonserver exited on its own (code {code}); see {replica.server.log_path}",
+                      file=sys.stderr)
+                return code or 1
+            print(f"replica {replica.name}: tritonserver exited on its own (code {code}); see "
+                  f"{replica.server.log_path}; {fleet.alive()} of {len(fleet.replicas)} replicas left",
+                  file=sys.stderr, flush=True)
+        if not fleet.alive():
+            print("every replica has exited", file=sys.stderr)
+            return 1
         if gateway is not None and not gateway.alive():
             code = gateway.process.returncode if gateway.process else 1
             print(f"the gateway exited on its own (code {code}); see {gateway.log_path}", file=sys.stderr)
@@ -162,7 +233,10 @@ def _watch(server: TritonServer, gateway: GatewayProcess | None, stop: threading
 
 
 def cmd_prepare_model(args: argparse.Namespace) -> int:
-    print(resolve_model_dir(args.model_dir))
+    model_dir = resolve_model_dir(args.model_dir)
+    print(model_dir, flush=True)
+    # stdout stays the model folder alone (scripts read it); the golden's path goes to stderr
+    print(f"probe golden answer: {ensure_golden(model_dir)}", file=sys.stderr)
     return 0
 
 
@@ -186,11 +260,15 @@ def main(argv: list[str] | None = None) -> int:
                        help="override a setting, e.g. --set engine.dtype=bfloat16 (repeatable; beats the "
                             "settings file and LLM__SECTION__FIELD environment variables)")
 
-    serve = sub.add_parser("serve", help="run tritonserver and the gateway in front of it, in the foreground")
+    serve = sub.add_parser("serve", help="run tritonserver(s) and the gateway in front of them, in the foreground")
     model_args(serve)
-    serve.add_argument("--http-port", type=int, default=8000)
-    serve.add_argument("--grpc-port", type=int, default=8001)
-    serve.add_argument("--metrics-port", type=int, default=8002)
+    serve.add_argument("--replicas", type=int, default=1, metavar="N",
+                       help="tritonservers to run (default %(default)s); replica i listens on the ports below "
+                            "+ 10*i, works in <build>/replicas/r<i> and gets engine.num_threads = usable cores // N "
+                            "unless that is set")
+    serve.add_argument("--http-port", type=int, default=8000, help="replica 0's (default %(default)s)")
+    serve.add_argument("--grpc-port", type=int, default=8001, help="replica 0's (default %(default)s)")
+    serve.add_argument("--metrics-port", type=int, default=8002, help="replica 0's (default %(default)s)")
     serve.add_argument("--address", default=DEFAULT_ADDRESS,
                        help="where Triton's HTTP, gRPC and metrics ports listen (default %(default)s: loopback; "
                             "anything else belongs behind the gateway or on a trusted private network)")
@@ -205,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="the template repository to render and serve")
     serve.set_defaults(func=cmd_serve)
 
-    prep = sub.add_parser("prepare-model", help="convert the default model once; print its folder")
+    prep = sub.add_parser("prepare-model", help="convert the default model once and record the inference probe's "
+                                                "golden answer (<build>/probe/<model>.json); print the model folder")
     prep.add_argument("--model-dir")
     prep.set_defaults(func=cmd_prepare_model)
 

@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from python_llm.engine.config import EngineConfig
+
 from .paths import BUILD_DIR
 
 # The probe request. Plain text (no chat template: fewer moving parts between
@@ -50,8 +52,6 @@ PROBE_MAX_TOKENS = 8
 PROBE_MODEL = "ensemble"               # the public entry point the probe goes through
 # the format of the file; a change forces a recompute
 GOLDEN_VERSION = 1
-# the served default (EngineConfig's): the golden must be what the replicas compute
-DEFAULT_DTYPE = "float32"
 # files whose change changes the answer
 _WEIGHT_SUFFIXES = (".safetensors", ".bin")
 _ANSWER_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
@@ -71,7 +71,7 @@ class Golden:
     text: str
     model_dir: str
     weights_fingerprint: str
-    dtype: str = DEFAULT_DTYPE
+    dtype: str                            # the engine's, as served: another dtype may pick other tokens
     model: str = PROBE_MODEL
     temperature: float = 0.0
     ignore_eos: bool = True
@@ -130,7 +130,7 @@ def load_golden(path: str | os.PathLike[str]) -> Golden:
         golden = Golden(prompt=str(data["prompt"]), max_tokens=int(data["max_tokens"]),
                         output_ids=tuple(int(i) for i in data["output_ids"]), text=str(data["text"]),
                         model_dir=str(data["model_dir"]), weights_fingerprint=str(data["weights_fingerprint"]),
-                        dtype=str(data.get("dtype", DEFAULT_DTYPE)), model=str(data.get("model", PROBE_MODEL)),
+                        dtype=str(data["dtype"]), model=str(data.get("model", PROBE_MODEL)),
                         temperature=float(data.get("temperature", 0.0)),
                         ignore_eos=bool(data.get("ignore_eos", True)),
                         num_input_tokens=int(data.get("num_input_tokens", 0)),
@@ -154,19 +154,28 @@ def _print(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def compute_golden(model_dir: str | os.PathLike[str], dtype: str = DEFAULT_DTYPE,
+def _served_dtype(served: EngineConfig | None, folder: Path) -> str:
+    """The dtype the replicas run in: the served settings', else the engine's default."""
+    return (served or EngineConfig(model_dir=str(folder))).dtype
+
+
+def compute_golden(model_dir: str | os.PathLike[str], served: EngineConfig | None = None,
                    progress: Progress = _print) -> Golden:
     """Run the probe request through the engine offline, in this process,
     and turn its ids into text as the served path does (the same prompt
-    builder before, the same output pipeline after). A few seconds on a CPU."""
+    builder before, the same output pipeline after). A few seconds on a CPU.
+
+    Of the served settings only the dtype is taken: the rest sizes a server
+    (KV budget, batch) or injects test faults, and the CPU's greedy answer in
+    a dtype is the device's too for a prompt whose every choice wins widely."""
     from ensemble.inbound.prompt import PromptBuilder
     from ensemble.outbound.output_pipeline import OutputPipeline
     from ensemble.tokenizer_info import load_tokenizer_info
-    from python_llm.engine.config import EngineConfig
     from python_llm.engine.core.sampling_params import SamplingParams
     from python_llm.engine.engine import LLMEngine
 
     folder = Path(model_dir).expanduser().resolve()
+    dtype = _served_dtype(served, folder)
     prompt, max_tokens = probe_request()
     fingerprint = weights_fingerprint(folder)      # before loading: a file rewritten meanwhile reads as stale later
     info = load_tokenizer_info(folder)
@@ -174,10 +183,11 @@ def compute_golden(model_dir: str | os.PathLike[str], dtype: str = DEFAULT_DTYPE
     t0 = time.monotonic()
     progress(f"probe golden: loading {folder.name} ({dtype}) for the reference answer...")
     # a KV cache for this one request only (the served default would allocate 16k tokens)
-    blocks = -(-(len(prompt_ids) + max_tokens) // 16) + 1
-    engine = LLMEngine(EngineConfig(model_dir=str(folder), dtype=dtype, max_tokens_in_paged_kv_cache=16 * blocks,
-                                    max_num_seqs=1, max_num_batched_tokens=max(len(prompt_ids), 1),
-                                    max_queue_size=0))
+    block_size = EngineConfig(model_dir=str(folder)).block_size
+    blocks = -(-(len(prompt_ids) + max_tokens) // block_size) + 1
+    engine = LLMEngine(EngineConfig(model_dir=str(folder), dtype=dtype,
+                                    max_tokens_in_paged_kv_cache=block_size * blocks, max_num_seqs=1,
+                                    max_num_batched_tokens=max(len(prompt_ids), 1), max_queue_size=0))
     progress(f"probe golden: model loaded in {time.monotonic() - t0:.1f} s; generating {max_tokens} tokens")
     try:
         (result,) = engine.generate_results([(prompt_ids, SamplingParams(max_tokens=max_tokens, temperature=0.0,
@@ -205,11 +215,13 @@ def write_golden(golden: Golden, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def ensure_golden(model_dir: str | os.PathLike[str], dtype: str = DEFAULT_DTYPE, *, build_dir: Path | None = None,
-                  progress: Progress = _print) -> Path:
-    """The golden file of `model_dir`, computed when missing or stale
-    (weights, dtype or probe request changed); its path."""
+def ensure_golden(model_dir: str | os.PathLike[str], served: EngineConfig | None = None, *,
+                  build_dir: Path | None = None, progress: Progress = _print) -> Path:
+    """The golden file of `model_dir` for the engine settings `served` (their
+    dtype; None: the defaults), computed when missing or stale (weights, dtype
+    or probe request changed); its path."""
     folder = Path(model_dir).expanduser().resolve()
+    dtype = _served_dtype(served, folder)
     path = golden_path(folder, build_dir)
     if path.is_file():
         try:
@@ -219,13 +231,13 @@ def ensure_golden(model_dir: str | os.PathLike[str], dtype: str = DEFAULT_DTYPE,
         except GoldenError as exc:
             progress(f"probe golden: {exc}; recomputing")
     t0 = time.monotonic()
-    golden = compute_golden(folder, dtype, progress)
+    golden = compute_golden(folder, served, progress)
     write_golden(golden, path)
     progress(f"probe golden: {golden.text!r} ({len(golden.output_ids)} ids) written to {path} "
              f"in {time.monotonic() - t0:.1f} s")
     return path
 
 
-__all__ = ["DEFAULT_DTYPE", "Golden", "GoldenError", "PROBE_MAX_TOKENS", "PROBE_MODEL", "PROBE_PROMPT",
+__all__ = ["Golden", "GoldenError", "PROBE_MAX_TOKENS", "PROBE_MODEL", "PROBE_PROMPT",
            "compute_golden", "ensure_golden", "golden_path", "load_golden", "probe_request", "weights_fingerprint",
            "write_golden"]

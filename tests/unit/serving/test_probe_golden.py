@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import serving.probe_golden as pg
+from python_llm.engine.config import EngineConfig
 from serving.probe_golden import Golden, GoldenError, ensure_golden, golden_path, load_golden, weights_fingerprint
 
 
@@ -34,7 +35,8 @@ def test_golden_is_the_fixed_greedy_request_and_deterministic(model_dir: Path, r
     assert (real_golden.prompt, real_golden.max_tokens) == (prompt, max_tokens)
     assert len(real_golden.output_ids) == max_tokens       # ignore_eos: always the full length
     assert real_golden.temperature == 0.0 and real_golden.ignore_eos and real_golden.model == "ensemble"
-    assert real_golden.model_dir == str(model_dir.resolve()) and real_golden.dtype == "float32"
+    assert real_golden.model_dir == str(model_dir.resolve())
+    assert real_golden.dtype == EngineConfig(model_dir=str(model_dir)).dtype == "float32"
     assert real_golden.weights_fingerprint == weights_fingerprint(model_dir)
     again = pg.compute_golden(model_dir, progress=_quiet)
     assert again.output_ids == real_golden.output_ids and again.text == real_golden.text
@@ -60,7 +62,7 @@ def test_golden_agrees_with_hugging_face_greedy_decoding(model_dir: Path, real_g
 
 def test_ensure_golden_writes_the_file_the_gateway_reads(model_dir: Path, real_golden: Golden, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(pg, "compute_golden", lambda folder, dtype, progress: real_golden)
+    monkeypatch.setattr(pg, "compute_golden", lambda folder, served, progress: real_golden)
     path = ensure_golden(model_dir, build_dir=tmp_path, progress=_quiet)
     assert path == tmp_path / "probe" / f"{model_dir.resolve().name}.json" == golden_path(model_dir, tmp_path)
     data = json.loads(path.read_text())
@@ -92,7 +94,8 @@ class CountingCompute:
     def __init__(self) -> None:
         self.calls: list[tuple[Path, str]] = []
 
-    def __call__(self, folder: Path, dtype: str, progress: pg.Progress) -> Golden:
+    def __call__(self, folder: Path, served: EngineConfig | None, progress: pg.Progress) -> Golden:
+        dtype = served.dtype if served is not None else "float32"
         self.calls.append((folder, dtype))
         prompt, max_tokens = pg.probe_request()
         return Golden(prompt=prompt, max_tokens=max_tokens, output_ids=tuple(range(max_tokens)), text="x",
@@ -145,10 +148,12 @@ def test_unrelated_files_do_not_change_the_fingerprint(fake_model: Path):
 def test_another_dtype_or_probe_request_recomputes(fake_model: Path, tmp_path: Path, compute: CountingCompute,
                                                    monkeypatch: pytest.MonkeyPatch):
     ensure_golden(fake_model, build_dir=tmp_path, progress=_quiet)
-    ensure_golden(fake_model, "bfloat16", build_dir=tmp_path, progress=_quiet)
+    bf16 = EngineConfig(model_dir=str(fake_model), dtype="bfloat16")
+    ensure_golden(fake_model, bf16, build_dir=tmp_path, progress=_quiet)
+    ensure_golden(fake_model, bf16, build_dir=tmp_path, progress=_quiet)
     assert [dtype for _, dtype in compute.calls] == ["float32", "bfloat16"]
     monkeypatch.setattr(pg, "PROBE_PROMPT", "a, b, c,")
-    path = ensure_golden(fake_model, "bfloat16", build_dir=tmp_path, progress=_quiet)
+    path = ensure_golden(fake_model, bf16, build_dir=tmp_path, progress=_quiet)
     assert len(compute.calls) == 3 and load_golden(path).prompt == "a, b, c,"
 
 
@@ -174,9 +179,9 @@ def test_no_weights_is_an_error(tmp_path: Path):
     ("[]", "not a JSON object"),
     ('{"prompt": "p", "max_tokens": 2, "output_ids": [1, 2], "text": "t", "model_dir": "m"}', "weights_fingerprint"),
     ('{"prompt": "p", "max_tokens": 3, "output_ids": [1, 2], "text": "t", "model_dir": "m", '
-     '"weights_fingerprint": "f"}', "expected 3 output ids"),
+     '"weights_fingerprint": "f", "dtype": "float32"}', "expected 3 output ids"),
     ('{"prompt": "p", "max_tokens": 2, "output_ids": ["a", 2], "text": "t", "model_dir": "m", '
-     '"weights_fingerprint": "f"}', "malformed"),
+     '"weights_fingerprint": "f", "dtype": "float32"}', "malformed"),
 ])
 def test_load_golden_refuses_a_bad_file(tmp_path: Path, content: str, problem: str):
     path = tmp_path / "golden.json"
