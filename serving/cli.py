@@ -125,7 +125,7 @@ def _golden(settings: DeploymentSettings) -> Path | None:
     """The probe's golden answer for the served model (computed once, a few
     seconds); without it the gateway still probes readiness."""
     try:
-        return ensure_golden(settings.engine.model_dir, settings.engine)
+        return ensure_golden(settings.engine.model_dir, settings.engine, isolated=True)
     except Exception as exc:    # the probe is a safety net, not a reason to refuse serving
         print(f"WARNING: no probe golden answer ({exc}); the gateway will check readiness only", flush=True)
         return None

@@ -28,6 +28,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import multiprocessing
 import os
 import sys
 import time
@@ -216,10 +217,14 @@ def write_golden(golden: Golden, path: Path) -> None:
 
 
 def ensure_golden(model_dir: str | os.PathLike[str], served: EngineConfig | None = None, *,
-                  build_dir: Path | None = None, progress: Progress = _print) -> Path:
+                  build_dir: Path | None = None, progress: Progress = _print, isolated: bool = False) -> Path:
     """The golden file of `model_dir` for the engine settings `served` (their
     dtype; None: the defaults), computed when missing or stale (weights, dtype
-    or probe request changed); its path."""
+    or probe request changed); its path.
+
+    `isolated`: compute in a child process, for a long-lived caller (`serve`),
+    which would otherwise keep torch and the freed weights' pages (~0.5 GB for
+    SmolLM2-135M) for its whole life."""
     folder = Path(model_dir).expanduser().resolve()
     dtype = _served_dtype(served, folder)
     path = golden_path(folder, build_dir)
@@ -230,12 +235,25 @@ def ensure_golden(model_dir: str | os.PathLike[str], served: EngineConfig | None
             progress(f"probe golden: {path} is stale (weights, dtype or probe changed); recomputing")
         except GoldenError as exc:
             progress(f"probe golden: {exc}; recomputing")
+    if isolated:
+        # spawn, not fork: the caller may hold threads and signal handlers
+        child = multiprocessing.get_context("spawn").Process(target=_compute_and_write, args=(folder, served, path),
+                                                             name="probe-golden")
+        child.start()
+        child.join()
+        if child.exitcode != 0:
+            raise RuntimeError(f"probe golden: computing it failed (exit code {child.exitcode}); see above")
+        return path
+    _compute_and_write(folder, served, path, progress)
+    return path
+
+
+def _compute_and_write(folder: Path, served: EngineConfig | None, path: Path, progress: Progress = _print) -> None:
     t0 = time.monotonic()
     golden = compute_golden(folder, served, progress)
     write_golden(golden, path)
     progress(f"probe golden: {golden.text!r} ({len(golden.output_ids)} ids) written to {path} "
              f"in {time.monotonic() - t0:.1f} s")
-    return path
 
 
 __all__ = ["Golden", "GoldenError", "PROBE_MAX_TOKENS", "PROBE_MODEL", "PROBE_PROMPT",

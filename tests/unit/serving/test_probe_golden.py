@@ -74,6 +74,20 @@ def test_ensure_golden_writes_the_file_the_gateway_reads(model_dir: Path, real_g
     assert not list(path.parent.glob(".*.tmp"))
 
 
+def test_isolated_computes_in_a_child_the_same_answer(model_dir: Path, real_golden: Golden, tmp_path: Path):
+    """What `serve` uses, so that it does not keep torch and the weights' pages."""
+    t0 = time.monotonic()
+    path = ensure_golden(model_dir, build_dir=tmp_path, progress=_quiet, isolated=True)
+    print(f"\n[golden computed in a child in {time.monotonic() - t0:.1f} s]")
+    assert load_golden(path) == real_golden
+
+
+def test_isolated_failure_is_an_error_not_a_hang(fake_model: Path, tmp_path: Path):
+    with pytest.raises(RuntimeError, match="computing it failed"):
+        ensure_golden(fake_model, build_dir=tmp_path, progress=_quiet, isolated=True)
+    assert not golden_path(fake_model, tmp_path).exists()
+
+
 def test_golden_path_defaults_to_the_build_dir(model_dir: Path):
     assert golden_path(model_dir) == pg.BUILD_DIR / "probe" / f"{model_dir.resolve().name}.json"
 
