@@ -63,6 +63,7 @@ class Fleet:
         self._tasks: list[asyncio.Task[None]] = []
         self._verdicts: set[str] = set()          # replicas probed at least once
         self._first_verdicts: asyncio.Event | None = None
+        self._stopping: asyncio.Event | None = None
         for replica in replicas:
             self._publish(replica)
 
@@ -142,7 +143,15 @@ class Fleet:
             self._first_verdicts.set()
 
     async def aclose(self) -> None:
-        for task in self._tasks:
+        # a probe is let finish: Triton 2.51 keeps counting an ensemble request
+        # cancelled mid-generation as in flight, and then stalls its own exit
+        # for its full exit timeout (30 s)
+        if self._stopping is not None:
+            self._stopping.set()
+        pending: set[asyncio.Task[None]] = set()
+        if self._tasks:
+            _, pending = await asyncio.wait(self._tasks, timeout=min(self.config.probe_timeout_s, 5.0))
+        for task in pending:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.gather(*(r.upstream.aclose() for r in self.replicas), return_exceptions=True)
@@ -201,6 +210,7 @@ class Fleet:
         if self._tasks or (len(self.replicas) == 1 and self.golden is None):
             return
         self._first_verdicts = asyncio.Event()
+        self._stopping = asyncio.Event()
         # one loop per replica: a slow answer from a busy replica must not delay noticing a hung one
         self._tasks = [asyncio.ensure_future(self._probe_loop(r)) for r in self.replicas]
         if any(r.config.metrics_url for r in self.replicas):
@@ -225,11 +235,19 @@ class Fleet:
             log.debug("scraping replica %s failed: %r", replica.name, exc)
 
     async def _probe_loop(self, replica: Replica) -> None:
-        while True:
+        stopping = self._stopping
+        while stopping is None or not stopping.is_set():
             good = await self._probe(replica)
             # a failure is confirmed (or cleared) sooner: a hung replica is out
             # in about two half-intervals after its first miss
-            await asyncio.sleep(self.config.probe_interval_s / (1 if good else 2))
+            pause = self.config.probe_interval_s / (1 if good else 2)
+            if stopping is None:
+                await asyncio.sleep(pause)
+                continue
+            try:
+                await asyncio.wait_for(stopping.wait(), pause)
+            except asyncio.TimeoutError:
+                pass
 
     async def _probe(self, replica: Replica) -> bool:
         ready_timeout = max(0.5, min(2.0, self.config.probe_interval_s / 2))

@@ -23,6 +23,7 @@ class Health:
     backoff_s: float
     clock: Callable[[], float] = time.monotonic
     ejected: bool = False
+    proven: bool = False              # one good inference probe since it was added
     failures: int = 0                 # consecutive
     successes: int = 0                # consecutive, while ejected
     ejections: int = 0                # in a row: reset by a clean stretch after re-admission
@@ -44,8 +45,9 @@ class Health:
         return True
 
     def succeeded(self) -> bool:
-        """Record a good probe or answer; True when it re-admits the replica now."""
+        """Record a good probe; True when it re-admits the replica now."""
         self.failures = 0
+        self.proven = True
         if not self.ejected:
             if self.successes >= self.readmit_after_successes:
                 self.ejections = 0       # a clean stretch: the next ejection starts short again

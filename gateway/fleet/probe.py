@@ -39,11 +39,14 @@ async def probe_once(client: object, golden: GoldenAnswer | None, *, ready_timeo
         return "not_ready"
     if golden is None:
         return OK
-    options = GenerationOptions(max_tokens=golden.max_tokens, temperature=0.0, ignore_eos=True,
-                                priority=PROBE_PRIORITY, return_output_ids=True, request_id=f"probe-{uuid.uuid4().hex}")
+    # the inputs the golden answer was recorded with (the file is the one source), else greedy at its length
+    recorded = getattr(golden, "request", None) or {"max_tokens": golden.max_tokens, "temperature": 0.0,
+                                                   "ignore_eos": True, "return_output_ids": True}
+    options = GenerationOptions(**{**recorded, "return_output_ids": True}, priority=PROBE_PRIORITY,
+                                request_id=f"probe-{uuid.uuid4().hex}")
     try:
-        result = await asyncio.wait_for(client.generate(golden.prompt, options, model=model),  # type: ignore[attr-defined]
-                                        answer_timeout_s)
+        result = await asyncio.wait_for(client.generate(golden.prompt, options,  # type: ignore[attr-defined]
+                                                        model=getattr(golden, "model", model)), answer_timeout_s)
     except asyncio.TimeoutError:
         return "timeout"
     except RequestError as exc:
