@@ -46,6 +46,8 @@ bench: $(STAMP) kernels
 	$(PY) -m bench
 	@# what the gateway costs: gRPC direct vs the gateway's OpenAI API, interleaved
 	$(PY) -m bench.gateway
+	@# routing across two replicas: round_robin vs least_load vs prefix_aware (issue 14)
+	$(PY) -m bench.routing
 
 clean:
 	rm -rf $(VENV) build
