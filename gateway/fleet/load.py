@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from python_llm.engine.core.metrics import (KV_BLOCKS_CAPACITY, KV_BLOCKS_USED, REQUESTS_RUNNING,
-                                                     REQUESTS_WAITING)
+from python_llm.engine.core.metrics import KV_BLOCKS_CAPACITY, KV_BLOCKS_USED, REQUESTS_RUNNING, REQUESTS_WAITING
 
 _WANTED = {REQUESTS_WAITING: "waiting", REQUESTS_RUNNING: "running", KV_BLOCKS_USED: "kv_used",
            KV_BLOCKS_CAPACITY: "kv_capacity"}
