@@ -16,9 +16,8 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from .. import logs
 from ..errors import GatewayError
-from ..metrics import KEY_COMPLETION_TOKENS, KEY_PROMPT_TOKENS, KEY_REQUESTS
+from ..usage import settle
 from ..policy import Admission, Caller
 from ..streams.serve import disconnected
 from ..upstream import UpstreamFailure
@@ -46,19 +45,7 @@ class Job:
 
     async def finish(self, outcome: str) -> None:
         """Idempotent enough to run from any exit path once."""
-        try:
-            await self.generation.aclose()
-        finally:
-            await self.admission.release()
-        prompt, completion = self.generation.prompt_tokens, self.generation.completion_tokens
-        labels = {"key_id": self.caller.key_id, "tier": self.caller.tier_name}
-        KEY_REQUESTS.labels(**labels).inc()
-        KEY_PROMPT_TOKENS.labels(**labels).inc(prompt)
-        KEY_COMPLETION_TOKENS.labels(**labels).inc(completion)
-        context = logs.current()
-        if context is not None:
-            context.fields.update(prompt_tokens=prompt, completion_tokens=completion, outcome=outcome,
-                                  finish_reasons=[c.engine_finish for c in self.generation.choices])
+        await settle(self.generation, self.admission, self.caller, outcome)
 
 
 def error_event(error: GatewayError) -> bytes:

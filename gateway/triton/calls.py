@@ -16,7 +16,7 @@ from client import StreamEvent
 
 from .. import logs
 from ..errors import GatewayError
-from ..metrics import KEY_COMPLETION_TOKENS, KEY_PROMPT_TOKENS, KEY_REQUESTS
+from ..usage import settle
 from ..openai.generation import Generation
 from ..openai.routes import BYTES_PER_TOKEN_BOUND
 from ..openai.translate import UpstreamRequest
@@ -73,19 +73,7 @@ class Call:
         if self.finished:
             return
         self.finished = True
-        try:
-            await self.generation.aclose()
-        finally:
-            await self.admission.release()
-        prompt, completion = self.generation.prompt_tokens, self.generation.completion_tokens
-        labels = {"key_id": self.caller.key_id, "tier": self.caller.tier_name}
-        KEY_REQUESTS.labels(**labels).inc()
-        KEY_PROMPT_TOKENS.labels(**labels).inc(prompt)
-        KEY_COMPLETION_TOKENS.labels(**labels).inc(completion)
-        context = logs.current()
-        if context is not None:
-            context.fields.update(prompt_tokens=prompt, completion_tokens=completion, outcome=outcome,
-                                  finish_reasons=[c.engine_finish for c in self.generation.choices])
+        await settle(self.generation, self.admission, self.caller, outcome)
 
 
 async def admit(policy: Policy, upstream: Upstream, caller: Caller, validated: ValidatedCall, *,
