@@ -31,7 +31,7 @@ from .chunks import ChatFormat
 from .generation import Generation, engine_failure
 from .responses_events import ResponseState, error_event
 from .responses_schema import ResponseRequest
-from .routes import _ERRORS, BYTES_PER_TOKEN_BOUND, _unless_hung_up, authenticated, check_model
+from .routes import _ERRORS, BYTES_PER_TOKEN_BOUND, authenticated, check_model, started_unless_hung_up
 from .serve import Job, WholeResponse
 from .translate import UpstreamRequest, capped_max_tokens, prompt_bytes
 
@@ -77,7 +77,7 @@ async def create_response(body: ResponseRequest, request: Request,
         return await serve_resumable(request, caller, produce, error_event=_refusal, headers=admission.headers,
                                      stream_id=job.response_id, background=bool(body.background), summary=state)
     try:
-        started = await _unless_hung_up(generation.start(), request)
+        started = await started_unless_hung_up(generation.start(), request)
     except BaseException:
         await admission.release()
         raise

@@ -7,7 +7,6 @@ and allowed for the tier (403), `n` bound (400), admission under the limits
 the response starts."""
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -23,7 +22,8 @@ from ..upstream import PUBLIC_MODELS, Upstream
 from .chunks import ChatFormat, CompletionFormat, Format
 from .generation import Generation
 from .schemas import ChatCompletionRequest, CompletionRequest, _Sampling
-from ..streams.serve import CLIENT_CLOSED_REQUEST, disconnected, serve_resumable
+from ..hangup import HungUp, unless_hung_up
+from ..streams.serve import CLIENT_CLOSED_REQUEST, serve_resumable
 from .serve import Job, error_event, produce_stream, whole
 from .translate import UpstreamRequest, chat_upstream, completion_upstream, prompt_bytes
 
@@ -86,7 +86,7 @@ async def _run(request: Request, caller: Caller, body: _Sampling, fmt: Format, p
         return await serve_resumable(request, caller, lambda: produce_stream(job), error_event=error_event,
                                      headers=admission.headers, stream_id=job.response_id)
     try:
-        started = await _unless_hung_up(generation.start(), request)
+        started = await started_unless_hung_up(generation.start(), request)
     except BaseException:
         await admission.release()
         raise
@@ -110,23 +110,14 @@ async def completions(body: CompletionRequest, request: Request,
     return await _run(request, caller, body, CompletionFormat, "cmpl", completion_upstream, body.wants_logprobs)
 
 
-async def _unless_hung_up(work: Awaitable[None], request: Request) -> bool:
+async def started_unless_hung_up(work: Awaitable[None], request: Request) -> bool:
     """Run `work` (sending the engine requests and waiting for their first
-    answers: queueing + prefill, possibly long) while watching for the caller
-    hanging up; False when it did, after cancelling `work`."""
-    task = asyncio.ensure_future(work)
-    hangup = asyncio.ensure_future(disconnected(request.receive))
+    answers: queueing + prefill, possibly long) unless the caller hangs up
+    first: False then, after cancelling it (which stops the engine requests)."""
     try:
-        await asyncio.wait({task, hangup}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        hangup.cancel()
-        if not task.done():
-            task.cancel()
-        await asyncio.gather(hangup, return_exceptions=True)
-    if task.cancelled() or not task.done():
-        await asyncio.gather(task, return_exceptions=True)
+        await unless_hung_up(work, request.receive)
+    except HungUp:
         return False
-    task.result()       # raises what the start raised (a GatewayError: the caller's answer)
     return True
 
 

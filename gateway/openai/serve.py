@@ -19,7 +19,7 @@ from starlette.types import Receive, Scope, Send
 from ..errors import GatewayError
 from ..usage import settle
 from ..policy import Admission, Caller
-from ..streams.serve import disconnected
+from ..hangup import HungUp, unless_hung_up
 from ..upstream import UpstreamFailure
 from . import chunks
 from .chunks import Format
@@ -142,17 +142,10 @@ class WholeResponse(Response):
         self._given_headers = headers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        work = asyncio.ensure_future(self._compute())
-        hangup = asyncio.ensure_future(disconnected(receive))
         try:
-            await asyncio.wait({work, hangup}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            hangup.cancel()
-        if not work.done():
-            work.cancel()
-            await asyncio.gather(work, return_exceptions=True)
-            return
-        status, body = work.result()
+            status, body = await unless_hung_up(self._compute(), receive)
+        except HungUp:
+            return                  # nobody to answer
         self.status_code = status
         self.body = self.render(body)
         self.init_headers(self._given_headers)      # Content-Length of this body

@@ -21,6 +21,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from ..errors import GatewayError
+from ..hangup import HungUp, disconnected, unless_hung_up
 from ..metrics import STREAM_RESUMES
 from ..policy import Caller
 from .registry import StreamRegistry
@@ -34,12 +35,6 @@ KEEPALIVE = b": keep-alive\n\n"
 STREAM_ID_HEADER = "X-Stream-Id"
 # nginx's status for "the client closed the request": only ever logged, nobody receives it
 CLIENT_CLOSED_REQUEST = 499
-
-
-async def disconnected(receive: Receive) -> None:
-    """Returns when the caller has hung up."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 def registry_of(request: Request) -> StreamRegistry:
@@ -56,23 +51,16 @@ async def serve_resumable(request: Request, caller: Caller, produce: Producer, *
     registry = registry_of(request)
     session = registry.open(caller, produce, error_event, stream_id, background=background, summary=summary)
     keepalive_s = registry.config.keepalive_interval_s
-    first = asyncio.ensure_future(session.wait_first(keepalive_s))
-    hangup = asyncio.ensure_future(disconnected(request.receive))
     try:
-        await asyncio.wait({first, hangup}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        hangup.cancel()
-        if not first.done():
-            first.cancel()
-        await asyncio.gather(first, hangup, return_exceptions=True)
-    if (not first.done() or first.cancelled()) and not background:
-        # gone before anything was sent: it never learnt the stream id, so nothing to keep
-        session.end_reason = "hung_up"
-        session.cancel()
-        registry.forget(session)
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    if not first.done() or first.cancelled():
-        registry.detach(session)       # a background stream goes on without this reader
+        await unless_hung_up(session.wait_first(keepalive_s), request.receive)
+    except HungUp:
+        if background:
+            registry.detach(session)       # a background stream goes on without this reader
+        else:
+            # gone before anything was sent: it never learnt the stream id, so nothing to keep
+            session.end_reason = "hung_up"
+            session.cancel()
+            registry.forget(session)
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     if session.failure is not None and session.last_seq <= 1:
         registry.detach(session)

@@ -4,7 +4,6 @@ routes), the SSE error event of `generate_stream`, and the response that
 computes a whole answer while watching for the caller hanging up."""
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -15,6 +14,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import GatewayError
+from ..hangup import HungUp, unless_hung_up
 
 log = logging.getLogger(__name__)
 
@@ -69,18 +69,10 @@ class WholeAnswer(Response):
         self._given_headers = headers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        work = asyncio.ensure_future(self._answer())
-        hangup = asyncio.ensure_future(disconnected(receive))
         try:
-            await asyncio.wait({work, hangup}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            hangup.cancel()
-            if not work.done():
-                work.cancel()
-            await asyncio.gather(work, hangup, return_exceptions=True)
-        if work.cancelled():
+            answer = await unless_hung_up(self._answer(), receive)
+        except HungUp:
             return                  # nobody to answer
-        answer = work.result()
         self.status_code = answer.status
         self.body = answer.body
         self.media_type = answer.media_type
@@ -95,12 +87,6 @@ class WholeAnswer(Response):
         except Exception:
             log.exception("unhandled error computing an answer")
             return error_answer(INTERNAL)
-
-
-async def disconnected(receive: Receive) -> None:
-    """Returns when the caller has hung up."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 class TritonErrorShape:
