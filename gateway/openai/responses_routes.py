@@ -31,7 +31,7 @@ from .chunks import ChatFormat
 from .generation import Generation, engine_failure
 from .responses_events import ResponseState, error_event
 from .responses_schema import ResponseRequest
-from .routes import _ERRORS, BYTES_PER_TOKEN_BOUND, authenticated, check_model, started_unless_hung_up
+from .routes import _ERRORS, BYTES_PER_TOKEN_BOUND, authenticated, check_model, start_whole
 from .serve import Job, WholeResponse
 from .translate import UpstreamRequest, capped_max_tokens, prompt_bytes
 
@@ -76,13 +76,7 @@ async def create_response(body: ResponseRequest, request: Request,
     if body.stream:
         return await serve_resumable(request, caller, produce, error_event=_refusal, headers=admission.headers,
                                      stream_id=job.response_id, background=bool(body.background), summary=state)
-    try:
-        started = await started_unless_hung_up(generation.start(), request)
-    except BaseException:
-        await admission.release()
-        raise
-    if not started:
-        await admission.release()
+    if not await start_whole(generation, admission, request):
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     return WholeResponse(lambda: whole(job, state), headers=admission.headers)
 

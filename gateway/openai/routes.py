@@ -8,7 +8,7 @@ the response starts."""
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from .. import logs
 from ..config import TierConfig
 from ..errors import GatewayError
-from ..policy import Caller, Policy
+from ..policy import Admission, Caller, Policy
 from ..upstream import PUBLIC_MODELS, Upstream
 from .chunks import ChatFormat, CompletionFormat, Format
 from .generation import Generation
@@ -85,15 +85,7 @@ async def _run(request: Request, caller: Caller, body: _Sampling, fmt: Format, p
         # resumable: the response id is the stream id (GET /v1/streams/{id})
         return await serve_resumable(request, caller, lambda: produce_stream(job), error_event=error_event,
                                      headers=admission.headers, stream_id=job.response_id)
-    try:
-        started = await started_unless_hung_up(generation.start(), request)
-    except BaseException:
-        await admission.release()
-        raise
-    if not started:
-        # the caller left while its request waited for the engine's first answer:
-        # the engine requests were stopped; nobody reads this answer
-        await admission.release()
+    if not await start_whole(generation, admission, request):
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     return whole(job)
 
@@ -110,14 +102,19 @@ async def completions(body: CompletionRequest, request: Request,
     return await _run(request, caller, body, CompletionFormat, "cmpl", completion_upstream, body.wants_logprobs)
 
 
-async def started_unless_hung_up(work: Awaitable[None], request: Request) -> bool:
-    """Run `work` (sending the engine requests and waiting for their first
-    answers: queueing + prefill, possibly long) unless the caller hangs up
-    first: False then, after cancelling it (which stops the engine requests)."""
+async def start_whole(generation: Generation, admission: Admission, request: Request) -> bool:
+    """Send a whole answer's engine requests and wait for their first answers
+    (queueing + prefill, possibly long) unless the caller hangs up first:
+    False then, the engine requests stopped and the admission released;
+    a refusal is raised, the admission released too."""
     try:
-        await unless_hung_up(work, request.receive)
+        await unless_hung_up(generation.start(), request.receive)
     except HungUp:
+        await admission.release()
         return False
+    except BaseException:
+        await admission.release()
+        raise
     return True
 
 
