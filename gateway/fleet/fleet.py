@@ -32,7 +32,7 @@ from ..metrics import (EJECTIONS, FAILOVERS, PROBES, REPLICA_DRAINING, REPLICA_I
                        ROUTED)
 from ..upstream import OVERLOAD_RETRY_AFTER_S, Upstream, UpstreamFailure, UpstreamStream
 from .load import parse_load
-from .probe import OK, OVERLOADED, GoldenAnswer, probe_once
+from .probe import OK, OVERLOADED, WRONG_ANSWER, GoldenAnswer, probe_once
 from .replica import Replica
 from .router import RouteRequest, Router
 
@@ -61,7 +61,6 @@ class Fleet:
         self.router = Router(config)
         self.budget = RetryBudget(ratio=0.2, floor=10.0, cap=100.0)
         self._tasks: list[asyncio.Task[None]] = []
-        self._verdicts: set[str] = set()          # replicas probed at least once
         self._first_verdicts: asyncio.Event | None = None
         self._stopping: asyncio.Event | None = None
         for replica in replicas:
@@ -126,8 +125,8 @@ class Fleet:
 
     async def _first_probes(self) -> None:
         """Just after start-up, wait (up to one probe timeout) until a replica
-        has proven itself or every replica has had a verdict, so that no caller
-        is sent to a replica nobody has checked (its weights may be broken)."""
+        has proven itself, so that no caller is sent to a replica nobody has
+        checked (its weights may be broken)."""
         if self.golden is None or self._first_verdicts is None or self._first_verdicts.is_set():
             return
         try:
@@ -138,8 +137,9 @@ class Fleet:
             self._first_verdicts.set()
 
     def _verdict(self, replica: Replica) -> None:
-        self._verdicts.add(replica.name)
-        if self._first_verdicts is not None and (replica.health.proven or len(self._verdicts) == len(self.replicas)):
+        # a replica that failed its first probe (busy, or broken) does not end
+        # the wait: only one that answered right does
+        if self._first_verdicts is not None and replica.health.proven:
             self._first_verdicts.set()
 
     async def aclose(self) -> None:
@@ -170,8 +170,8 @@ class Fleet:
         """Never the last replica still taking traffic."""
         return any(r is not replica and not r.health.ejected for r in self.replicas)
 
-    def failed(self, replica: Replica, reason: str) -> None:
-        if replica.health.failed(reason, self.may_eject(replica)):
+    def failed(self, replica: Replica, reason: str, decisive: bool = False) -> None:
+        if replica.health.failed(reason, self.may_eject(replica), decisive):
             EJECTIONS.labels(replica=replica.name, reason=reason).inc()
             log.warning("replica %s ejected (%s); back in after %d good probes, not before %.0f s",
                         replica.name, reason, self.config.readmit_after_successes,
@@ -262,7 +262,7 @@ class Fleet:
             self.succeeded(replica)
         elif outcome != OVERLOADED:
             log.warning("replica %s failed its probe: %s", replica.name, outcome)
-            self.failed(replica, f"probe_{outcome}")
+            self.failed(replica, f"probe_{outcome}", decisive=outcome == WRONG_ANSWER)
         self._verdict(replica)
         return outcome in (OK, OVERLOADED)
 

@@ -31,9 +31,11 @@ class Health:
     last_reason: str = ""
     history: list[str] = field(default_factory=list)
 
-    def failed(self, reason: str, may_eject: bool) -> bool:
-        """Record a failure; True when it ejects the replica now."""
-        self.failures += 1
+    def failed(self, reason: str, may_eject: bool, decisive: bool = False) -> bool:
+        """Record a failure; True when it ejects the replica now. A decisive
+        one (a wrong answer to the probe: its greedy tokens win by wide
+        margins, so no healthy replica gives another) ejects at once."""
+        self.failures = max(self.failures + 1, self.eject_after_failures if decisive else 0)
         self.successes = 0
         self.last_reason = reason
         if self.ejected or self.failures < self.eject_after_failures or not may_eject:

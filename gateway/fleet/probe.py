@@ -20,7 +20,7 @@ from client.errors import OVERLOADED_MARKER
 # probes jump every queue: a probe that waits behind a long backlog would
 # eject a replica for being busy
 PROBE_PRIORITY = 2 ** 30
-OK, OVERLOADED = "ok", "overloaded"
+OK, OVERLOADED, WRONG_ANSWER = "ok", "overloaded", "wrong_answer"
 
 
 class GoldenAnswer(Protocol):
@@ -55,4 +55,4 @@ async def probe_once(client: object, golden: GoldenAnswer | None, *, ready_timeo
         return "unreachable"
     if result.error is not None:
         return "error"
-    return OK if list(result.output_ids) == list(golden.output_ids) else "wrong_answer"
+    return OK if list(result.output_ids) == list(golden.output_ids) else WRONG_ANSWER

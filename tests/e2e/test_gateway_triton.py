@@ -59,7 +59,15 @@ def stream_through(door: GrpcGateway, model: str, inputs: dict[str, Any], *, hea
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)),
                             headers=door.headers if headers is None else headers)
-        client.async_stream_infer(model, [_grpc_input(k, v) for k, v in inputs.items()], request_id="mine")
+        try:
+            client.async_stream_infer(model, [_grpc_input(k, v) for k, v in inputs.items()], request_id="mine")
+        except InferenceServerException as exc:
+            # the server already ended the stream (a refused key); its status came through the callback
+            try:
+                _, error = responses.get(timeout=10)
+            except queue.Empty:
+                return got, str(exc)
+            return got, str(error if error is not None else exc)
         while True:
             result, error = responses.get(timeout=timeout)
             if error is not None:

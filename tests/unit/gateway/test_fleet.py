@@ -249,3 +249,10 @@ def test_a_replica_dying_mid_stream_ends_the_stream_with_an_error_event_and_coun
     assert exchange.status == 200 and json.loads(events[-1])["error"]["code"] == "upstream_error"
     assert "[DONE]" not in events
     assert replica_a.health.failures == 1 and replica_a.in_flight == 0
+
+
+def test_a_wrong_probe_answer_ejects_at_once_unless_it_is_the_last_replica():
+    health = Health(eject_after_failures=3, readmit_after_successes=2, backoff_s=1.0)
+    assert not health.failed("probe_wrong_answer", may_eject=False, decisive=True), "never the last replica"
+    other = Health(eject_after_failures=3, readmit_after_successes=2, backoff_s=1.0)
+    assert other.failed("probe_wrong_answer", may_eject=True, decisive=True) and other.ejected
