@@ -17,6 +17,10 @@ class TierConfig:
     # a dropped stream keeps generating this long for a resume (GET /v1/streams/{id});
     # then it is stopped and its KV blocks freed. 0: stop at once, no resume
     stream_grace_s: float = 10.0
+    # when every replica dedicated to this tier (ReplicaConfig.dedicated_to) is out:
+    # "when_down" (none routable) or "when_busy" (also when all of them have
+    # requests waiting) sends the tier to the shared replicas; "never" answers 503
+    spill_over: str = "when_down"
 
 
 def _default_tiers() -> dict[str, TierConfig]:
@@ -32,6 +36,11 @@ class ReplicaConfig:
     """One tritonserver behind the gateway."""
     grpc_url: str                         # where requests go (through client/)
     metrics_url: str = ""                 # its Prometheus metrics, scraped for routing; empty: not scraped
+    # the tiers this replica is dedicated to (no other tier reaches it); empty: shared by every tier
+    dedicated_to: tuple[str, ...] = ()
+
+
+SPILL_OVER_RULES = ("never", "when_down", "when_busy")
 
 
 ROUTING_POLICIES = ("round_robin", "least_load", "prefix_aware")
@@ -60,6 +69,38 @@ class GatewayConfig:
     readmit_after_successes: int = 2      # consecutive good probes of an ejected replica
     eject_backoff_s: float = 5.0          # the first ejection's minimum length; doubles per ejection (max 300 s)
     failover_attempts: int = 3            # tries of one request before its first token, on different replicas
+    # a stream whose replica dies, or sends nothing for `stall_timeout_s`, after
+    # its first token moves to another replica with the tokens so far
+    # (`continuation_ids`), at most `migrate_attempts` times; 0 turns it off
+    stall_timeout_s: float = 20.0
+    migrate_attempts: int = 2
+    # replicas from DNS (a Kubernetes headless service): "host:grpc_port", every
+    # address of the name is a replica, re-resolved every `discovery_interval_s`;
+    # their metrics are scraped at http://<address>:`discovery_metrics_port`/metrics
+    discovery_dns: str = ""
+    discovery_interval_s: float = 10.0
+    discovery_metrics_port: int = 8002
+    # degradation under sustained overload (gateway/degrade/): each signal is
+    # averaged over `degrade_window_s`; the level goes up one step once some
+    # signal has stayed above its enter threshold for `degrade_enter_dwell_s`,
+    # and down one step once every signal has stayed below its exit threshold
+    # for `degrade_exit_dwell_s`. Levels: 1 caps max_tokens at
+    # `degrade_max_tokens`, 2 sheds the lowest tier (429), 3 answers the lowest
+    # tier still served in one piece, 4 routes to `degrade_fallback_model`.
+    degrade_max_level: int = 4            # 0 turns degradation off; 4 needs a fallback model
+    degrade_window_s: float = 60.0
+    degrade_enter_dwell_s: float = 60.0
+    degrade_exit_dwell_s: float = 180.0
+    degrade_queue_time_enter_s: float = 10.0   # the engine's mean queue time
+    degrade_queue_time_exit_s: float = 2.0
+    degrade_kv_enter: float = 0.9              # KV blocks used / capacity
+    degrade_kv_exit: float = 0.7
+    degrade_preemptions_enter_per_s: float = 1.0
+    degrade_preemptions_exit_per_s: float = 0.1
+    degrade_error_rate_enter: float = 0.2      # failed engine requests / all
+    degrade_error_rate_exit: float = 0.02
+    degrade_max_tokens: int = 256
+    degrade_fallback_model: str = ""           # a model on the replicas (e.g. a smaller one); empty: no level 4
     drain_timeout_s: float = 30.0         # SIGTERM: in-flight streams get this long to finish
     admin_key_file: str = ""              # the key of /admin/* (drain a replica); empty: <build dir>/gateway_admin_key
     keys_file: str = ""                   # the API key store (hashes only); empty: <build dir>/gateway_keys.json

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -61,6 +61,11 @@ class Fleet:
         self.router = Router(config)
         self.budget = RetryBudget(ratio=0.2, floor=10.0, cap=100.0)
         self._tasks: list[asyncio.Task[None]] = []
+        # called after every round of metrics scrapes (with the replicas, fresh
+        # readings on them) and with every engine request's outcome (True: it
+        # answered to its end); the degradation controller listens
+        self.load_listeners: list[Callable[[list[Replica]], None]] = []
+        self.outcome_listeners: list[Callable[[bool], None]] = []
         self._first_verdicts: asyncio.Event | None = None
         self._stopping: asyncio.Event | None = None
         for replica in replicas:
@@ -118,6 +123,7 @@ class Fleet:
             if context is not None:
                 context.fields.setdefault("replicas", []).append(replica.name)
             return RoutedStream(stream, replica, self)
+        self.outcome(False)
         if last_error is not None:
             raise last_error
         raise GatewayError(503, "No replica can take the request now; retry after the delay in Retry-After.",
@@ -194,6 +200,10 @@ class Fleet:
     def in_flight(self) -> int:
         return sum(r.in_flight for r in self.replicas)
 
+    def outcome(self, ok: bool) -> None:
+        for listener in self.outcome_listeners:
+            listener(ok)
+
     def _track(self, replica: Replica, change: int) -> None:
         replica.in_flight += change
         REPLICA_IN_FLIGHT.labels(replica=replica.name).set(replica.in_flight)
@@ -206,13 +216,14 @@ class Fleet:
     # background loops
 
     def _ensure_loops(self) -> None:
-        # one replica and nothing to check it against: it takes every request anyway
-        if self._tasks or (len(self.replicas) == 1 and self.golden is None):
+        if self._stopping is not None:
             return
         self._first_verdicts = asyncio.Event()
         self._stopping = asyncio.Event()
-        # one loop per replica: a slow answer from a busy replica must not delay noticing a hung one
-        self._tasks = [asyncio.ensure_future(self._probe_loop(r)) for r in self.replicas]
+        # one replica and nothing to check it against: it takes every request anyway
+        if len(self.replicas) > 1 or self.golden is not None:
+            # one loop per replica: a slow answer from a busy replica must not delay noticing a hung one
+            self._tasks = [asyncio.ensure_future(self._probe_loop(r)) for r in self.replicas]
         if any(r.config.metrics_url for r in self.replicas):
             self._tasks.append(asyncio.ensure_future(self._scrape_loop()))
 
@@ -225,6 +236,8 @@ class Fleet:
         async with httpx.AsyncClient(timeout=max(0.5, min(2.0, interval * 2))) as http:
             while True:
                 await asyncio.gather(*(self._scrape(http, r) for r in self.replicas if r.config.metrics_url))
+                for listener in self.load_listeners:
+                    listener(self.replicas)
                 await asyncio.sleep(interval)
 
     async def _scrape(self, http: httpx.AsyncClient, replica: Replica) -> None:
@@ -284,8 +297,10 @@ class RoutedStream(UpstreamStream):
                 yield event
         except UpstreamFailure:
             self._fleet.failed(self.replica, "stream_broke")
+            self._fleet.outcome(False)
             raise
         self.replica.health.failures = 0      # a whole answer: the replica works
+        self._fleet.outcome(True)
 
     async def aclose(self) -> None:
         try:

@@ -41,16 +41,23 @@ GATEWAY_VALUES = {
     "redis_url": "redis://127.0.0.1:6390/0", "max_body_bytes": 2048, "max_json_depth": 6, "max_n": 2,
     "max_concurrent_requests": 7, "stream_buffer_bytes": 4096, "keepalive_interval_s": 2.5,
     "response_retention_s": 30.0,
-    "replicas": {"a": ReplicaConfig(grpc_url="10.0.0.7:8001", metrics_url="http://10.0.0.7:8002/metrics")},
+    "replicas": {"a": ReplicaConfig(grpc_url="10.0.0.7:8001", metrics_url="http://10.0.0.7:8002/metrics",
+                                    dedicated_to=("gold",))},
     "routing_policy": "least_load", "weight_queue": 1.5, "weight_kv_cache": 0.5, "weight_prefix": 4.0,
     "weight_session": 0.25, "metrics_interval_s": 0.25, "metrics_stale_s": 1.5, "probe_interval_s": 2.0,
     "probe_timeout_s": 4.0, "probe_golden_file": "/var/probe.json", "eject_after_failures": 2,
     "readmit_after_successes": 3, "eject_backoff_s": 1.0, "failover_attempts": 2, "drain_timeout_s": 12.0,
-    "admin_key_file": "/etc/gateway_admin_key",
+    "admin_key_file": "/etc/gateway_admin_key", "stall_timeout_s": 4.5, "migrate_attempts": 1,
+    "discovery_dns": "triton.llm.svc.cluster.local:8001", "discovery_interval_s": 2.0, "discovery_metrics_port": 9302,
+    "degrade_max_level": 3, "degrade_window_s": 30.0, "degrade_enter_dwell_s": 20.0, "degrade_exit_dwell_s": 40.0,
+    "degrade_queue_time_enter_s": 8.0, "degrade_queue_time_exit_s": 1.5, "degrade_kv_enter": 0.95,
+    "degrade_kv_exit": 0.6, "degrade_preemptions_enter_per_s": 2.0, "degrade_preemptions_exit_per_s": 0.05,
+    "degrade_error_rate_enter": 0.3, "degrade_error_rate_exit": 0.01, "degrade_max_tokens": 128,
+    "degrade_fallback_model": "ensemble_small",
     # a structured field: a TOML table in a file, JSON in the environment and --set
     "tiers": {"gold": TierConfig(requests_per_second=1.5, tokens_per_second=300.0, priority=4, max_tokens_cap=64,
                                  max_concurrent_requests=3, allowed_models=("llm_bls",),
-                                 stream_grace_s=3.0)},
+                                 stream_grace_s=3.0, spill_over="never")},
 }
 VALUES = {"engine": ENGINE_VALUES, "text": TEXT_VALUES, "server": SERVER_VALUES, "gateway": GATEWAY_VALUES}
 
