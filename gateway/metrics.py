@@ -65,3 +65,10 @@ FAILOVERS = Counter("gateway_failovers_total", "attempts retried on another repl
                     ["reason"], registry=REGISTRY)
 DRAINING = Gauge("gateway_draining", "1 once the gateway stops admitting (SIGTERM): in-flight requests finish",
                  registry=REGISTRY)
+MIGRATIONS = Counter("gateway_stream_migrations_total", "streams moved to another replica after their first token, "
+                     "by what happened to the first (died, stalled) and the outcome (moved, failed)",
+                     ["reason", "outcome"], registry=REGISTRY)
+ORPHANS_STOPPED = Counter("gateway_orphans_stopped_total", "engine requests left on a stalled replica by a migration, "
+                          "by how the stop ended (stopped, gone, gave_up)", ["outcome"], registry=REGISTRY)
+REPLICAS_DISCOVERED = Gauge("gateway_replicas_discovered", "replicas the DNS discovery currently finds",
+                            registry=REGISTRY)

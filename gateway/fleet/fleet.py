@@ -66,6 +66,9 @@ class Fleet:
         # answered to its end); the degradation controller listens
         self.load_listeners: list[Callable[[list[Replica]], None]] = []
         self.outcome_listeners: list[Callable[[bool], None]] = []
+        # the model an engine request really goes to (the degradation
+        # controller's fallback model under sustained overload)
+        self.model_for: Callable[[str], str] = lambda model: model
         self._first_verdicts: asyncio.Event | None = None
         self._stopping: asyncio.Event | None = None
         for replica in replicas:
@@ -86,6 +89,7 @@ class Fleet:
                     streaming: bool = True) -> UpstreamStream:
         self._ensure_loops()
         await self._first_probes()
+        model = self.model_for(model)
         context = logs.current()
         route = RouteRequest(prompt_text(text_input, options),
                              session=context.fields.get("user") if context is not None else None)
