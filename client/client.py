@@ -11,7 +11,8 @@ from .grpc_transport import GrpcTransport
 from .payload import input_values
 from .retry import RetryBudget, Sleep
 from .sse_transport import SseTransport
-from .stream import GenerationStream
+from .errors import RequestError
+from .stream import GenerationStream, already_finished
 from .timing import DEFAULT_CLOCK, Clock
 from .transport import Transport
 from .types import GenerationOptions, GenerationResult, new_request_id, new_request_key
@@ -79,6 +80,19 @@ class AsyncLLMClient:
                        model: str | None = None, **option_fields: Any) -> GenerationResult:
         """Stream to the end and return the whole result."""
         return await self.stream(text_input, options, model=model, **option_fields).collect()
+
+    async def stop(self, request_key: str, request_id: str = "") -> bool:
+        """Stop a running request by its key (Triton directly): True once the
+        server has taken the stop, False when it has no live request with this
+        key (finished, or never there). Raises RequestError for any other
+        refusal, ServerConnectionError when the server cannot be reached."""
+        try:
+            await self.transport.send_stop(self.config.stop_model, request_id or new_request_id(), request_key)
+        except RequestError as exc:
+            if already_finished(exc):
+                return False
+            raise
+        return True
 
     async def ready(self) -> bool:
         """Whether the server is ready to serve (gRPC `ServerReady`, SSE

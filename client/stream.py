@@ -26,6 +26,11 @@ _ALREADY_FINISHED_HINTS = ("no live request", "already finished", "unknown reque
 _KEY_PLACEHOLDER = "<request_key>"
 
 
+def already_finished(exc: RequestError) -> bool:
+    """Whether a stop's refusal says the request is no longer running."""
+    return any(hint in exc.message.lower() for hint in _ALREADY_FINISHED_HINTS)
+
+
 def redact(text: str, request_key: str) -> str:
     """`text` with the key masked: server messages may quote it, and logs must not."""
     return text.replace(request_key, _KEY_PLACEHOLDER) if request_key else text
@@ -199,7 +204,7 @@ class GenerationStream:
             await self._client.transport.send_stop(config.stop_model, self.request_id, key)
             log.debug("sent stop for request %s", self.request_id)
         except RequestError as exc:
-            if any(hint in exc.message.lower() for hint in _ALREADY_FINISHED_HINTS):
+            if already_finished(exc):
                 log.debug("stop for %s: request already finished", self.request_id)
             else:
                 log.warning("stop for request %s failed: %s", self.request_id, redact(str(exc), key))

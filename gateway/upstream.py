@@ -8,6 +8,7 @@ act on: 400 for input the text stages refused, 503 + Retry-After for an
 overloaded engine or an unreachable Triton, 504 for no first token in time."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import AsyncIterator
@@ -42,6 +43,11 @@ _PARAMS = {spec.name: {"text_input": "prompt", "stop_words": "stop"}.get(spec.na
 
 class UpstreamFailure(Exception):
     """The engine request failed after it had started answering."""
+
+
+class UpstreamStalled(UpstreamFailure):
+    """The engine request sent nothing for the stall timeout: its replica may
+    be frozen (a hung process, a stopped container), its request still held."""
 
 
 def client_config(grpc_url: str) -> ClientConfig:
@@ -96,19 +102,37 @@ class UpstreamStream:
     def __init__(self, stream: Any, first: StreamEvent) -> None:
         self._stream = stream
         self.first = first
+        self._pending: asyncio.Future[StreamEvent] | None = None
+
+    @property
+    def request_key(self) -> str:
+        return self._stream.request_key
 
     @property
     def request_id(self) -> str:
         return self._stream.request_id
 
-    async def rest(self) -> AsyncIterator[StreamEvent]:
+    async def rest(self, stall_timeout_s: float = 0.0) -> AsyncIterator[StreamEvent]:
         """The events after the first; raises UpstreamFailure when the engine
-        request broke off (the client library ends such a stream quietly)."""
+        request broke off (the client library ends such a stream quietly), and
+        UpstreamStalled when nothing came for `stall_timeout_s` (0: no bound
+        but the client library's token timeout). A stalled stream's pending
+        read is kept until aclose(): cancelling it runs the client library's
+        clean-up (close, stop by key), which may wait on the frozen replica."""
         if self.first.final:
             return
+        events = self._stream.__aiter__()
         try:
-            async for event in self._stream:
-                yield event
+            while True:
+                self._pending = asyncio.ensure_future(events.__anext__())
+                done, _ = await asyncio.wait({self._pending}, timeout=stall_timeout_s or None)
+                if not done:
+                    UPSTREAM_ERRORS.labels(kind="stall").inc()
+                    raise UpstreamStalled(f"the engine sent nothing for {stall_timeout_s:.0f} s")
+                pending, self._pending = self._pending, None
+                yield pending.result()
+        except StopAsyncIteration:
+            pass
         except ClientTimeoutError as exc:
             UPSTREAM_ERRORS.labels(kind="timeout").inc()
             raise UpstreamFailure(f"the engine stopped answering ({exc})") from None
@@ -124,6 +148,10 @@ class UpstreamStream:
     async def aclose(self) -> None:
         """Idempotent. Before the final response this closes the gRPC stream and
         (the client library does it) sends `stop` with the request key."""
+        pending, self._pending = self._pending, None
+        if pending is not None and not pending.done():
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
         await self._stream.aclose()
 
 

@@ -7,22 +7,23 @@ Failover: an attempt refused as overloaded, or that cannot reach its
 replica, is retried on another replica (never the same one twice) after a
 full-jitter backoff, while a retry budget (10 spare retries plus 0.2 per
 request, client/retry.py) lasts, so that a fleet-wide overload is answered
-with 503s rather than multiplied. A request that already streams is not
-moved: its replica dying ends it with an error event (the next issue
-migrates it). Passive outlier detection: a replica that cannot be reached,
-or whose streams break or stall, collects failures like a failed probe."""
+with 503s rather than multiplied. A request that already streams moves
+to another replica when its own dies or stalls (routed_stream.py). Tier
+pools (pools.py) decide which replicas a tier may use. Passive outlier
+detection: a replica that cannot be reached, or whose streams break or
+stall, collects failures like a failed probe."""
 from __future__ import annotations
 
 import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 
-from client import GenerationOptions, StreamEvent
+from client import GenerationOptions
 from client.retry import RetryBudget
 
 from .. import logs
@@ -30,11 +31,14 @@ from ..config import GatewayConfig, ReplicaConfig
 from ..errors import GatewayError
 from ..metrics import (EJECTIONS, FAILOVERS, PROBES, REPLICA_DRAINING, REPLICA_IN_FLIGHT, REPLICA_ROUTABLE,
                        ROUTED)
-from ..upstream import OVERLOAD_RETRY_AFTER_S, Upstream, UpstreamFailure, UpstreamStream
+from ..upstream import OVERLOAD_RETRY_AFTER_S, UpstreamStream
 from .load import parse_load
 from .probe import OK, OVERLOADED, WRONG_ANSWER, GoldenAnswer, probe_once
+from .orphans import Orphans
+from .pools import check_pools, pool_for
 from .replica import Replica
 from .router import RouteRequest, Router
+from .routed_stream import RoutedRequest, RoutedStream
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,8 @@ class Fleet:
         self.golden = golden
         self.router = Router(config)
         self.budget = RetryBudget(ratio=0.2, floor=10.0, cap=100.0)
+        self.orphans = Orphans()
+        check_pools(config, replicas)
         self._tasks: list[asyncio.Task[None]] = []
         # called after every round of metrics scrapes (with the replicas, fresh
         # readings on them) and with every engine request's outcome (True: it
@@ -86,33 +92,49 @@ class Fleet:
     # the Upstream interface (what Generation calls)
 
     async def start(self, model: str, text_input: str, options: GenerationOptions,
-                    streaming: bool = True) -> UpstreamStream:
+                    streaming: bool = True) -> RoutedStream:
         self._ensure_loops()
         await self._first_probes()
-        model = self.model_for(model)
         context = logs.current()
-        route = RouteRequest(prompt_text(text_input, options),
-                             session=context.fields.get("user") if context is not None else None)
+        request = RoutedRequest(self.model_for(model), text_input, options, streaming,
+                                tier=context.tier if context is not None else None)
         self.budget.record_request()
-        tried: set[str] = set()
+        try:
+            stream, replica = await self.route(request)
+        except GatewayError as error:
+            if error.code in _RETRYABLE or error.code == "no_replica":
+                self.outcome(False)
+            raise
+        return RoutedStream(stream, replica, self, request)
+
+    async def route(self, request: RoutedRequest, exclude: set[str] = frozenset()) -> tuple[UpstreamStream, Replica]:
+        """Start `request` on the best replica of its tier's pool, failing over
+        to another one (never `exclude`, never the same twice) while the retry
+        budget lasts; the stream has answered once."""
+        context = logs.current()
+        prompt = RouteRequest(prompt_text(request.text_input, request.options),
+                              session=context.fields.get("user") if context is not None else None)
+        tried: set[str] = set(exclude)
         last_error: GatewayError | None = None
         for attempt in range(max(1, self.config.failover_attempts)):
-            candidates = [r for r in self.routable() if r.name not in tried]
+            pool, spilled = pool_for(request.tier, self.routable(), self.replicas, self.config, time.monotonic())
+            candidates = [r for r in pool if r.name not in tried]
             if not candidates:
                 break
             if attempt > 0:
                 if not self.budget.try_spend():
                     break
                 await asyncio.sleep(random.uniform(0, min(_BACKOFF_MAX_S, _BACKOFF_BASE_S * 2 ** attempt)))
-            decision = self.router.pick(candidates, route)
+            decision = self.router.pick(candidates, prompt)
             replica = decision.replica
             tried.add(replica.name)
-            ROUTED.labels(replica=replica.name, reason=decision.reason).inc()
-            self._track(replica, +1)
+            ROUTED.labels(replica=replica.name, reason="spill_over" if spilled else decision.reason).inc()
+            self.track(replica, +1)
             try:
-                stream = await replica.upstream.start(model, text_input, options, streaming)
+                stream = await replica.upstream.start(request.model, request.text_input, request.options,
+                                                      request.streaming)
             except GatewayError as error:
-                self._track(replica, -1)
+                self.track(replica, -1)
                 if error.code == "upstream_unavailable":
                     self.failed(replica, "unreachable")
                 if error.code not in _RETRYABLE:
@@ -122,12 +144,11 @@ class Fleet:
                 last_error = error
                 continue
             except BaseException:
-                self._track(replica, -1)
+                self.track(replica, -1)
                 raise
             if context is not None:
                 context.fields.setdefault("replicas", []).append(replica.name)
-            return RoutedStream(stream, replica, self)
-        self.outcome(False)
+            return stream, replica
         if last_error is not None:
             raise last_error
         raise GatewayError(503, "No replica can take the request now; retry after the delay in Retry-After.",
@@ -164,6 +185,7 @@ class Fleet:
         for task in pending:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.orphans.aclose()
         await asyncio.gather(*(r.upstream.aclose() for r in self.replicas), return_exceptions=True)
 
     # state
@@ -208,7 +230,7 @@ class Fleet:
         for listener in self.outcome_listeners:
             listener(ok)
 
-    def _track(self, replica: Replica, change: int) -> None:
+    def track(self, replica: Replica, change: int) -> None:
         replica.in_flight += change
         REPLICA_IN_FLIGHT.labels(replica=replica.name).set(replica.in_flight)
 
@@ -282,37 +304,6 @@ class Fleet:
             self.failed(replica, f"probe_{outcome}", decisive=outcome == WRONG_ANSWER)
         self._verdict(replica)
         return outcome in (OK, OVERLOADED)
-
-
-class RoutedStream(UpstreamStream):
-    """An engine request on one replica: counted in its in-flight load until
-    closed; a stream that breaks or stalls counts against the replica."""
-
-    def __init__(self, inner: UpstreamStream, replica: Replica, fleet: Fleet) -> None:
-        super().__init__(inner._stream, inner.first)
-        self._inner = inner
-        self.replica = replica
-        self._fleet = fleet
-        self._closed = False
-
-    async def rest(self) -> AsyncIterator[StreamEvent]:
-        try:
-            async for event in self._inner.rest():
-                yield event
-        except UpstreamFailure:
-            self._fleet.failed(self.replica, "stream_broke")
-            self._fleet.outcome(False)
-            raise
-        self.replica.health.failures = 0      # a whole answer: the replica works
-        self._fleet.outcome(True)
-
-    async def aclose(self) -> None:
-        try:
-            await self._inner.aclose()
-        finally:
-            if not self._closed:
-                self._closed = True
-                self._fleet._track(self.replica, -1)
 
 
 def build_fleet(config: GatewayConfig, upstream: Any = None) -> Fleet:
