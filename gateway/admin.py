@@ -1,7 +1,8 @@
 """The operator's endpoints, behind their own key (never an API key):
 `GET /admin/replicas` (each replica's state), `POST
 /admin/replicas/{name}/drain` (no new requests to it; its in-flight ones
-finish) and `/resume`. The key is read from `gateway.admin_key_file`, or
+finish) and `/resume`, `GET /admin/degradation` (the degradation level, its
+signals' window values and thresholds). The key is read from `gateway.admin_key_file`, or
 `<build dir>/gateway_admin_key`, created (0600) on first start."""
 from __future__ import annotations
 
@@ -88,3 +89,12 @@ async def resume(name: str, request: Request) -> JSONResponse:
     fleet = _check(request)
     replica = fleet.set_draining(_replica(fleet, name).name, False)
     return JSONResponse(describe(replica, fleet.config.metrics_stale_s))
+
+
+@router.get("/admin/degradation")
+async def degradation(request: Request) -> JSONResponse:
+    _check(request)
+    state = request.app.state.degradation
+    if state is None:
+        return JSONResponse({"level": 0, "max_level": 0, "enabled": False})
+    return JSONResponse({"enabled": True, **state.describe()})

@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import logs
 from .config import GatewayConfig
+from .degrade import DegradingPolicy, build_degradation
 from .errors import GatewayError
 from .guard import ASGIApp, BodyGuard, Message, Receive, Scope, Send
 from .metrics import IN_FLIGHT, REGISTRY, REQUEST_DURATION, REQUESTS, exposition
@@ -149,11 +150,18 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream | None 
     streams = streams or build_streams(config)
     fleet = build_fleet(config, upstream)
     drain = DrainState()
+    # under sustained overload the levels apply where every door passes: the
+    # policy (caps, shedding, one-piece streams) and the fleet (fallback model)
+    degradation = build_degradation(config)
+    served: Policy = policy
+    if degradation is not None:
+        degradation.attach(fleet)
+        served = DegradingPolicy(policy, degradation)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # Triton's gRPC protocol (KServe v2) in this event loop, with this policy and upstream
-        door = await start_door(config, policy, fleet, drain)
+        door = await start_door(config, served, fleet, drain)
         fleet.start_loops()         # health and load before the first request
         yield
         if door is not None:
@@ -167,8 +175,9 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream | None 
     app = FastAPI(title="triton-llm-stack gateway", version="1", lifespan=lifespan,
                   docs_url=None, redoc_url=None)
     # every route reaches Triton through the fleet: routing, health, failover
-    app.state.config, app.state.policy, app.state.upstream = config, policy, fleet
+    app.state.config, app.state.policy, app.state.upstream = config, served, fleet
     app.state.fleet, app.state.streams, app.state.drain = fleet, streams, drain
+    app.state.degradation = degradation
     app.include_router(openai_router)
     app.include_router(responses_router)
     app.include_router(streams_router)

@@ -72,3 +72,15 @@ ORPHANS_STOPPED = Counter("gateway_orphans_stopped_total", "engine requests left
                           "by how the stop ended (stopped, gone, gave_up)", ["outcome"], registry=REGISTRY)
 REPLICAS_DISCOVERED = Gauge("gateway_replicas_discovered", "replicas the DNS discovery currently finds",
                             registry=REGISTRY)
+DEGRADATION_LEVEL = Gauge("gateway_degradation_level", "the degradation level under sustained overload (0: none; "
+                          "1: max_tokens capped, 2: lowest tier shed, 3: next tier in one piece, 4: fallback model)",
+                          registry=REGISTRY)
+DEGRADATION_CHANGES = Counter("gateway_degradation_changes_total", "degradation level changes, by direction (up, "
+                              "down) and cause (the signal held above its enter threshold: queue_time, kv_use, "
+                              "preemptions, error_rate; recovered: every signal at or below its exit threshold)",
+                              ["direction", "cause"], registry=REGISTRY)
+DEGRADATION_SIGNAL = Gauge("gateway_degradation_signal", "each degradation signal's value over the window (NaN: no "
+                           "data): queue_time (s), kv_use (fraction), preemptions (per s per replica), error_rate",
+                           ["signal"], registry=REGISTRY)
+DEGRADATION_SHED = Counter("gateway_degradation_shed_total", "requests refused (429) because the degradation level "
+                           "sheds their tier", ["tier"], registry=REGISTRY)

@@ -18,6 +18,9 @@ class Caller:
     key_id: str                 # never the key itself
     tier_name: str
     tier: TierConfig
+    # a streamed answer is sent in one piece: one content event with the whole
+    # text (the degradation controller's level 3, gateway/degrade/)
+    one_piece: bool = False
 
 
 class Admission(Protocol):

@@ -60,7 +60,9 @@ async def create_response(body: ResponseRequest, request: Request,
     admission = await request.app.state.policy.admit(caller, estimate)
     generation = Generation(request.app.state.upstream, body.model, [upstream_request], admission,
                             route="response", started_s=context.started_s if context else time.perf_counter(),
-                            prompt_estimate=estimate, streamed=bool(body.stream))
+                            prompt_estimate=estimate, streamed=bool(body.stream),
+                            # one piece (degradation): the engine sends the whole answer at once
+                            streaming=not (body.stream and caller.one_piece))
     job = Job(fmt=ChatFormat, response_id=f"resp_{request_id}", model=body.model, caller=caller,
               admission=admission, generation=generation, with_logprobs=False)
     state = ResponseState(job.response_id, body.model, body)

@@ -77,7 +77,9 @@ async def _run(request: Request, caller: Caller, body: _Sampling, fmt: Format, p
     generation = Generation(upstream, body.model, upstream_requests, admission, route=fmt.object,
                             started_s=context.started_s if context else time.perf_counter(),
                             prompt_estimate=estimate, keep_logprobs=with_logprobs and not body.stream,
-                            streamed=bool(body.stream))
+                            streamed=bool(body.stream),
+                            # one piece (degradation): the engine sends the whole answer at once
+                            streaming=not (body.stream and caller.one_piece))
     job = Job(fmt=fmt, response_id=f"{prefix}-{request_id}", model=body.model, caller=caller,
               admission=admission, generation=generation, with_logprobs=with_logprobs,
               include_usage=body.include_usage)

@@ -89,5 +89,7 @@ async def admit(policy: Policy, upstream: Upstream, caller: Caller, validated: V
     admission = await policy.admit(caller, estimate)
     generation = Generation(upstream, validated.model, [UpstreamRequest(0, validated.text_input, validated.options)],
                             admission, route=route, started_s=started_s, prompt_estimate=estimate,
-                            streamed=validated.streaming, streaming=validated.streaming)
+                            streamed=validated.streaming,
+                            # one piece (degradation): the engine sends the whole answer at once
+                            streaming=validated.streaming and not caller.one_piece)
     return Call(validated, caller, admission, generation)
