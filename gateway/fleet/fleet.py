@@ -34,6 +34,7 @@ from ..metrics import (EJECTIONS, FAILOVERS, PROBES, REPLICA_DRAINING, REPLICA_I
 from ..upstream import OVERLOAD_RETRY_AFTER_S, UpstreamStream
 from .load import parse_load
 from .probe import OK, OVERLOADED, WRONG_ANSWER, GoldenAnswer, probe_once
+from .discovery import Discovery
 from .orphans import Orphans
 from .pools import check_pools, pool_for
 from .replica import Replica
@@ -56,8 +57,8 @@ def prompt_text(text_input: str, options: GenerationOptions) -> str:
 
 class Fleet:
     def __init__(self, config: GatewayConfig, replicas: list[Replica], golden: GoldenAnswer | None = None) -> None:
-        if not replicas:
-            raise ValueError("a fleet needs at least one replica")
+        if not replicas and not config.discovery_dns:
+            raise ValueError("a fleet needs at least one replica (gateway.replicas or gateway.discovery_dns)")
         self.config = config
         self.replicas = replicas
         self.by_name = {r.name: r for r in replicas}
@@ -67,6 +68,7 @@ class Fleet:
         self.orphans = Orphans()
         check_pools(config, replicas)
         self._tasks: list[asyncio.Task[None]] = []
+        self._probing: dict[str, asyncio.Task[None]] = {}
         # called after every round of metrics scrapes (with the replicas, fresh
         # readings on them) and with every engine request's outcome (True: it
         # answered to its end); the degradation controller listens
@@ -77,12 +79,14 @@ class Fleet:
         self.model_for: Callable[[str], str] = lambda model: model
         self._first_verdicts: asyncio.Event | None = None
         self._stopping: asyncio.Event | None = None
+        self.discovery = Discovery(self, config) if config.discovery_dns else None
         for replica in replicas:
             self._publish(replica)
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> "Fleet":
-        specs = config.replicas or {"default": ReplicaConfig(grpc_url=config.upstream_grpc_url)}
+        specs = config.replicas or ({} if config.discovery_dns else
+                                    {"default": ReplicaConfig(grpc_url=config.upstream_grpc_url)})
         golden = None
         if config.probe_golden_file:
             from serving.probe_golden import load_golden     # late: the gateway reads only the file
@@ -157,7 +161,13 @@ class Fleet:
     async def _first_probes(self) -> None:
         """Just after start-up, wait (up to one probe timeout) until a replica
         has proven itself, so that no caller is sent to a replica nobody has
-        checked (its weights may be broken)."""
+        checked (its weights may be broken); with DNS discovery, first for the
+        first lookup."""
+        if self.discovery is not None and not self.discovery.resolved.is_set():
+            try:
+                await asyncio.wait_for(self.discovery.resolved.wait(), self.config.probe_timeout_s)
+            except asyncio.TimeoutError:
+                pass
         if self.golden is None or self._first_verdicts is None or self._first_verdicts.is_set():
             return
         try:
@@ -223,6 +233,37 @@ class Fleet:
         self._publish(replica)
         return replica
 
+    # membership (DNS discovery)
+
+    def add(self, replica: Replica) -> None:
+        check_pools(self.config, [replica])
+        self.replicas.append(replica)
+        self.by_name[replica.name] = replica
+        self._publish(replica)
+        if self._stopping is not None:
+            self._watch(replica)
+        log.info("replica %s added (%s)", replica.name, replica.config.grpc_url)
+
+    def retire(self, name: str, retired: bool = True) -> None:
+        """No new requests; it leaves once its in-flight ones have ended
+        (sweep). `retired=False`: it came back before it had left."""
+        replica = self.by_name[name]
+        if replica.retired == retired:
+            return
+        replica.retired = retired
+        self._publish(replica)
+        if retired:
+            log.info("replica %s retired: no new requests, %d in flight finish there", name, replica.in_flight)
+        elif self._stopping is not None:
+            self._watch(replica)
+
+    async def sweep(self) -> None:
+        for replica in [r for r in self.replicas if r.retired and r.in_flight == 0]:
+            self.replicas.remove(replica)
+            del self.by_name[replica.name]
+            await replica.upstream.aclose()
+            log.info("replica %s removed", replica.name)
+
     def in_flight(self) -> int:
         return sum(r.in_flight for r in self.replicas)
 
@@ -247,11 +288,14 @@ class Fleet:
         self._first_verdicts = asyncio.Event()
         self._stopping = asyncio.Event()
         # one replica and nothing to check it against: it takes every request anyway
-        if len(self.replicas) > 1 or self.golden is not None:
+        if len(self.replicas) > 1 or self.golden is not None or self.discovery is not None:
             # one loop per replica: a slow answer from a busy replica must not delay noticing a hung one
-            self._tasks = [asyncio.ensure_future(self._probe_loop(r)) for r in self.replicas]
-        if any(r.config.metrics_url for r in self.replicas):
+            for replica in self.replicas:
+                self._watch(replica)
+        if any(r.config.metrics_url for r in self.replicas) or self.discovery is not None:
             self._tasks.append(asyncio.ensure_future(self._scrape_loop()))
+        if self.discovery is not None:
+            self._tasks.append(asyncio.ensure_future(self.discovery.run(self._stopping)))
 
     def start_loops(self) -> None:
         """From the app's startup: probes run before the first request too."""
@@ -273,9 +317,16 @@ class Fleet:
         except Exception as exc:      # the old reading ages into "saturated"
             log.debug("scraping replica %s failed: %r", replica.name, exc)
 
+    def _watch(self, replica: Replica) -> None:
+        """Its probe loop, unless one still runs (a replica retired and back)."""
+        running = self._probing.get(replica.name)
+        if running is None or running.done():
+            self._probing[replica.name] = task = asyncio.ensure_future(self._probe_loop(replica))
+            self._tasks.append(task)
+
     async def _probe_loop(self, replica: Replica) -> None:
         stopping = self._stopping
-        while stopping is None or not stopping.is_set():
+        while (stopping is None or not stopping.is_set()) and not replica.retired:
             good = await self._probe(replica)
             # a failure is confirmed (or cleared) sooner: a hung replica is out
             # in about two half-intervals after its first miss

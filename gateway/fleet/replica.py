@@ -23,6 +23,7 @@ class Replica:
     load: LoadReading = field(default_factory=LoadReading)
     in_flight: int = 0
     draining: bool = False
+    retired: bool = False           # gone from DNS: finishes what it has, takes nothing new
 
     @classmethod
     def build(cls, name: str, config: ReplicaConfig, gateway: GatewayConfig,
@@ -32,7 +33,7 @@ class Replica:
 
     @property
     def routable(self) -> bool:
-        return not self.health.ejected and not self.draining
+        return not self.health.ejected and not self.draining and not self.retired
 
     def busy(self) -> float:
         """Requests on it: what its engine last said, or what this gateway
