@@ -47,6 +47,10 @@ PUBLIC_INPUTS: tuple[TensorSpec, ...] = (
     TensorSpec("return_num_output_tokens", "TYPE_BOOL"),
     TensorSpec("return_perf_metrics", "TYPE_BOOL"),
     TensorSpec("return_output_ids", "TYPE_BOOL"),
+    # output ids a previous replica already generated for this request (a
+    # migrated stream): preprocessing appends them to the prompt and tells the
+    # LLM step how many trailing ids they are (`continuation_length`)
+    TensorSpec("continuation_ids", "TYPE_INT32", (-1,)),
 )
 
 PUBLIC_OUTPUTS: tuple[TensorSpec, ...] = (

@@ -22,9 +22,22 @@ class RequestContext:
     return_log_probs: bool = False
     return_perf_metrics: bool = False
     return_output_ids: bool = False
+    # output ids a previous replica generated (a migrated stream): the text
+    # stages are primed with them so the first new delta continues cleanly
+    continuation_ids: list[int] = field(default_factory=list)
+    # exclude_input_in_output false: the LLM step's first response leads with
+    # its input ids, continuation included, so nothing is primed
+    echo_input: bool = False
 
     def __post_init__(self) -> None:
         SegmentMode.parse(self.segment)   # raises InvalidInputError naming `segment`
+
+    @property
+    def primed_ids(self) -> list[int]:
+        """What the output pipeline runs over, discarding its text, before the
+        LLM step's first response: the continuation, unless that response
+        repeats it anyway (the input echo)."""
+        return [] if self.echo_input else self.continuation_ids
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))

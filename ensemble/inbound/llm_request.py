@@ -60,7 +60,10 @@ class LLMRequestBuilder:
         key = adopt_or_mint(scalar(get, "request_key"))
         messages = strings(get, "messages")
         max_tokens = _checked_max_tokens(scalar(get, "max_tokens"), self.limits)
+        # counted before any tokenizing: the ids are bounded by max_tokens
+        continuation = _checked_continuation(get("continuation_ids"), max_tokens)
         built = self.prompts.build(text[0] if text else None, messages[0] if messages else None, max_tokens)
+        input_ids = built.input_ids + continuation
         stop = encode_word_list("stop_words", strings(get, "stop_words"), self.info.tokenizer)
         bad = encode_word_list("bad_words", strings(get, "bad_words"), self.info.tokenizer)
         end_id, pad_id = scalar(get, "end_id"), scalar(get, "pad_id")
@@ -68,10 +71,13 @@ class LLMRequestBuilder:
             key=key, stream=bool(scalar(get, "stream")), stop_words=strings(get, "stop_words") or [],
             segment=scalar(get, "segment") or "token", return_log_probs=bool(scalar(get, "return_log_probs")),
             return_perf_metrics=bool(scalar(get, "return_perf_metrics")),
-            return_output_ids=bool(scalar(get, "return_output_ids")))
+            return_output_ids=bool(scalar(get, "return_output_ids")), continuation_ids=continuation,
+            echo_input=scalar(get, "exclude_input_in_output") is False)
         return {
-            "input_ids": np.asarray([built.input_ids], dtype=np.int32),
-            "input_lengths": np.asarray([[len(built.input_ids)]], dtype=np.int32),
+            "input_ids": np.asarray([input_ids], dtype=np.int32),
+            "input_lengths": np.asarray([[len(input_ids)]], dtype=np.int32),
+            # this project's LLM-step input: the trailing ids of input_ids that are output already generated
+            "continuation_length": np.asarray([[len(continuation)]], dtype=np.int32),
             "request_output_len": np.asarray([[max_tokens]], dtype=np.int32),
             "stop_words_list": stop[None] if stop is not None else self._empty_words,
             "bad_words_list": bad[None] if bad is not None else self._empty_words,
@@ -93,12 +99,31 @@ def _checked_max_tokens(value: object, limits: RequestLimits) -> int:
     return value
 
 
+def _checked_continuation(array: np.ndarray | None, max_tokens: int) -> list[int]:
+    """The ids a previous replica already generated (a migrated stream). They
+    count as output: `max_tokens` covers them and what is still to come, so as
+    many ids as `max_tokens` leave nothing to generate."""
+    if array is None:
+        return []
+    values = np.asarray(array).reshape(-1)
+    if values.size == 0:
+        return []
+    if not np.issubdtype(values.dtype, np.integer):
+        raise InvalidInputError("continuation_ids", f"must be integer token ids, got {values.dtype}")
+    if values.size >= max_tokens:
+        raise InvalidInputError("continuation_ids", f"{values.size} ids leave nothing to generate within "
+                                                    f"max_tokens {max_tokens} (they count as output)")
+    if values.min() < 0:
+        raise InvalidInputError("continuation_ids", f"token ids must be >= 0, got {int(values.min())}")
+    return [int(v) for v in values.tolist()]
+
+
 def llm_inputs(preprocessed: dict[str, np.ndarray], get: Getter) -> dict[str, np.ndarray]:
     """What `ensemble`'s wiring does, in Python (for llm_bls): preprocessing
     outputs plus the sampling inputs under the LLM step's names."""
     inputs = {name: preprocessed[name] for name in
               ("input_ids", "input_lengths", "request_output_len", "stop_words_list", "bad_words_list",
-               "request_key")}
+               "continuation_length", "request_key")}
     inputs["end_id"] = preprocessed["out_end_id"]
     inputs["pad_id"] = preprocessed["out_pad_id"]
     for public, llm in PUBLIC_TO_LLM.items():
