@@ -73,12 +73,14 @@ class TritonPythonModel:
                 self._stop(sender, parsed.request_key, client_id)
                 return
             engine_id = uuid.uuid4().hex
-            assembly = StreamAssembly(parsed.streaming, parsed.prompt_token_ids, parsed.exclude_input_in_output)
+            # the echo (exclude_input_in_output false) repeats the ids as sent, continuation included
+            assembly = StreamAssembly(parsed.streaming, parsed.input_ids, parsed.exclude_input_in_output)
             stream = LiveStream(engine_id, parsed.request_key or mint_request_key(), client_id, sender,
                                 assembly, parsed.context)
             self.registry.register(stream)
             self.engine.add_request(engine_id, parsed.prompt_token_ids, parsed.sampling,
-                                    priority=parsed.priority, on_output=self._on_output)
+                                    priority=parsed.priority, on_output=self._on_output,
+                                    continuation_ids=parsed.continuation_ids)
         except _REJECTIONS as exc:
             error = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
             if stream is not None and not isinstance(exc, DuplicateRequestError):

@@ -5,7 +5,7 @@ values are validated once, by the engine at intake (`SamplingParams.validate`
 and what depends on the engine), with errors that name the field."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 import numpy as np
@@ -32,6 +32,14 @@ class LLMRequest:
     request_key: str | None
     stop: bool
     context: bytes = b""
+    # output ids a previous replica already generated: the trailing
+    # `continuation_length` ids of input_ids (this project's extension)
+    continuation_ids: list[int] = field(default_factory=list)
+
+    @property
+    def input_ids(self) -> list[int]:
+        """The ids as sent: prompt, then continuation."""
+        return self.prompt_token_ids + self.continuation_ids
 
 
 def _scalar(tensors: Mapping[str, np.ndarray], name: str, default: object) -> object:
@@ -88,6 +96,11 @@ def parse_llm_request(tensors: Mapping[str, np.ndarray]) -> LLMRequest:
     if not 0 < int(length) <= len(prompt):
         raise InvalidRequestError(f"input_lengths: {length} does not fit input_ids of {len(prompt)} tokens")
     prompt = prompt[: int(length)]
+    continued = int(_scalar(tensors, "continuation_length", 0))
+    if not 0 <= continued < len(prompt):
+        raise InvalidRequestError(f"continuation_length: {continued} must be in [0, {len(prompt)}): input_ids "
+                                  f"of {len(prompt)} tokens must keep at least one prompt token")
+    prompt, continuation = prompt[:len(prompt) - continued], prompt[len(prompt) - continued:]
 
     # TensorRT-LLM's length penalty only rescores beams; this engine samples one
     # sequence per request, so anything but the neutral value would be ignored
@@ -128,4 +141,5 @@ def parse_llm_request(tensors: Mapping[str, np.ndarray]) -> LLMRequest:
         request_key=request_key,
         stop=False,
         context=_raw_bytes(tensors.get("request_context")),
+        continuation_ids=continuation,
     )

@@ -78,11 +78,15 @@ class LLMEngine:
 
     # -- intake (any thread) ---------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingParams,
-                    priority: int = 0, on_output: OutputCallback | None = None) -> None:
+                    priority: int = 0, on_output: OutputCallback | None = None,
+                    continuation_ids: Sequence[int] = ()) -> None:
         """Queue a request. Raises InvalidRequestError, OverloadedError,
-        DuplicateRequestError or EngineDeadError at once, never later."""
-        self._submit(self._make_request(request_id, prompt_token_ids, sampling, priority, on_output),
-                     enforce_queue_limit=True)
+        DuplicateRequestError or EngineDeadError at once, never later.
+        `continuation_ids`: output another replica already generated for this
+        request; it counts as generated output (Request), only what follows
+        it is returned."""
+        self._submit(self._make_request(request_id, prompt_token_ids, sampling, priority, on_output,
+                                        continuation_ids), enforce_queue_limit=True)
 
     def abort(self, request_id: str, reason: str | FinishReason = FinishReason.CANCELLED) -> bool:
         """Ask the loop to end a live request before its next step. False when
@@ -97,12 +101,15 @@ class LLMEngine:
         return True
 
     def _make_request(self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingParams,
-                      priority: int, on_output: OutputCallback | None) -> Request:
+                      priority: int, on_output: OutputCallback | None,
+                      continuation_ids: Sequence[int] = ()) -> Request:
         if self._dead_error is not None:
             raise EngineDeadError(self._dead_error)
         prompt = [int(t) for t in prompt_token_ids]
+        continuation = [int(t) for t in continuation_ids]
         max_tokens = self.config.default_max_tokens if sampling.max_tokens is None else sampling.max_tokens
         self._validate(prompt, sampling, max_tokens)
+        self._validate_continuation(continuation, max_tokens)
         # the engine's defaults where the request left them to it (None); an
         # explicit [] of stop ids stays: no stop token
         if sampling.max_tokens is None or sampling.stop_token_ids is None:
@@ -112,7 +119,7 @@ class LLMEngine:
         if timeout_ms is None:
             timeout_ms = self.config.default_token_timeout_ms
         return Request(request_id, prompt, sampling, priority=int(priority),
-                       token_timeout_ms=timeout_ms, on_output=on_output)
+                       token_timeout_ms=timeout_ms, on_output=on_output, continuation_ids=continuation)
 
     def _validate(self, prompt: list[int], sampling: SamplingParams, max_tokens: int) -> None:
         """The request's own rules (SamplingParams.validate), then what depends
@@ -143,6 +150,19 @@ class LLMEngine:
         if not self.config.enable_chunked_context and n > self.config.max_num_batched_tokens:
             raise InvalidRequestError(f"input_ids: {n} tokens exceed max_num_batched_tokens "
                                       f"{self.config.max_num_batched_tokens} (chunked context is off)")
+
+    def _validate_continuation(self, continuation: list[int], max_tokens: int) -> None:
+        """The continuation is output already generated: `max_tokens` covers
+        it, so the context check of `_validate` (prompt + max_tokens) covers
+        it too."""
+        if not continuation:
+            return
+        vocab = int(self.model_info.vocab_size)
+        if min(continuation) < 0 or max(continuation) >= vocab:
+            raise InvalidRequestError(f"continuation_ids: token ids must be in [0, {vocab})")
+        if len(continuation) >= max_tokens:
+            raise InvalidRequestError(f"continuation_ids: {len(continuation)} ids leave nothing to generate "
+                                      f"within max_tokens {max_tokens} (they count as output)")
 
     def _submit(self, req: Request, enforce_queue_limit: bool) -> None:
         limit = self.config.max_queue_size

@@ -184,7 +184,8 @@ class Scheduler:
             req.num_computed_tokens = num_cached
             if req.status is RequestStatus.WAITING:
                 now = time.time_ns()
-                req.num_cached_tokens = num_cached
+                # the prompt's share: a continuation's blocks may be cached too
+                req.num_cached_tokens = min(num_cached, req.num_prompt_tokens)
                 self.metrics.counter_add(m.PROMPT_TOKENS, req.num_prompt_tokens)
                 self.metrics.histogram_observe(m.REQUEST_QUEUE_TIME, (now - req.arrival_time_ns) / 1e9)
             if num_cached:
@@ -357,7 +358,7 @@ class Scheduler:
             metrics.counter_add(m.REQUESTS_TIMED_OUT, 1)
         end = req.last_token_time_ns if reason in (FinishReason.STOP, FinishReason.LENGTH) else time.time_ns()
         metrics.histogram_observe(m.E2E_REQUEST_LATENCY, ((end or 0) - req.arrival_time_ns) / 1e9)
-        n = req.num_output_tokens
+        n = req.num_new_output_tokens   # the time measured covers this request's own tokens only
         if req.first_token_time_ns is not None and n > 1 and req.last_token_time_ns is not None:
             metrics.histogram_observe(m.TIME_PER_OUTPUT_TOKEN,
                                       (req.last_token_time_ns - req.first_token_time_ns) / 1e9 / (n - 1))

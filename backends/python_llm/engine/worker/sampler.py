@@ -3,7 +3,9 @@
 Order (as vLLM / HF apply them): per-request logits processors, repetition
 penalty (HF: over prompt + output), presence / frequency penalties (OpenAI:
 over output), bans (stop tokens before `min_tokens`, `bad_words_ids`), then
-greedy argmax, or temperature → top-k → top-p → a draw. Draws use the
+greedy argmax, or temperature → top-k → top-p → a draw. "Output" includes a
+continuation (ids another replica generated before this request took over):
+penalties and the `min_tokens` ban see it as generated text. Draws use the
 exponential race (argmax p/q, q ~ Exp(1)), which equals sampling from p, so a
 seeded request can draw its noise from its own `torch.Generator`: its tokens
 do not depend on which other requests share the batch.
