@@ -46,7 +46,7 @@ def run_bls_request(get: Getter, builder: LLMRequestBuilder, post: StreamPostpro
     # `postprocessing`: read from there, so each is parsed once.
     context = RequestContext.from_json(scalar(pre.get, "request_context"))
     key = context.key
-    pipeline = post.new_pipeline(context.stop_words, context.segment)
+    pipeline = post.new_pipeline(context.stop_words, context.segment, context.primed_ids)
     flags = ReturnFlags.of(context)
     stopped_engine = False
     sent_any = False

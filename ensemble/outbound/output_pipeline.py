@@ -57,6 +57,15 @@ class OutputPipeline:
         """The reason a text stage ended the response, if one did."""
         return self._finish_reason
 
+    def prime(self, token_ids: Iterable[int]) -> None:
+        """Replay output another replica already streamed for this request (a
+        migrated stream) and drop its text: the client has it. Every stage
+        then holds what that replica's pipeline held (an incomplete character,
+        a possible start of a stop string or a filter match, an unfinished
+        segment), so the next delta continues the text cleanly, and a stop
+        string spanning the switch still stops with none of it emitted."""
+        self.push(token_ids)
+
     def push(self, token_ids: Iterable[int]) -> Emission:
         if self._finish_reason is not None:
             return Emission("", self._finish_reason)

@@ -45,22 +45,35 @@ class StreamPostprocessor:
         self._filter = content_filter
         self._order_wait_s = order_wait_s
 
-    def new_pipeline(self, stop_strings: Sequence[str], segment: str | None) -> OutputPipeline:
-        return OutputPipeline(self._tokenizer, OutputConfig(stop_strings=tuple(stop_strings),
-                                                            segment=SegmentMode.parse(segment),
-                                                            content_filter=self._filter))
+    def new_pipeline(self, stop_strings: Sequence[str], segment: str | None,
+                     primed_ids: Sequence[int] = ()) -> OutputPipeline:
+        """A stream's pipeline; `primed_ids`: a continuation's ids, replayed
+        first (OutputPipeline.prime; RequestContext.primed_ids)."""
+        pipeline = OutputPipeline(self._tokenizer, OutputConfig(stop_strings=tuple(stop_strings),
+                                                                segment=SegmentMode.parse(segment),
+                                                                content_filter=self._filter))
+        if primed_ids:
+            pipeline.prime(primed_ids)
+        return pipeline
 
-    def process(self, delta: LLMDelta, stop_strings: Sequence[str] = (), segment: str | None = None) -> StepResult:
+    def process(self, delta: LLMDelta, stop_strings: Sequence[str] = (), segment: str | None = None,
+                primed_ids: Sequence[int] = ()) -> StepResult:
         if not delta.streaming:
-            pipeline = self.new_pipeline(stop_strings, segment)
+            pipeline = self.new_pipeline(stop_strings, segment, primed_ids)
             first = pipeline.push(delta.token_ids)
             last = pipeline.finish(delta.engine_finish_reason or None)
             return StepResult(first.text + last.text, last.finish_reason, False)
 
         start = max(0, delta.sequence_length - len(delta.token_ids))
         blob = self._store.load(delta.key, start, self._order_wait_s)
-        pipeline = self._loads(blob) if blob is not None else self.new_pipeline(stop_strings, segment)
-        already_ended = pipeline.finish_reason is not None
+        if blob is not None:
+            pipeline = self._loads(blob)
+            already_ended = pipeline.finish_reason is not None
+        else:
+            # the stream's first delta; a stop the primed continuation already
+            # holds is news to the engine, which must still be stopped
+            pipeline = self.new_pipeline(stop_strings, segment, primed_ids)
+            already_ended = False
         emission = pipeline.push(delta.token_ids)
         if delta.engine_finish_reason:
             final = pipeline.finish(delta.engine_finish_reason)

@@ -54,7 +54,7 @@ class TritonPythonModel:
             key = context.key
             delta = LLMDelta(key=key, token_ids=llm.token_ids, sequence_length=llm.sequence_length,
                              engine_finish_reason=llm.finish_reason, streaming=context.stream)
-            result = self.steps.process(delta, context.stop_words, context.segment)
+            result = self.steps.process(delta, context.stop_words, context.segment, context.primed_ids)
         except (InvalidInputError, StreamOrderError) as exc:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
         if result.stop_engine:
