@@ -16,11 +16,10 @@ from ensemble.llm_stop import stop_inputs
 
 from .types import GenerationOptions, StreamEvent
 
-# Triton datatypes of the public inputs (interface.md); everything not listed
-# here and not a word list is a scalar STRING.
+# Triton datatypes of the public inputs (interface.md)
 INPUT_DATATYPES: dict[str, str] = {
     "max_tokens": "INT32", "end_id": "INT32", "pad_id": "INT32", "top_k": "INT32",
-    "min_tokens": "INT32", "priority": "INT32", "token_timeout_ms": "INT32",
+    "min_tokens": "INT32", "priority": "INT32", "token_timeout_ms": "INT32", "continuation_ids": "INT32",
     "top_p": "FP32", "temperature": "FP32", "repetition_penalty": "FP32",
     "presence_penalty": "FP32", "frequency_penalty": "FP32", "length_penalty": "FP32",
     "seed": "UINT64",
@@ -30,7 +29,8 @@ INPUT_DATATYPES: dict[str, str] = {
     "text_input": "BYTES", "messages": "BYTES", "segment": "BYTES",
     "stop_words": "BYTES", "bad_words": "BYTES", "request_key": "BYTES",
 }
-WORD_LISTS = frozenset({"stop_words", "bad_words"})
+# inputs of dims [-1]: sent as shape [1, n], every other input as [1, 1]
+LIST_INPUTS = frozenset({"stop_words", "bad_words", "continuation_ids"})
 _NUMPY_TYPES = {"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": np.bool_, "BYTES": np.object_}
 _PERF_OUTPUTS = ("arrival_time_ns", "first_token_time_ns", "last_token_time_ns")
 _NOT_INPUTS = frozenset({"request_id"})
@@ -47,6 +47,8 @@ def input_values(text_input: str, options: GenerationOptions, stream: bool = Tru
         value = getattr(options, f.name)
         if value is None or f.name in _NOT_INPUTS:
             continue
+        if f.name == "continuation_ids" and not value:
+            continue   # nothing generated yet: a plain request
         if f.name == "messages":
             value = json.dumps(value, ensure_ascii=False)
         values[f.name] = value
@@ -61,13 +63,13 @@ def generate_body(values: Mapping[str, Any], request_id: str) -> dict[str, Any]:
 
 
 def grpc_tensors(values: Mapping[str, Any]) -> list[tuple[str, str, np.ndarray]]:
-    """(name, datatype, array) per input, batch dim first: [1, 1] scalars, [1, n] word lists."""
+    """(name, datatype, array) per input, batch dim first: [1, 1] scalars, [1, n] lists."""
     tensors = []
     for name, value in values.items():
         datatype = INPUT_DATATYPES.get(name)
         if datatype is None:
             raise ValueError(f"unknown input {name!r}")
-        items = list(value) if name in WORD_LISTS else [value]
+        items = list(value) if name in LIST_INPUTS else [value]
         if datatype == "BYTES":
             items = [str(item).encode("utf-8") for item in items]
         tensors.append((name, datatype, np.array([items], dtype=_NUMPY_TYPES[datatype])))

@@ -65,6 +65,11 @@ class GenerationOptions:
     # Token counts are cheap and make TPOT exact, so they are asked for by default.
     return_num_input_tokens: bool | None = True
     return_num_output_tokens: bool | None = True
+    # Output ids another replica already generated for this request (a stream
+    # migrated after its replica died): the server continues after them, and
+    # they count toward max_tokens, min_tokens, penalties and stop words;
+    # only new tokens come back.
+    continuation_ids: list[int] | None = None
     request_id: str | None = None
     # The stop credential; None = the client mints one per request. Kept out of
     # repr() so that logging the options cannot leak it.
@@ -88,6 +93,11 @@ class GenerationOptions:
                 raise ValueError(f"{name} must be a list of non-empty strings")
         if self.messages is not None:
             _check_messages(self.messages)
+        if self.continuation_ids is not None and (
+                isinstance(self.continuation_ids, (str, bytes))
+                or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31
+                           for t in self.continuation_ids)):
+            raise ValueError("continuation_ids must be a list of token ids (integers in [0, 2**31))")
         if self.request_id is not None and not self.request_id:
             raise ValueError("request_id must not be empty")
         if self.request_key is not None:
