@@ -42,6 +42,13 @@ class Degradation:
         if max_level >= CAP_MAX_TOKENS and config.degrade_max_tokens <= 0:
             raise ValueError(f"gateway.degrade_max_tokens: the cap of level 1 must be positive "
                              f"(got {config.degrade_max_tokens})")
+        if config.degrade_enter_dwell_s < config.degrade_window_s:
+            # one extreme sample (a burst of preemptions or failures) holds a
+            # window's value up for one whole window: only a dwell at least that
+            # long tells a spike from sustained overload
+            raise ValueError(f"gateway.degrade_enter_dwell_s ({config.degrade_enter_dwell_s} s) must be at least "
+                             f"gateway.degrade_window_s ({config.degrade_window_s} s), or a single spike could "
+                             f"raise the degradation level")
         self.config = config
         self._clock = clock
         self.signals = Signals(config.degrade_window_s, config.metrics_stale_s)
