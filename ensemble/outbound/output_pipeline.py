@@ -63,8 +63,14 @@ class OutputPipeline:
         then holds what that replica's pipeline held (an incomplete character,
         a possible start of a stop string or a filter match, an unfinished
         segment), so the next delta continues the text cleanly, and a stop
-        string spanning the switch still stops with none of it emitted."""
-        self.push(token_ids)
+        string spanning the switch still stops with none of it emitted.
+
+        One id at a time, as the LLM step streamed them (one token a step):
+        how far the detokenizer has emitted depends on how its input was cut
+        (text after the last whole-token boundary goes out early), so a
+        single push could leave it behind that replica and repeat text."""
+        for token_id in token_ids:
+            self.push((token_id,))
 
     def push(self, token_ids: Iterable[int]) -> Emission:
         if self._finish_reason is not None:
