@@ -29,8 +29,9 @@ FLEET_SETTINGS = ["gateway.probe_interval_s=1", "gateway.probe_timeout_s=15", "g
 class FleetGateway:
     process: GatewayProcess
     url: str
-    key: str
+    key: str                 # a paid-tier key
     admin_key: str
+    free_key: str = ""
 
     def metric(self, name: str, replica: str) -> float:
         text = httpx.get(f"{self.url}/metrics", timeout=10).text
@@ -46,11 +47,20 @@ class FleetGateway:
     def routed(self, replica: str) -> float:
         return self.metric("gateway_routed_total", replica)
 
+    def total(self, name: str, **labels: str) -> float:
+        """A metric summed over the series that carry `labels`."""
+        wanted = [f'{k}="{v}"' for k, v in labels.items()]
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(name) and not line.startswith(name + "_created")
+                   and all(w in line for w in wanted))
+
 
 def start_fleet_gateway(replicas: dict[str, TritonServer], work: Path, golden: Path, *extra: str) -> FleetGateway:
     port, = free_local_ports(1)
     store = KeyStore(work / "keys.json")
     key = store.create("paid", label="fleet").key
+    free_key = store.create("free", label="fleet-free").key
     admin_key_file = work / "admin_key"
     admin_key_file.write_text("fleet-admin-key-for-tests-0123456789")
     spec = {name: {"grpc_url": server.grpc_url, "metrics_url": server.metrics_url} for name, server in replicas.items()}
@@ -59,7 +69,7 @@ def start_fleet_gateway(replicas: dict[str, TritonServer], work: Path, golden: P
                               f"gateway.admin_key_file={admin_key_file}", *FLEET_SETTINGS, *extra],
                              log_path=work / "gateway.log", port=port)
     process.start()
-    return FleetGateway(process, f"http://127.0.0.1:{port}", key, admin_key_file.read_text())
+    return FleetGateway(process, f"http://127.0.0.1:{port}", key, admin_key_file.read_text(), free_key)
 
 
 def wait_until(predicate, bound_s: float, what: str) -> float:
@@ -88,6 +98,7 @@ class Load:
     count: int
     max_tokens: int = 48
     prompt: str = "Write a short story about a lighthouse."
+    key: str = ""            # the gateway's paid key unless given
     outcomes: list[StreamOutcome] = field(default_factory=list)
     threads: list[threading.Thread] = field(default_factory=list)
 
@@ -106,7 +117,7 @@ class Load:
         try:
             with httpx.Client(timeout=httpx.Timeout(30.0, read=120.0)) as client:
                 with client.stream("POST", f"{self.gateway.url}/v1/completions", json=body,
-                                   headers={"Authorization": f"Bearer {self.gateway.key}"}) as response:
+                                   headers={"Authorization": f"Bearer {self.key or self.gateway.key}"}) as response:
                     outcome.status = response.status_code
                     if response.status_code != 200:
                         outcome.error = response.read().decode(errors="replace")[:300]
@@ -136,6 +147,10 @@ class Load:
 
     def started(self) -> int:
         return sum(o.first_content_s is not None for o in self.outcomes)
+
+    def streaming(self, min_chars: int) -> bool:
+        """Whether every stream has sent at least `min_chars` of text."""
+        return all(len(o.text) >= min_chars for o in self.outcomes)
 
 
 def kill_group(server: TritonServer, sig: int) -> None:

@@ -1,9 +1,10 @@
 """Two real tritonservers behind one real gateway process: failover, health
 and draining as the issue asks, with times printed.
 
-- `kill -9` of one replica under 16 concurrent requests: every request that
-  had not received its first token succeeds on the other replica; the killed
-  one is ejected and, once restarted, re-admitted.
+- `kill -9` of one replica under 16 concurrent requests: every request
+  succeeds on the other replica (those before their first token fail over,
+  those cut mid-stream migrate); the killed one is ejected and, once
+  restarted, re-admitted.
 - A replica that hangs (SIGSTOP) is ejected within 3 probe intervals and no
   new request is sent to it.
 - A replica on a copy of the model with one weight tensor corrupted (ready,
@@ -53,7 +54,7 @@ def both_routable(gateway: FleetGateway) -> bool:
     return gateway.routable("r0") and gateway.routable("r1")
 
 
-def test_a_killed_replica_loses_no_request_that_had_not_started_and_comes_back(gateway, replicas):
+def test_a_killed_replica_loses_no_request_and_comes_back(gateway, replicas):
     wait_until(lambda: both_routable(gateway), 60, "both replicas routable")
     load = Load(gateway, 16).start()
     time.sleep(0.3)                      # requests admitted, most still before their first token
@@ -62,13 +63,11 @@ def test_a_killed_replica_loses_no_request_that_had_not_started_and_comes_back(g
     outcomes = load.wait()
     ejected_after = wait_until(lambda: not gateway.routable("r1"), 30, "r1 ejected")
     before_first_token = [o for o in outcomes if o.first_content_s is None or o.first_content_s > killed_s]
-    broken = [o for o in before_first_token if not o.done]
-    cut_mid_stream = [o for o in outcomes if not o.done and o not in before_first_token]
-    print(f"\n[kill -9 r1 under 16 requests: {len(before_first_token)} had no first token yet, all "
-          f"{'succeeded' if not broken else 'NOT'}; {len(cut_mid_stream)} cut mid-stream (error event); "
-          f"r1 out of routing {ejected_after:.1f} s after the last request ended]")
+    broken = [o for o in outcomes if not o.done]
+    print(f"\n[kill -9 r1 under 16 requests: {len(before_first_token)} had no first token yet; "
+          f"{len(outcomes) - len(broken)}/16 succeeded; r1 out of routing {ejected_after:.1f} s after the last "
+          f"request ended]")
     assert not broken, [o.error for o in broken]
-    assert all(o.error for o in cut_mid_stream), "a stream cut by the crash must end with an error event"
     started = time.monotonic()
     replicas["r1"].stop()
     replicas["r1"].start()
