@@ -9,6 +9,7 @@ import pytest
 from client import GenerationOptions
 from client.payload import (INPUT_DATATYPES, event_from_outputs, generate_body, grpc_tensors, input_values,
                             stop_generate_body, stop_values)
+from client.grpc_transport import build_inputs
 from client.sse_transport import error_message
 
 
@@ -79,3 +80,23 @@ def test_error_message_from_json_or_sse_bodies():
     assert error_message(b'{"error": "bad"}') == "bad"
     assert error_message(b'data: {"error": "worse"}\n\n') == "worse"
     assert error_message(b"plain text") == "plain text"
+
+
+def test_continuation_ids_go_as_an_int32_list_over_both_transports():
+    values = input_values("hi", GenerationOptions(max_tokens=8, continuation_ids=[5, 0, 49151]))
+    tensors = {name: (dt, arr) for name, dt, arr in grpc_tensors(values)}
+    datatype, array = tensors["continuation_ids"]
+    assert datatype == "INT32" and array.dtype == np.int32 and array.tolist() == [[5, 0, 49151]]
+    (grpc_input,) = [i for i in build_inputs(list(grpc_tensors(values))) if i.name() == "continuation_ids"]
+    assert grpc_input.shape() == [1, 3] and grpc_input.datatype() == "INT32"
+    assert generate_body(values, "id-1")["continuation_ids"] == [5, 0, 49151]   # a JSON list in generate
+
+
+def test_an_empty_continuation_is_not_sent():
+    assert "continuation_ids" not in input_values("hi", GenerationOptions(continuation_ids=[]))
+
+
+@pytest.mark.parametrize("bad", [[1, -1], [True], [1.0], "12", [2**31]])
+def test_continuation_ids_must_be_token_ids(bad):
+    with pytest.raises(ValueError, match="^continuation_ids must be a list of token ids"):
+        GenerationOptions(continuation_ids=bad)
