@@ -91,21 +91,19 @@ class Degradation:
         DEGRADATION_LEVEL.set(change.after)
         DEGRADATION_CHANGES.labels(direction=change.direction, cause=change.cause).inc()
         signals = {name: None if value is None else round(value, 4) for name, value in change.values.items()}
+        fields: dict[str, Any] = {"event": "degradation_level", "direction": change.direction,
+                                  "to_level": change.after, "from_level": change.before, "cause": change.cause,
+                                  "held_s": round(change.held_s, 1), "signals": signals}
         if change.direction == "up":
             threshold = self._thresholds[change.cause]
+            fields.update(value=signals[change.cause], threshold=threshold.enter)
             log.warning("degradation level %d -> %d: %s %.4g above %.4g for %.1f s", change.before, change.after,
                         change.cause, change.values[change.cause], threshold.enter, change.held_s,
-                        extra={"fields": {"event": "degradation_level", "direction": "up", "level": change.after,
-                                          "previous_level": change.before, "cause": change.cause,
-                                          "value": signals[change.cause], "threshold": threshold.enter,
-                                          "held_s": round(change.held_s, 1), "signals": signals}})
+                        extra={"fields": fields})
         else:
+            fields["exit_thresholds"] = {t.signal: t.exit for t in self.controller.thresholds}
             log.info("degradation level %d -> %d: every signal at or below its exit threshold for %.1f s",
-                     change.before, change.after, change.held_s,
-                     extra={"fields": {"event": "degradation_level", "direction": "down", "level": change.after,
-                                       "previous_level": change.before, "cause": change.cause,
-                                       "held_s": round(change.held_s, 1), "signals": signals,
-                                       "exit_thresholds": {t.signal: t.exit for t in self.controller.thresholds}}})
+                     change.before, change.after, change.held_s, extra={"fields": fields})
 
     # read by the doors, per request
 

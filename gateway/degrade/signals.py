@@ -4,7 +4,12 @@ overload):
 
 - queue_time: the mean queue time (arrival → first scheduled) of the
   requests the engines scheduled in the window: Δsum / Δcount of their
-  queue-time histograms, over every replica (each request weighs the same);
+  queue-time histograms, over every replica (each request weighs the same).
+  The histogram only learns of a wait once it ends, so a window in which
+  nothing was scheduled counts as `window_s` when requests were waiting at
+  every scrape (the queue did not move for a whole window: its head has
+  waited at least that long), and as 0 when the queues were empty at some
+  scrape (idle, not overloaded);
 - kv_use: KV blocks used / capacity over the fresh, routable replicas
   together (Σ used / Σ capacity, so the fleet's mean weighted by capacity),
   averaged over the window's scrapes. Not the max: degrading acts on every
@@ -39,6 +44,7 @@ class Signals:
         self.window_s = window_s
         self._stale_s = stale_s
         self._kv = Window(window_s)
+        self._waiting = Window(window_s)
         self._queue_sum, self._queue_count = Window(window_s), Window(window_s)
         self._preemptions = Window(window_s)
         self._failed, self._outcomes = Window(window_s), Window(window_s)
@@ -56,14 +62,17 @@ class Signals:
         """One scrape round: the replicas carry their fresh readings."""
         replicas = list(replicas)
         self._deltas.forget_others({r.name for r in replicas})
-        used = capacity = 0.0
+        used = capacity = waiting = 0.0
         queue_sum = queue_count = preempted = 0.0
-        reporting = 0
+        reporting = fresh = 0
         for replica in replicas:
             reading = replica.load
-            if replica.routable and not reading.stale(self._stale_s, now) and reading.kv_capacity > 0:
-                used += reading.kv_used
-                capacity += reading.kv_capacity
+            if not reading.stale(self._stale_s, now):
+                fresh += 1
+                waiting += reading.waiting
+                if replica.routable and reading.kv_capacity > 0:
+                    used += reading.kv_used
+                    capacity += reading.kv_capacity
             increments = self._deltas.advance(replica.name, reading)
             if increments is not None:
                 reporting += 1
@@ -72,6 +81,8 @@ class Signals:
                 preempted += increments.preemptions
         if capacity > 0:
             self._kv.add(now, used / capacity)
+        if fresh:
+            self._waiting.add(now, waiting)
         if reporting:
             self._queue_sum.add(now, queue_sum)
             self._queue_count.add(now, queue_count)
@@ -82,12 +93,20 @@ class Signals:
             self._outcomes.add(now, total)
             self._pending_ok = self._pending_failed = 0
 
-    def values(self, now: float) -> SignalValues:
+    def _queue_time(self, now: float) -> float | None:
         count = self._queue_count.total(now)
+        if count > 0:
+            return self._queue_sum.total(now) / count
+        least_waiting = self._waiting.minimum(now)
+        if least_waiting is None:
+            return None
+        return self.window_s if least_waiting > 0 else 0.0
+
+    def values(self, now: float) -> SignalValues:
         outcomes = self._outcomes.total(now)
         # the rate needs a report in the window: none at all is no data, not 0/s
         preemptions = self._preemptions.total(now) / self.window_s if self._preemptions.count(now) else None
-        return {QUEUE_TIME: self._queue_sum.total(now) / count if count > 0 else None,
+        return {QUEUE_TIME: self._queue_time(now),
                 KV_USE: self._kv.mean(now),
                 PREEMPTIONS: preemptions,
                 ERROR_RATE: self._failed.total(now) / outcomes if outcomes >= MIN_OUTCOMES else None}

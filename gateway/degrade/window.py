@@ -34,6 +34,10 @@ class Window:
         self._trim(now)
         return sum(value for _, value in self._samples)
 
+    def minimum(self, now: float) -> float | None:
+        self._trim(now)
+        return min((value for _, value in self._samples), default=None)
+
     def mean(self, now: float) -> float | None:
         """The samples' mean, None when the window is empty (no data is not 0)."""
         self._trim(now)

@@ -183,7 +183,8 @@ def test_a_change_is_published_and_logged_with_its_cause(caplog: pytest.LogCaptu
     up, = [r for r in caplog.records if r.levelno == logging.WARNING]
     fields = up.fields  # type: ignore[attr-defined]
     assert fields["cause"] == KV_USE and fields["value"] == pytest.approx(0.97) and fields["threshold"] == 0.9
-    assert (fields["direction"], fields["level"], fields["previous_level"]) == ("up", 1, 0)
+    # not "level": the JSON log line's own field (WARNING) must stay
+    assert (fields["direction"], fields["to_level"], fields["from_level"]) == ("up", 1, 0) and "level" not in fields
     assert sample("gateway_degradation_signal", {"signal": KV_USE}) == pytest.approx(0.97)
     # calm: the window forgets the high readings, then one exit dwell
     scrape_for(10.0, 0.1)

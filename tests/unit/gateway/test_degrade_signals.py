@@ -77,9 +77,9 @@ def replica(name: str, routable: bool = True) -> Replica:
 
 
 def scrape(r: Replica, at: float, kv: float = 0.0, capacity: float = 100, preemptions: float = 0,
-           qsum: float = 0, qcount: float = 0) -> Replica:
+           qsum: float = 0, qcount: float = 0, waiting: float = 0) -> Replica:
     r.load = LoadReading(kv_used=kv * capacity, kv_capacity=capacity, preemptions=preemptions,
-                         queue_time_sum=qsum, queue_time_count=qcount, at=at)
+                         queue_time_sum=qsum, queue_time_count=qcount, waiting=waiting, at=at)
     return r
 
 
@@ -100,7 +100,8 @@ def test_queue_time_is_the_mean_of_requests_scheduled_in_the_window_and_preempti
     a, b = replica("a"), replica("b")
     signals.observe([scrape(a, 100, preemptions=50, qsum=1000, qcount=100), scrape(b, 100)], now=100.0)
     values = signals.values(100.0)
-    assert values[QUEUE_TIME] is None and values[PREEMPTIONS] is None       # baselines only
+    # baselines only: no rate yet; nothing scheduled, nothing waiting: no queueing
+    assert values[PREEMPTIONS] is None and values[QUEUE_TIME] == 0.0
     # a: 2 requests queued 12 s each, 10 preemptions; b: 6 requests queued 2 s each, 0 preemptions
     signals.observe([scrape(a, 102, preemptions=60, qsum=1024, qcount=102), scrape(b, 102, qsum=12, qcount=6)],
                     now=102.0)
@@ -111,6 +112,19 @@ def test_queue_time_is_the_mean_of_requests_scheduled_in_the_window_and_preempti
     signals.observe([scrape(a, 104, preemptions=60, qsum=1024, qcount=102), scrape(b, 104, qsum=4, qcount=1)],
                     now=104.0)
     assert signals.values(104.0)[QUEUE_TIME] == pytest.approx(40 / 9)
+
+
+def test_a_queue_that_does_not_move_for_a_window_counts_as_waiting_the_whole_window():
+    signals = Signals(window_s=10.0, stale_s=3.0)
+    a = replica("a")
+    # nothing scheduled in the window (the histogram learns of a wait only when it ends)
+    for t in range(100, 112):
+        signals.observe([scrape(a, t, qsum=50, qcount=5, waiting=3)], now=float(t))
+    assert signals.values(111.0)[QUEUE_TIME] == 10.0
+    # the queue emptied once in the window: idle, not overloaded
+    signals.observe([scrape(a, 112, qsum=50, qcount=5, waiting=0)], now=112.0)
+    assert signals.values(112.0)[QUEUE_TIME] == 0.0
+    assert Signals(window_s=10.0, stale_s=3.0).values(112.0)[QUEUE_TIME] is None      # no scrape: no data
 
 
 def test_error_rate_needs_enough_outcomes_in_the_window():
