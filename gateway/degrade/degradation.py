@@ -42,6 +42,8 @@ class Degradation:
         if max_level >= CAP_MAX_TOKENS and config.degrade_max_tokens <= 0:
             raise ValueError(f"gateway.degrade_max_tokens: the cap of level 1 must be positive "
                              f"(got {config.degrade_max_tokens})")
+        if config.degrade_window_s <= 0:
+            raise ValueError(f"gateway.degrade_window_s must be positive (got {config.degrade_window_s})")
         if config.degrade_enter_dwell_s < config.degrade_window_s:
             # one extreme sample (a burst of preemptions or failures) holds a
             # window's value up for one whole window: only a dwell at least that

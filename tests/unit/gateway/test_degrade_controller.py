@@ -111,6 +111,8 @@ def test_level_4_needs_a_fallback_model_and_0_turns_it_off():
     with pytest.raises(ValueError, match="degrade_max_tokens"):
         build_degradation(GatewayConfig(degrade_max_tokens=0))
     # a dwell shorter than the window would let one sample's whole window of influence raise the level
+    with pytest.raises(ValueError, match="degrade_window_s"):
+        build_degradation(GatewayConfig(degrade_window_s=0.0))
     with pytest.raises(ValueError, match="degrade_enter_dwell_s"):
         build_degradation(GatewayConfig(degrade_window_s=10.0, degrade_enter_dwell_s=5.0))
     c = controller(max_level=effective_max_level(GatewayConfig()), enter_dwell_s=1.0)
