@@ -82,9 +82,7 @@ class LLMEngine:
                     continuation_ids: Sequence[int] = ()) -> None:
         """Queue a request. Raises InvalidRequestError, OverloadedError,
         DuplicateRequestError or EngineDeadError at once, never later.
-        `continuation_ids`: output another replica already generated for this
-        request; it counts as generated output (Request), only what follows
-        it is returned."""
+        `continuation_ids`: output already generated elsewhere (see Request)."""
         self._submit(self._make_request(request_id, prompt_token_ids, sampling, priority, on_output,
                                         continuation_ids), enforce_queue_limit=True)
 
@@ -108,8 +106,7 @@ class LLMEngine:
         prompt = [int(t) for t in prompt_token_ids]
         continuation = [int(t) for t in continuation_ids]
         max_tokens = self.config.default_max_tokens if sampling.max_tokens is None else sampling.max_tokens
-        self._validate(prompt, sampling, max_tokens)
-        self._validate_continuation(continuation, max_tokens)
+        self._validate(prompt, continuation, sampling, max_tokens)
         # the engine's defaults where the request left them to it (None); an
         # explicit [] of stop ids stays: no stop token
         if sampling.max_tokens is None or sampling.stop_token_ids is None:
@@ -121,9 +118,12 @@ class LLMEngine:
         return Request(request_id, prompt, sampling, priority=int(priority),
                        token_timeout_ms=timeout_ms, on_output=on_output, continuation_ids=continuation)
 
-    def _validate(self, prompt: list[int], sampling: SamplingParams, max_tokens: int) -> None:
+    def _validate(self, prompt: list[int], continuation: list[int], sampling: SamplingParams,
+                  max_tokens: int) -> None:
         """The request's own rules (SamplingParams.validate), then what depends
-        on this engine; `max_tokens` is the request's or the engine's default."""
+        on this engine; `max_tokens` is the request's or the engine's default.
+        A continuation is output already generated: `max_tokens` covers it, and
+        so does the context check (prompt + max_tokens)."""
         n = len(prompt)
         if n == 0:
             raise InvalidRequestError("input_ids: must not be empty")
@@ -131,9 +131,13 @@ class LLMEngine:
         limit = self.config.max_tokens_limit
         if max_tokens > limit:
             raise InvalidRequestError(f"max_tokens: must be <= {limit}, got {max_tokens}")
+        if len(continuation) >= max_tokens:
+            raise InvalidRequestError(f"continuation_ids: {len(continuation)} ids leave nothing to generate "
+                                      f"within max_tokens {max_tokens} (they count as output)")
         vocab = int(self.model_info.vocab_size)
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise InvalidRequestError(f"input_ids: token ids must be in [0, {vocab})")
+        for name, ids in (("input_ids", prompt), ("continuation_ids", continuation)):
+            if ids and (min(ids) < 0 or max(ids) >= vocab):
+                raise InvalidRequestError(f"{name}: token ids must be in [0, {vocab})")
         for name, words in (("stop_words_ids", sampling.stop_words_ids), ("bad_words_ids", sampling.bad_words_ids)):
             if any(t < 0 or t >= vocab for word in words for t in word):
                 raise InvalidRequestError(f"{name}: token ids must be in [0, {vocab})")
@@ -150,19 +154,6 @@ class LLMEngine:
         if not self.config.enable_chunked_context and n > self.config.max_num_batched_tokens:
             raise InvalidRequestError(f"input_ids: {n} tokens exceed max_num_batched_tokens "
                                       f"{self.config.max_num_batched_tokens} (chunked context is off)")
-
-    def _validate_continuation(self, continuation: list[int], max_tokens: int) -> None:
-        """The continuation is output already generated: `max_tokens` covers
-        it, so the context check of `_validate` (prompt + max_tokens) covers
-        it too."""
-        if not continuation:
-            return
-        vocab = int(self.model_info.vocab_size)
-        if min(continuation) < 0 or max(continuation) >= vocab:
-            raise InvalidRequestError(f"continuation_ids: token ids must be in [0, {vocab})")
-        if len(continuation) >= max_tokens:
-            raise InvalidRequestError(f"continuation_ids: {len(continuation)} ids leave nothing to generate "
-                                      f"within max_tokens {max_tokens} (they count as output)")
 
     def _submit(self, req: Request, enforce_queue_limit: bool) -> None:
         limit = self.config.max_queue_size
