@@ -39,6 +39,23 @@ def test_a_continued_answer_equals_the_uninterrupted_one(triton_server, model: s
     assert rest.num_input_tokens == whole.num_input_tokens == head.num_input_tokens
 
 
+def test_with_the_input_echoed_the_continuation_follows_the_prompt(triton_server) -> None:
+    """exclude_input_in_output false: the ids as sent (prompt, continuation)
+    lead the answer, and its text decodes them in place, nothing replayed."""
+    greedy = dict(temperature=0.0, ignore_eos=True, return_output_ids=True)
+
+    async def answers() -> tuple[GenerationResult, GenerationResult]:
+        async with AsyncLLMClient(ClientConfig(url=triton_server.http_url, model="ensemble")) as client:
+            whole = await client.generate("The sea is", max_tokens=CUT + 2, **greedy)
+            echoed = await client.stream("The sea is", max_tokens=CUT + 2, continuation_ids=whole.output_ids[:CUT],
+                                         exclude_input_in_output=False, streaming=False, **greedy).collect()
+            return whole, echoed
+
+    whole, echoed = asyncio.run(answers())
+    assert echoed.output_ids[-(CUT + 2):] == whole.output_ids
+    assert echoed.text.startswith("The sea is") and echoed.text.endswith(whole.text)
+
+
 @pytest.mark.parametrize("model", ["ensemble", "llm_bls"])
 def test_a_continuation_that_leaves_nothing_to_generate_is_refused(triton_server, model: str) -> None:
     async def refused() -> None:
