@@ -87,6 +87,8 @@ class GatewayConfig:
     # for `degrade_exit_dwell_s`. Levels: 1 caps max_tokens at
     # `degrade_max_tokens`, 2 sheds the lowest tier (429), 3 answers the lowest
     # tier still served in one piece, 4 routes to `degrade_fallback_model`.
+    # The enter dwell must be at least the window: one extreme sample (a huge
+    # prefill) lifts a window's average for a whole window, never longer.
     degrade_max_level: int = 4            # 0 turns degradation off; 4 needs a fallback model
     degrade_window_s: float = 60.0
     degrade_enter_dwell_s: float = 60.0

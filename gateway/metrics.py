@@ -22,7 +22,7 @@ REQUESTS = Counter("gateway_requests_total", "HTTP requests by route, tier and s
 IN_FLIGHT = Gauge("gateway_requests_in_flight", "HTTP requests being served", ["route"], registry=REGISTRY)
 UPSTREAM_ERRORS = Counter("gateway_upstream_errors_total",
                           "engine requests that failed, by kind (overloaded, invalid_input, rejected, connection, "
-                          "timeout, stream, internal)", ["kind"], registry=REGISTRY)
+                          "timeout, stall, stream, internal)", ["kind"], registry=REGISTRY)
 TTFT = Histogram("gateway_time_to_first_token_seconds", "request arrival to the first content sent, per choice",
                  ["route"], buckets=_LATENCY_BUCKETS, registry=REGISTRY)
 ITL = Histogram("gateway_inter_token_latency_seconds", "gap between consecutive content chunks of a choice",

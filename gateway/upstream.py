@@ -112,10 +112,10 @@ class UpstreamStream:
     def request_id(self) -> str:
         return self._stream.request_id
 
-    async def rest(self, stall_timeout_s: float = 0.0) -> AsyncIterator[StreamEvent]:
+    async def rest(self, silence_s: float = 0.0) -> AsyncIterator[StreamEvent]:
         """The events after the first; raises UpstreamFailure when the engine
         request broke off (the client library ends such a stream quietly), and
-        UpstreamStalled when nothing came for `stall_timeout_s` (0: no bound
+        UpstreamStalled when nothing came for `silence_s` (0: no bound
         but the client library's token timeout). A stalled stream's pending
         read is kept until aclose(): cancelling it runs the client library's
         clean-up (close, stop by key), which may wait on the frozen replica."""
@@ -125,10 +125,10 @@ class UpstreamStream:
         try:
             while True:
                 self._pending = asyncio.ensure_future(events.__anext__())
-                done, _ = await asyncio.wait({self._pending}, timeout=stall_timeout_s or None)
+                done, _ = await asyncio.wait({self._pending}, timeout=silence_s or None)
                 if not done:
                     UPSTREAM_ERRORS.labels(kind="stall").inc()
-                    raise UpstreamStalled(f"the engine sent nothing for {stall_timeout_s:.0f} s")
+                    raise UpstreamStalled(f"the engine sent nothing for {silence_s:.0f} s")
                 pending, self._pending = self._pending, None
                 yield pending.result()
         except StopAsyncIteration:

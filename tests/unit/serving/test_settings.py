@@ -49,7 +49,7 @@ GATEWAY_VALUES = {
     "readmit_after_successes": 3, "eject_backoff_s": 1.0, "failover_attempts": 2, "drain_timeout_s": 12.0,
     "admin_key_file": "/etc/gateway_admin_key", "stall_timeout_s": 4.5, "migrate_attempts": 1,
     "discovery_dns": "triton.llm.svc.cluster.local:8001", "discovery_interval_s": 2.0, "discovery_metrics_port": 9302,
-    "degrade_max_level": 3, "degrade_window_s": 30.0, "degrade_enter_dwell_s": 20.0, "degrade_exit_dwell_s": 40.0,
+    "degrade_max_level": 3, "degrade_window_s": 30.0, "degrade_enter_dwell_s": 35.0, "degrade_exit_dwell_s": 40.0,
     "degrade_queue_time_enter_s": 8.0, "degrade_queue_time_exit_s": 1.5, "degrade_kv_enter": 0.95,
     "degrade_kv_exit": 0.6, "degrade_preemptions_enter_per_s": 2.0, "degrade_preemptions_exit_per_s": 0.05,
     "degrade_error_rate_enter": 0.3, "degrade_error_rate_exit": 0.01, "degrade_max_tokens": 128,
