@@ -16,6 +16,7 @@ from gateway.config import GatewayConfig
 from gateway.process import GatewayProcess, GatewayStartError
 
 from .default_model import resolve_model_dir
+from .deploy.cli import add_commands as add_deploy_commands
 from .fleet import Fleet, FleetStartError, Replica, gateway_assignments, plan_replicas
 from .launcher import (ADMIN_KEY_ENV, ADMIN_KEY_HEADER, DEFAULT_ADDRESS, RESTRICTED_APIS, LaunchOptions, TritonServer,
                        exposure_warning)
@@ -294,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument("--model-repository", default=str(REPO_ROOT / "model_repository"),
                         help="the template repository to render")
     render.set_defaults(func=cmd_render)
+
+    # deployment: render-k8s (the Kubernetes manifests), probe and drain (what the containers run)
+    add_deploy_commands(sub)
 
     args = parser.parse_args(argv)
     return args.func(args)
