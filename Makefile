@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test test-unit test-e2e bench venv model kernels clean
+.PHONY: serve test test-unit test-e2e bench venv model kernels tools clean
 
 venv: $(STAMP)
 
@@ -31,11 +31,30 @@ kernels: $(STAMP)
 serve: $(STAMP) kernels
 	$(PY) -m serving serve$(if $(REPLICAS), --replicas $(REPLICAS))
 
-test: $(STAMP) kernels
+# promtool (`promtool check config|rules` on deploy/prometheus/) from Debian's
+# prometheus package, unpacked into build/ without installing the service.
+# Pinned; no silent skip: without it the deployment tests fail and say why.
+PROMETHEUS_DEB := prometheus=2.42.0+ds-5+deb12u1
+TOOLS := build/tools
+PROMTOOL := $(TOOLS)/prometheus/usr/bin/promtool
+
+tools: $(PROMTOOL)
+
+$(PROMTOOL):
+	@mkdir -p $(TOOLS)/deb
+	@rm -f $(TOOLS)/deb/prometheus_*.deb
+	cd $(TOOLS)/deb && { apt-get download $(PROMETHEUS_DEB) || { apt-get update -qq && apt-get download $(PROMETHEUS_DEB); }; } \
+		|| { echo "error: apt-get download $(PROMETHEUS_DEB) failed: promtool is needed by tests/unit/deploy" >&2; exit 1; }
+	rm -rf $(TOOLS)/prometheus
+	dpkg -x $(TOOLS)/deb/prometheus_*.deb $(TOOLS)/prometheus
+	$(PROMTOOL) --version
+	@touch $@
+
+test: $(STAMP) kernels tools
 	$(PY) -m serving prepare-model
 	$(PY) -m pytest
 
-test-unit: $(STAMP)
+test-unit: $(STAMP) tools
 	$(PY) -m pytest tests/unit
 
 test-e2e: $(STAMP)

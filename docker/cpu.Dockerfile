@@ -28,7 +28,8 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 llm \
     && useradd --system --uid 10001 --gid llm --home-dir /var/lib/triton-llm --shell /usr/sbin/nologin llm \
-    && install -d -o llm -g llm /var/lib/triton-llm /var/lib/triton-llm/cache /var/lib/triton-llm/build
+    && install -d -o llm -g llm /var/lib/triton-llm /var/lib/triton-llm/cache /var/lib/triton-llm/build \
+        /var/lib/triton-llm/gateway
 
 WORKDIR /app
 
