@@ -49,7 +49,7 @@ def metric_names(expr: str) -> set[str]:
 
 def grafana_expr(expr: str) -> str:
     """A panel's query with Grafana's variables replaced by something PromQL parses."""
-    return _GRAFANA_VARIABLE.sub(lambda m: "5m" if "interval" in m.group(0) else "x", expr)
+    return _GRAFANA_VARIABLE.sub(lambda m: "5m" if "interval" in m.group(0) else "1", expr)
 
 
 def dashboard_exprs(path: Path) -> list[str]:
