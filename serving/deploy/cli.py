@@ -13,7 +13,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:      # type: ignore[t
     render = sub.add_parser("render-k8s", help="render the Kubernetes manifests from the settings (cpu or gpu profile)")
     render.add_argument("--profile", choices=("cpu", "gpu"), default="cpu")
     render.add_argument("--out", help="the folder to write (default <build>/k8s/<profile>)")
-    render.add_argument("--settings", metavar="FILE.toml", help="a settings file ([engine], [text], [server], [gateway])")
+    render.add_argument("--settings", metavar="FILE.toml",
+                        help="a settings file ([engine], [text], [server], [gateway])")
     render.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
                         help="override a setting (repeatable), e.g. --set gateway.drain_timeout_s=120")
     render.add_argument("--k8s", action="append", metavar="FIELD=VALUE",
@@ -21,7 +22,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:      # type: ignore[t
                              "--k8s triton_max_replicas=16 --k8s inference_pool=true")
     render.add_argument("--golden", metavar="FILE.json",
                         help="the probe's golden answer for engine.model_dir (python -m serving prepare-model "
-                             "--model-dir ...), shipped in a ConfigMap; default: the images' own, for the default model")
+                             "--model-dir ...), shipped in a ConfigMap; default: the images' own, for the default "
+                             "model")
     render.set_defaults(func=cmd_render_k8s)
 
     probe = sub.add_parser("probe", help="readiness with an inference check of one tritonserver (exit 0: ready)")

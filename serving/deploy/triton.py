@@ -119,7 +119,8 @@ def statefulset(settings: DeploymentSettings, profile: K8sProfile, names: Names,
         pod_spec["nodeSelector"] = dict(profile.node_selector)
     if profile.tolerations:
         pod_spec["tolerations"] = [dict(t) for t in profile.tolerations]
-    claim: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": profile.storage_size}}}
+    claim: dict[str, Any] = {"accessModes": ["ReadWriteOnce"],
+                             "resources": {"requests": {"storage": profile.storage_size}}}
     if profile.storage_class:
         claim["storageClassName"] = profile.storage_class
     spec: dict[str, Any] = {
@@ -136,8 +137,8 @@ def statefulset(settings: DeploymentSettings, profile: K8sProfile, names: Names,
     if not profile.autoscale:
         spec["replicas"] = profile.triton_replicas
     # with the HPA, `replicas` is left out: an apply must not undo its scaling
-    return {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta(names.triton, profile, names.labels("triton")),
-            "spec": spec}
+    return {"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": meta(names.triton, profile, names.labels("triton")), "spec": spec}
 
 
 def disruption_budget(profile: K8sProfile, names: Names) -> dict[str, Any]:

@@ -23,7 +23,8 @@ from tests.unit.deploy.validation import SCHEMAS, promtool, tool, validate
 DOCKERFILES = sorted((REPO_ROOT / "docker").glob("*.Dockerfile"))
 COMPOSE = REPO_ROOT / "deploy" / "compose.yaml"
 PROMETHEUS = REPO_ROOT / "deploy" / "prometheus"
-CASES = [("cpu", ()), ("gpu", ()), ("cpu", ("inference_pool=true",)), ("gpu", ("inference_pool=true", "autoscale=false"))]
+CASES = [("cpu", ()), ("gpu", ()), ("cpu", ("inference_pool=true",)),
+         ("gpu", ("inference_pool=true", "autoscale=false"))]
 
 
 def settings() -> DeploymentSettings:
