@@ -15,7 +15,9 @@ from pathlib import Path
 from gateway.config import GatewayConfig
 from gateway.process import GatewayProcess, GatewayStartError
 
+from .capacity.command import add_parser as add_plan_command
 from .default_model import resolve_model_dir
+from .doctor.command import add_parser as add_doctor_command
 from .deploy.cli import add_commands as add_deploy_commands
 from .fleet import Fleet, FleetStartError, Replica, gateway_assignments, plan_replicas
 from .launcher import (ADMIN_KEY_ENV, ADMIN_KEY_HEADER, DEFAULT_ADDRESS, RESTRICTED_APIS, LaunchOptions, TritonServer,
@@ -298,6 +300,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # deployment: render-k8s (the Kubernetes manifests), probe and drain (what the containers run)
     add_deploy_commands(sub)
+    # operations: capacity planning and diagnosis of a live server
+    add_plan_command(sub)
+    add_doctor_command(sub)
 
     args = parser.parse_args(argv)
     return args.func(args)

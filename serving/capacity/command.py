@@ -30,7 +30,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                       help="plan the peak at this fraction of measured capacity (headroom), default 1.0")
     plan.add_argument("--min-replicas", type=int, default=2, help="availability floor (default 2)")
     plan.add_argument("--gpus-per-replica", type=int, default=1, help="TP x PP")
-    plan.set_defaults(run=run)
+    plan.set_defaults(func=run)
 
 
 def parse_point(text: str) -> Measurement:
