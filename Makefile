@@ -67,6 +67,8 @@ bench: $(STAMP) kernels
 	$(PY) -m bench.gateway
 	@# routing across two replicas: round_robin vs least_load vs prefix_aware (issue 14)
 	$(PY) -m bench.routing
+	@# one replica's capacity curve (tokens/s, TTFT p90, TPOT by concurrency) for `serving plan --bench-json`
+	$(PY) -m bench.capacity
 
 clean:
 	rm -rf $(VENV) build
