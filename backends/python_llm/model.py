@@ -44,7 +44,8 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
         self.config = engine_config_from_parameters(params)
         self.input_names = [i["name"] for i in model_config["input"]]
-        self.metrics = TritonMetrics(pb_utils, args["model_name"], args["model_version"])
+        self.metrics = TritonMetrics(pb_utils, args["model_name"], args["model_version"],
+                                     max_num_seqs=self.config.max_num_seqs, tokens_per_block=self.config.block_size)
         self.engine = LLMEngine(self.config, metrics=self.metrics, on_dead=self._on_engine_dead)
         self.registry = StreamRegistry()
         self.engine.start()
