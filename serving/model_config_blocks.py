@@ -1,13 +1,20 @@
 """Generated parts of the `config.pbtxt` templates: the public tensor lists and
 the ensemble's wiring of them, rendered from `ensemble.public_tensors` so the
-list is written once (not in each of `ensemble`, `llm_bls` and `preprocessing`)."""
+list is written once (not in each of `ensemble`, `llm_bls` and `preprocessing`);
+and the tensorrt_llm variant's blocks (`trtllm_blocks`: TensorRT-LLM's backend
+model from serving/trtllm/engine_config.py, the thin step's own parameters)."""
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
+from pathlib import Path
 
 from ensemble.public_tensors import (PUBLIC_INPUTS, PUBLIC_OUTPUTS, TensorSpec, ensemble_output_name,
                                      postprocessing_output_name)
+from python_llm.engine.config import EngineConfig
+
+from .settings import ServerConfig
+from .trtllm import engine_config as trtllm
 
 _INDENT = "  "
 
@@ -64,4 +71,27 @@ def config_blocks() -> dict[str, str]:
         "postprocessing_output_map": output_map(
             (postprocessing_output_name(t.name), ensemble_output_name(t.name)) for t in PUBLIC_OUTPUTS),
         "llm_public_input_map": input_map((t.llm_input, t.name) for t in PUBLIC_INPUTS if t.llm_input),
+    }
+
+
+def bridge_max_live_requests(engine: EngineConfig, bls_max_concurrent_requests: int) -> int:
+    """How many requests the thin `tensorrt_llm` step holds (one thread each):
+    what TensorRT-LLM itself admits (max_num_seqs running + max_queue_size
+    queued); beyond it the step answers `overloaded:` itself."""
+    if engine.max_queue_size > 0:
+        return engine.max_num_seqs + engine.max_queue_size
+    return max(bls_max_concurrent_requests, engine.max_num_seqs)
+
+
+def trtllm_blocks(engine: EngineConfig, server: ServerConfig, engine_dir: str | Path) -> dict[str, str]:
+    """Placeholders of the tensorrt_llm variant's templates (`tensorrt_llm`,
+    `tensorrt_llm_engine`)."""
+    bridge = {"engine_model_name": trtllm.ENGINE_MODEL_NAME,
+              "max_live_requests": bridge_max_live_requests(engine, server.bls_max_concurrent_requests)}
+    return {
+        "trtllm_engine_inputs": ",\n".join(trtllm.tensor_line(t) for t in trtllm.ENGINE_INPUTS),
+        "trtllm_engine_outputs": ",\n".join(trtllm.tensor_line(t) for t in trtllm.ENGINE_OUTPUTS),
+        "trtllm_engine_parameters": parameters_block(trtllm.engine_parameters(engine, engine_dir)),
+        "trtllm_dynamic_batching": trtllm.dynamic_batching_block(server.max_batch_size, engine.max_queue_size),
+        "trtllm_bridge_parameters": parameters_block(bridge),
     }

@@ -98,8 +98,8 @@ class RouterMetrics:
 
 
 class TritonMetrics(MetricsSink):
-    def __init__(self, pb_utils: Any, model_name: str, model_version: str, max_num_seqs: int = 0,
-                 tokens_per_block: int = 16) -> None:
+    def __init__(self, pb_utils: Any, model_name: str, model_version: str, *, max_num_seqs: int,
+                 tokens_per_block: int) -> None:
         labels = {"model": model_name, "version": model_version}
         kinds = {"counter": pb_utils.MetricFamily.COUNTER, "gauge": pb_utils.MetricFamily.GAUGE,
                  "histogram": pb_utils.MetricFamily.HISTOGRAM}
