@@ -26,6 +26,7 @@ from .paths import BUILD_DIR, REPO_ROOT
 from .probe_golden import ensure_golden
 from .repository import render_repository
 from .settings import DeploymentSettings, SettingsError
+from .trtllm.command import add_parsers as add_trtllm_commands
 
 
 def _settings_from_args(args: argparse.Namespace) -> DeploymentSettings:
@@ -302,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     add_deploy_commands(sub)
     # operations: capacity planning and diagnosis of a live server
     add_plan_command(sub)
+    add_trtllm_commands(sub)
     add_doctor_command(sub)
 
     args = parser.parse_args(argv)

@@ -2,8 +2,8 @@
 uses come from (tests/data/trtllm/ holds the lists, with the same sources).
 
 Triton 2.51 is release 24.10; NVIDIA's `nvcr.io/nvidia/tritonserver:24.10-trtllm-python-py3`
-ships TensorRT-LLM 0.14.0 (Triton's Release Compatibility Matrix,
-https://docs.nvidia.com/deeplearning/triton-inference-server/archives/triton-inference-server-2530/user-guide/docs/introduction/compatibility.html),
+ships TensorRT-LLM 0.14.0 (Triton's Release Compatibility Matrix, docs.nvidia.com/deeplearning/
+triton-inference-server/archives/triton-inference-server-2530/user-guide/docs/introduction/compatibility.html),
 whose Triton backend is triton-inference-server/tensorrtllm_backend at tag v0.14.0.
 """
 from __future__ import annotations

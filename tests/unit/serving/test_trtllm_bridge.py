@@ -59,7 +59,8 @@ def test_inputs_are_tensorrt_llms_names_with_the_declared_dims():
     for name, array in call.inputs.items():
         assert array.shape[0] == 1 and array.ndim == len(declared[name].dims) + 1, name
     assert call.inputs["input_ids"].tolist() == [[11, 12, 13, 14, 15]]
-    assert (_scalar(call, "request_output_len"), _scalar(call, "min_length"), _scalar(call, "random_seed")) == (10, 2, 9)
+    assert (_scalar(call, "request_output_len"), _scalar(call, "min_length"),
+            _scalar(call, "random_seed")) == (10, 2, 9)
     # greedy is TensorRT-LLM's top-1; the echo is the step's own, so the engine sends new tokens only
     assert _scalar(call, "runtime_top_k") == 1 and "temperature" not in call.inputs
     assert _scalar(call, "exclude_input_in_output") is True and _scalar(call, "streaming") is True
