@@ -140,10 +140,13 @@ def prepare(tensors: Mapping[str, np.ndarray], settings: BridgeSettings) -> LLMR
         "exclude_input_in_output": _one(True, np.bool_),
         "beam_width": _one(1, np.int32),
         "return_log_probs": _one(sampling.return_log_probs, np.bool_),
-        "repetition_penalty": _one(sampling.repetition_penalty, np.float32),
-        "presence_penalty": _one(sampling.presence_penalty, np.float32),
-        "frequency_penalty": _one(sampling.frequency_penalty, np.float32),
     }
+    # penalties only when asked for: the neutral values are TensorRT-LLM's defaults too
+    for name, value, neutral in (("repetition_penalty", sampling.repetition_penalty, 1.0),
+                                 ("presence_penalty", sampling.presence_penalty, 0.0),
+                                 ("frequency_penalty", sampling.frequency_penalty, 0.0)):
+        if value != neutral:
+            inputs[name] = _one(value, np.float32)
     words = [list(w) for w in sampling.stop_words_ids]
     if sampling.stop_token_ids is None:
         # "every EOS id of the model": TensorRT-LLM takes one end id; the others stop as one-token words

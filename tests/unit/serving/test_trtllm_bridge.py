@@ -78,9 +78,12 @@ def test_every_eos_id_stops_one_as_the_end_id_the_others_as_stop_words():
 
 def test_sampling_and_ignore_eos():
     call = _call(temperature=np.array([[0.7]], dtype=np.float32), runtime_top_p=np.array([[0.9]], dtype=np.float32),
-                 runtime_top_k=np.array([[40]]), ignore_eos=np.array([[True]]))
+                 runtime_top_k=np.array([[40]]), ignore_eos=np.array([[True]]),
+                 presence_penalty=np.array([[0.5]], dtype=np.float32))
     assert _scalar(call, "temperature") == pytest.approx(0.7) and _scalar(call, "runtime_top_p") == pytest.approx(0.9)
-    assert _scalar(call, "runtime_top_k") == 40
+    assert _scalar(call, "runtime_top_k") == 40 and _scalar(call, "presence_penalty") == pytest.approx(0.5)
+    # neutral penalties are left to TensorRT-LLM's defaults
+    assert "repetition_penalty" not in call.inputs and "frequency_penalty" not in call.inputs
     # no EOS before max_tokens: TensorRT-LLM masks the end id below min_length
     assert _scalar(call, "min_length") == 10
 
