@@ -25,17 +25,9 @@ from .launcher import (ADMIN_KEY_ENV, ADMIN_KEY_HEADER, DEFAULT_ADDRESS, RESTRIC
 from .paths import BUILD_DIR, REPO_ROOT
 from .probe_golden import ensure_golden
 from .repository import render_repository
-from .settings import DeploymentSettings, SettingsError
+from .settings import DeploymentSettings
+from .settings_args import add_settings_args, settings_from_args
 from .trtllm.command import add_parsers as add_trtllm_commands
-
-
-def _settings_from_args(args: argparse.Namespace) -> DeploymentSettings:
-    overrides = {"engine.model_dir": str(resolve_model_dir(args.model_dir))} if args.model_dir else {}
-    try:
-        return DeploymentSettings.load(settings_file=args.settings, assignments=args.set or [],
-                                       default_model_dir=lambda: str(resolve_model_dir(None)), **overrides)
-    except SettingsError as exc:
-        raise SystemExit(f"error: {exc}") from None
 
 
 def _curl_example(server: TritonServer) -> str:
@@ -153,7 +145,7 @@ def _report_ready(replica: Replica, seconds: float) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    options = LaunchOptions(settings=_settings_from_args(args), http_port=args.http_port, grpc_port=args.grpc_port,
+    options = LaunchOptions(settings=settings_from_args(args), http_port=args.http_port, grpc_port=args.grpc_port,
                             metrics_port=args.metrics_port, address=args.address,
                             admin_key=_admin_key_from_args(args),
                             log_file=Path(args.log_file) if args.log_file else None,
@@ -246,7 +238,7 @@ def cmd_prepare_model(args: argparse.Namespace) -> int:
 
 def cmd_render(args: argparse.Namespace) -> int:
     target = Path(args.output)
-    render_repository(_settings_from_args(args), target, source=Path(args.model_repository))
+    render_repository(settings_from_args(args), target, source=Path(args.model_repository))
     print(target)
     return 0
 
@@ -256,16 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m serving", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def model_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--model-dir", help="a local HF causal-LM folder (default: $LLM_MODEL_DIR or SmolLM2-135M)")
-        p.add_argument("--settings", metavar="FILE.toml",
-                       help="a settings file with [engine], [text], [server] and [gateway] tables")
-        p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
-                       help="override a setting, e.g. --set engine.dtype=bfloat16 (repeatable; beats the "
-                            "settings file and LLM__SECTION__FIELD environment variables)")
-
     serve = sub.add_parser("serve", help="run tritonserver(s) and the gateway in front of them, in the foreground")
-    model_args(serve)
+    add_settings_args(serve)
     serve.add_argument("--replicas", type=int, default=1, metavar="N",
                        help="tritonservers to run (default %(default)s); replica i listens on the ports below "
                             "+ 10*i, works in <build>/replicas/r<i> and gets engine.num_threads = usable cores // N "
@@ -293,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     prep.set_defaults(func=cmd_prepare_model)
 
     render = sub.add_parser("render", help="render the model repository for another deployment")
-    model_args(render)
+    add_settings_args(render)
     render.add_argument("--output", default=str(BUILD_DIR / "model_repository"))
     render.add_argument("--model-repository", default=str(REPO_ROOT / "model_repository"),
                         help="the template repository to render")

@@ -10,10 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..default_model import resolve_model_dir
 from ..launcher import DEFAULT_ADDRESS, LaunchOptions
 from ..paths import BUILD_DIR, REPO_ROOT
-from ..settings import DeploymentSettings, SettingsError
+from ..settings_args import add_settings_args, settings_from_args
 from .environment import EnvironmentMissing, require_triton_backend
 from .versions import CONTAINER_TRITONSERVER, TENSORRT_LLM_VERSION
 
@@ -25,15 +24,6 @@ def _missing(command: str, exc: EnvironmentMissing) -> int:
     return EXIT_MISSING
 
 
-def _settings(args: argparse.Namespace) -> DeploymentSettings:
-    overrides = {"engine.model_dir": str(resolve_model_dir(args.model_dir))} if args.model_dir else {}
-    try:
-        return DeploymentSettings.load(settings_file=args.settings, assignments=args.set or [],
-                                       default_model_dir=lambda: str(resolve_model_dir(None)), **overrides)
-    except SettingsError as exc:
-        raise SystemExit(f"error: {exc}") from None
-
-
 def cmd_build(args: argparse.Namespace) -> int:
     from python_llm.engine.worker.model_info import ModelInfo
 
@@ -42,7 +32,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         tools = find_toolchain(args.tp, args.pp, args.python)
     except EnvironmentMissing as exc:
         return _missing("build-trtllm", exc)
-    settings = _settings(args)
+    settings = settings_from_args(args)
     engine = settings.engine
     max_seq_len = ModelInfo.from_model_dir(engine.model_dir, engine.max_model_len).max_model_len
     plan = plan_build(engine, max_seq_len, args.tp, args.pp, args.dtype, Path(args.output) if args.output else None)
@@ -66,7 +56,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from .launch import prepare, run
     try:
         require_triton_backend(args.tritonserver)     # before anything slow
-        settings = _settings(args)
+        settings = settings_from_args(args)
         options = LaunchOptions(settings=settings, http_port=args.http_port, grpc_port=args.grpc_port,
                                 metrics_port=args.metrics_port, address=args.address, work_dir=Path(args.work_dir),
                                 repository_source=Path(args.model_repository))
@@ -84,9 +74,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     def model_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--model-dir", help="a local HF causal-LM folder (default: $LLM_MODEL_DIR or SmolLM2-135M)")
-        p.add_argument("--settings", metavar="FILE.toml", help="a settings file ([engine], [text], [server], ...)")
-        p.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE", help="override a setting")
+        add_settings_args(p)
         p.add_argument("--dry-run", action="store_true", help="check the machine and print the commands only")
 
     build = sub.add_parser(

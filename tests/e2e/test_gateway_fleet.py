@@ -21,24 +21,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serving.launcher import TritonServer
-from serving.probe_golden import ensure_golden
 from tests.e2e.fleet_helpers import (SIGCONT, SIGKILL, SIGSTOP, FleetGateway, Load, corrupted_model_copy,
                                      kill_group, start_fleet_gateway, wait_until)
 
 pytestmark = pytest.mark.e2e
 
 PROBE_INTERVAL_S = 1.0
-
-
-@pytest.fixture(scope="module")
-def golden(model_dir: Path) -> Path:
-    return ensure_golden(model_dir)
-
-
-@pytest.fixture(scope="module")
-def replicas(start_triton) -> dict[str, TritonServer]:
-    return {"r0": start_triton(), "r1": start_triton()}
 
 
 @pytest.fixture(scope="module")

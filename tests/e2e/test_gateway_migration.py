@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from serving.launcher import TritonServer
-from serving.probe_golden import ensure_golden
 from tests.e2e.fleet_helpers import (SIGCONT, SIGKILL, SIGSTOP, FleetGateway, Load, kill_group, kv_blocks_used,
                                      start_fleet_gateway, wait_until)
 from tests.e2e.triton_calls import scrape_metrics
@@ -27,16 +24,6 @@ pytestmark = pytest.mark.e2e
 STALL_TIMEOUT_S = 4.0
 STREAMS, TOKENS = 8, 64
 PROMPT = "Tell me about the sea"
-
-
-@pytest.fixture(scope="module")
-def golden(model_dir: Path) -> Path:
-    return ensure_golden(model_dir)
-
-
-@pytest.fixture(scope="module")
-def replicas(start_triton) -> dict[str, TritonServer]:
-    return {"r0": start_triton(), "r1": start_triton()}
 
 
 @pytest.fixture(scope="module")
