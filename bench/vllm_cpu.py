@@ -34,6 +34,7 @@ import logging
 import math
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -123,12 +124,19 @@ class VllmProcess:
         env = {**os.environ, **settings.env()}
         env.pop("VIRTUAL_ENV", None)
         env.pop("PYTHONPATH", None)   # nothing of the project's venv
+        # a session of its own: vLLM's engine core and worker are its children, and
+        # a failed or interrupted start ends the whole group
         self._proc = subprocess.Popen([str(python), str(RUNNER), self._job_file.name], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=str(REPO),
-                                      env=env)
-        self.ready = self._read()
-        if not self.ready.get("ready"):
-            raise RuntimeError(f"vLLM runner did not start: {self.ready}")
+                                      env=env, start_new_session=True)
+        try:
+            self.ready = self._read()
+            if not self.ready.get("ready"):
+                raise RuntimeError(f"vLLM runner did not start: {self.ready}")
+        except BaseException:
+            self._kill_group()
+            self._cleanup()
+            raise
 
     def _read(self) -> dict[str, Any]:
         line = self._proc.stdout.readline()
@@ -150,6 +158,28 @@ class VllmProcess:
             raise RuntimeError(f"vLLM runner: {answer['error']}")
         return answer
 
+    def _kill_group(self) -> None:
+        """The runner and every process it started (its own session)."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self._proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self._proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                continue
+        try:   # the engine core and worker may outlive the runner by a moment
+            time.sleep(1)
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def _cleanup(self) -> None:
+        self._log.close()
+        if os.path.exists(self._job_file.name):
+            os.unlink(self._job_file.name)
+
     def close(self) -> None:
         try:
             if self._proc.poll() is None:
@@ -157,14 +187,10 @@ class VllmProcess:
                 self._proc.stdin.close()
                 self._proc.wait(timeout=120)
         except (OSError, subprocess.TimeoutExpired):
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
+            pass
         finally:
-            self._log.close()
-            os.unlink(self._job_file.name)
+            self._kill_group()
+            self._cleanup()
 
 
 class EngineStepper:
