@@ -26,6 +26,13 @@ class EngineConfig:
     default_token_timeout_ms: int = 0         # 0 = no per-token timeout
     enable_kv_cache_reuse: bool = True
     enable_chunked_context: bool = True
+    # While decodes run, a long prompt's chunks (one with more tokens than
+    # max_num_batched_tokens) are cut so that a step's prefill takes at most
+    # this many times a decode-only step, measured as the engine runs
+    # (core/prefill_pacer.py): the streams' inter-token latency stays within
+    # (1 + ratio) x its usual value. 0 = the token budget alone. Needs
+    # enable_chunked_context. docs/benchmarks.md, "Fairness under long prompts".
+    prefill_time_ratio: float = 1.5
     num_threads: int = 0                      # torch threads, process-wide (torch has one pool); 0 leaves torch's default
     # decode attention: "auto" = the native CPU kernel on the CPU when it
     # builds (else PyTorch), "torch" = always the PyTorch path
@@ -57,6 +64,7 @@ class EngineConfig:
         check(self.max_num_batched_tokens >= self.max_num_seqs,
               "max_num_batched_tokens: must be >= max_num_seqs")
         check(self.max_queue_size >= 0, "max_queue_size: must be >= 0")
+        check(self.prefill_time_ratio >= 0, "prefill_time_ratio: must be >= 0")
         check(self.default_max_tokens > 0, "default_max_tokens: must be > 0")
         check(self.default_token_timeout_ms >= 0, "default_token_timeout_ms: must be >= 0")
 

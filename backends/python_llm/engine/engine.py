@@ -59,7 +59,8 @@ class LLMEngine:
             max_len = min(max_len, config.max_model_len)
         self.max_model_len = max_len
         self.kv_capacity_tokens = int(runner.num_blocks) * config.block_size
-        self.scheduler = Scheduler(config, int(runner.num_blocks), max_len, self.metrics)
+        self.scheduler = Scheduler(config, int(runner.num_blocks), max_len, self.metrics,
+                                   float(getattr(self.model_info, "attention_parity_context", 0.0)))
         self._eos_ids = [int(t) for t in self.model_info.eos_token_ids]
         self._step_delay_s = config.debug_step_delay_ms / 1000.0
 

@@ -15,6 +15,10 @@ from python_llm.engine.core.scheduler import Scheduler
 
 
 def make(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 2048, **cfg: object):
+    # pacing of long prefills follows measured step times: off here, so that
+    # these tests see the token budget alone (test_prefill_pacer.py drives it
+    # with a fake clock)
+    cfg.setdefault("prefill_time_ratio", 0.0)
     config = EngineConfig(model_dir="unused", block_size=block_size,
                           max_tokens_in_paged_kv_cache=num_blocks * block_size, **cfg)  # type: ignore[arg-type]
     metrics = InMemoryMetrics()

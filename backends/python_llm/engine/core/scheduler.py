@@ -10,6 +10,9 @@ Order of service each step:
 is always the preemption victim: the latest admitted of the lowest priority.
 Preemption is by recompute: its blocks are freed and it re-prefills prompt +
 generated tokens later (the prefix cache usually serves most of them).
+Long prompts (more tokens than one step's budget) are paced while decodes
+run (`prefill_pacer.py`): their chunks are cut so that a step's prefill
+takes at most `prefill_time_ratio` x a decode-only step.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from . import metrics as m
 from .kv_cache_manager import KVCacheManager
 from .metrics import MetricsSink
 from .outputs import RequestOutput
+from .prefill_pacer import PrefillPacer
 from .request import FINISHED_STATUS, FinishReason, Request, RequestStatus
 from .scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
 from .waiting_queue import WaitingQueue
@@ -37,7 +41,7 @@ def _running_key(request: Request) -> tuple[int, int]:
 
 class Scheduler:
     def __init__(self, config: EngineConfig, num_blocks: int, max_model_len: int,
-                 metrics: MetricsSink | None = None) -> None:
+                 metrics: MetricsSink | None = None, attention_context: float = 0.0) -> None:
         self.block_size = config.block_size
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
@@ -56,6 +60,15 @@ class Scheduler:
         self._num_with_timeout = 0
         self._last_output: SchedulerOutput | None = None
         self._last_requests: list[Request] = []   # parallel to _last_output.sequences
+        # pacing of long prefills: this step's decodes, prefill units (all
+        # chunks), units left for paced chunks (None = no limit), and when
+        # the step left the scheduler
+        self.pacer = PrefillPacer(config.prefill_time_ratio if self.chunked else 0.0, attention_context)
+        self.clock = time.perf_counter
+        self._step_decodes = 0
+        self._step_units = 0.0
+        self._units_left: float | None = None
+        self._scheduled_at = 0.0
 
     # -- state -----------------------------------------------------------------
     @property
@@ -126,6 +139,11 @@ class Scheduler:
             budget -= 1
             i += 1
 
+        pacer = self.pacer
+        self._step_decodes = len(decodes)
+        self._step_units = 0.0
+        self._units_left = pacer.budget(len(decodes)) if pacer.enabled else None
+
         # 2. chunks of running prefills; they may only preempt prefills not yet
         # scheduled this step (a decode victim would have to be unscheduled)
         chunked_ids: set[str] = set()
@@ -134,7 +152,10 @@ class Scheduler:
                 break
             if req.status is not RUNNING:
                 continue
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            num_new = self._paced(req, req.num_computed_tokens,
+                                  min(req.num_tokens - req.num_computed_tokens, budget), bool(prefills))
+            if num_new <= 0:
+                continue   # paced out of this step
             while not kv.allocate_slots(req, num_new):
                 victim = running[-1]
                 if victim is not req and (victim.num_tokens - victim.num_computed_tokens == 1
@@ -150,6 +171,7 @@ class Scheduler:
                 prefill_reqs.append(req)
                 chunked_ids.add(req.request_id)
                 budget -= num_new
+                self._charge(req.num_computed_tokens, num_new)
 
         # 3. admissions
         if not preempted:
@@ -162,7 +184,26 @@ class Scheduler:
             self._finished_ids = []
         self._last_output = out
         self._last_requests = decode_reqs + prefill_reqs
+        self._scheduled_at = self.clock()
         return out
+
+    def _paced(self, req: Request, start: int, num_new: int, scheduled_any: bool) -> int:
+        """`num_new` cut to what pacing allows for this request's chunk from
+        `start`: only long prompts (more than a step's token budget) are
+        paced, and the step's first prefill always gets MIN_CHUNK tokens."""
+        units = self._units_left
+        if units is None or req.num_tokens <= self.max_num_batched_tokens:
+            return num_new
+        allowed = self.pacer.max_tokens(start, max(units, 0.0))
+        if not scheduled_any:
+            allowed = max(allowed, self.pacer.min_tokens)
+        return min(num_new, allowed)
+
+    def _charge(self, start: int, num_new: int) -> None:
+        cost = self.pacer.cost(start, num_new)
+        self._step_units += cost
+        if self._units_left is not None:
+            self._units_left -= cost
 
     def _admit(self, budget: int, prefills: list[ScheduledSequence], prefill_reqs: list[Request]) -> int:
         waiting = self.waiting
@@ -178,6 +219,9 @@ class Scheduler:
                 if not self.chunked and num_new <= self.max_num_batched_tokens:
                     break
                 num_new = budget
+            num_new = self._paced(req, num_cached, num_new, bool(prefills))
+            if num_new <= 0:
+                break
             if not kv.allocate_slots(req, num_new, hits):
                 break   # strict order: nobody overtakes the head of the queue
             waiting.popleft()
@@ -198,6 +242,7 @@ class Scheduler:
             prefills.append(self._scheduled(req, num_new))
             prefill_reqs.append(req)
             budget -= num_new
+            self._charge(num_cached, num_new)
         return budget
 
     def _scheduled(self, req: Request, num_new: int) -> ScheduledSequence:
@@ -222,6 +267,8 @@ class Scheduler:
     def update_from_output(self, scheduled: SchedulerOutput, runner_output: RunnerOutput) -> list[RequestOutput]:
         if scheduled is not self._last_output:
             raise RuntimeError("update_from_output: not the output of the last schedule() call")
+        if self.pacer.enabled:
+            self.pacer.observe(self.clock() - self._scheduled_at, self._step_decodes, self._step_units)
         token_ids = runner_output.token_ids
         logprobs = runner_output.logprobs
         num_sampled = sum(1 for seq in scheduled.sequences if seq.sample)

@@ -10,9 +10,14 @@ all cached K/V), so decodes are grouped by context length, each group padded
 only to its own longest member. Grouped-query attention needs no repeated
 K/V: a decode's query heads that share a KV head become the query rows of
 that head ([seqs, kv_heads, group, head_dim]).
-Prefill chunks run one sequence at a time (they are few and large); a chunk
-with no cached prefix attends to itself with the built-in causal mask, one
-that continues a cached prefix gathers its blocks and uses an offset mask.
+Prefill chunks run one sequence at a time (they are few and large). On the
+CPU they go to the native prefill kernel (`kernels/paged_prefill_attention.cpp`:
+reads the chunk's context from its blocks in place, causal limit per row, no
+mask). Otherwise (CUDA, no compiler, a head_dim it lacks, `attention_backend:
+torch`) a chunk with no cached prefix attends to itself with SDPA's built-in
+causal mask, and one that continues a cached prefix gathers its blocks and
+uses an offset mask: a copy of the whole context and a [chunk, context] mask
+in every layer.
 All index tensors are built once per step (`AttentionMetadata`) and shared
 by every layer.
 """
@@ -32,9 +37,11 @@ class PrefillChunk:
     token_offset: int              # first row of this chunk in the flattened step batch
     num_tokens: int
     context_len: int               # start_position + num_tokens
-    # only when the chunk continues a cached prefix:
+    # only when the chunk continues a cached prefix, for the PyTorch path:
     block_ids: torch.Tensor | None = None   # [blocks covering context_len]
     mask: torch.Tensor | None = None        # [num_tokens, context_len] bool, True = attend
+    # ... or, for any chunk, the native kernel (AttentionMetadata.kernels):
+    table: torch.Tensor | None = None       # [blocks covering context_len] int32
 
 
 @dataclass
@@ -65,6 +72,7 @@ class AttentionMetadata:
     decode_batch: DecodeBatch | None = None
     decodes: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
+    kernels: CpuKernels | None = None          # for prefill chunks with a `table`
 
 
 def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int) -> torch.Tensor:
@@ -102,6 +110,12 @@ def paged_attention(layer: int, query: torch.Tensor, key: torch.Tensor, value: t
 
     for chunk in meta.prefills:
         rows = slice(chunk.token_offset, chunk.token_offset + chunk.num_tokens)
+        if chunk.table is not None:
+            out = query.new_empty(chunk.num_tokens, num_heads * d)
+            outputs.append(meta.kernels.paged_prefill_attention(  # type: ignore[union-attr]
+                out, query[rows], cache.keys[layer], cache.values[layer], chunk.table,
+                chunk.context_len - chunk.num_tokens, scale, check=layer == 0))
+            continue
         q = query[rows].transpose(0, 1).unsqueeze(0)                  # [1, heads, t, d]
         if chunk.block_ids is None:
             k = key[rows].transpose(0, 1).unsqueeze(0)

@@ -24,6 +24,20 @@ def read_json(path: Path) -> dict[str, Any]:
         raise ModelFolderError(f"{path}: invalid JSON ({exc})") from None
 
 
+def attention_parity_context(config: dict[str, Any], num_heads: int, head_dim: int) -> float:
+    """GEMM multiply-adds of one token in one layer (q/k/v, o, gate/up,
+    down) over the attention multiply-adds per token of context (QK and PV:
+    2 x heads x head_dim); 0 when the config lacks a size."""
+    try:
+        hidden, inter = int(config["hidden_size"]), int(config["intermediate_size"])
+    except (KeyError, TypeError, ValueError):
+        return 0.0
+    kv_heads = int(config.get("num_key_value_heads") or num_heads)
+    attention_width = num_heads * head_dim
+    gemm = hidden * (attention_width + 2 * kv_heads * head_dim) + attention_width * hidden + 3 * hidden * inter
+    return gemm / (2 * attention_width)
+
+
 @dataclass
 class ModelInfo:
     model_dir: str
@@ -32,6 +46,9 @@ class ModelInfo:
     num_layers: int
     num_kv_heads: int
     head_dim: int
+    # the context at which a prefill token's attention FLOPs equal those of
+    # its GEMMs (prefill pacing's cost model); 0 = unknown
+    attention_parity_context: float = 0.0
 
     @cached_property
     def eos_token_ids(self) -> list[int]:
@@ -64,6 +81,7 @@ class ModelInfo:
         num_heads = int(config["num_attention_heads"])
         head_dim = config.get("head_dim") or int(config["hidden_size"]) // num_heads
         return cls(
+            attention_parity_context=attention_parity_context(config, num_heads, int(head_dim)),
             model_dir=str(model_dir),
             max_model_len=model_max,
             vocab_size=int(config["vocab_size"]),

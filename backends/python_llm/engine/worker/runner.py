@@ -74,6 +74,10 @@ class ModelRunner:
         # native decode attention + argmax (None: the PyTorch paths)
         self.kernels: CpuKernels | None = (
             cpu_kernels() if self.device.type == "cpu" and config.attention_backend == "auto" else None)
+        # prefill chunks: the native kernel where it runs for this head_dim
+        self.prefill_kernels: CpuKernels | None = (
+            self.kernels if self.kernels is not None
+            and self.kernels.prefill_attention_supported(self.model_info.head_dim) else None)
         self.sampler = Sampler(self.device, self.kernels)
         self._indices = IndexBuffer()
         self.block_rows = BlockTableRows(-(-self.model_info.max_model_len // self.block_size), config.max_num_seqs)
@@ -207,7 +211,7 @@ class ModelRunner:
         else:
             parts = tuple(torch.frombuffer(values, dtype=torch.int64).to(self.device).split(list(sizes)))
         ids, positions_t, slot_mapping, rows_t, context_t, table_rows_t = parts
-        meta = AttentionMetadata(slot_mapping=slot_mapping, prefills=prefills)
+        meta = AttentionMetadata(slot_mapping=slot_mapping, prefills=prefills, kernels=self.prefill_kernels)
         if native_decodes:
             meta.decode_batch = DecodeBatch(num_seqs=num_decodes, block_tables=self.block_rows.tensor,
                                             table_rows=table_rows_t, context_lens=context_t,
@@ -248,7 +252,9 @@ class ModelRunner:
 
     def _prefill_chunk(self, offset: int, n: int, start: int, table: list[int]) -> PrefillChunk:
         chunk = PrefillChunk(token_offset=offset, num_tokens=n, context_len=start + n)
-        if start > 0:
+        if self.prefill_kernels is not None:
+            chunk.table = torch.from_numpy(np.array(table, dtype=np.int32))
+        elif start > 0:
             rows = torch.arange(start, start + n, device=self.device).unsqueeze(1)
             columns = torch.arange(start + n, device=self.device).unsqueeze(0)
             chunk.block_ids = index_tensor(table, self.device)

@@ -1,5 +1,6 @@
 """The engine's native CPU kernels, plain C ABI, loaded with ctypes:
-paged decode attention (`paged_decode_attention.cpp`), the greedy argmax
+paged decode attention (`paged_decode_attention.cpp`), causal attention of a
+prefill chunk over the paged cache (`paged_prefill_attention.cpp`), the greedy argmax
 over logit rows (`argmax_rows.cpp`) and the LM head fused with that argmax
 for all-greedy steps (`lm_head_argmax.cpp`).
 
@@ -31,8 +32,8 @@ from ....cache import CACHE_DIR
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode_attention.cpp", "argmax_rows.cpp",
-                                                          "lm_head_argmax.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode_attention.cpp", "paged_prefill_attention.cpp",
+                                                          "argmax_rows.cpp", "lm_head_argmax.cpp")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=gnu++20", "-shared", "-fPIC"]
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -104,6 +105,63 @@ class CpuKernels:
         fused.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, ptr, ctypes.c_int]
         fused.restype = ctypes.c_int
         self._lm_head_argmax = fused
+        prefill = self._lib.paged_prefill_attention
+        prefill.argtypes = [ctypes.c_int, ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64,
+                            ctypes.c_float, ctypes.c_int]
+        prefill.restype = ctypes.c_int
+        self._prefill = prefill
+        supported = self._lib.paged_prefill_attention_supported
+        supported.argtypes = [i64]
+        supported.restype = ctypes.c_int
+        self._prefill_supported = supported
+
+    def prefill_attention_supported(self, head_dim: int) -> bool:
+        """Whether `paged_prefill_attention` runs for this head_dim here (AVX2 + FMA, head_dim 64 or 128)."""
+        return bool(self._prefill_supported(head_dim))
+
+    def paged_prefill_attention(self, out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
+                                value_cache: torch.Tensor, block_table: torch.Tensor, start: int, scale: float,
+                                check: bool = True) -> torch.Tensor:
+        """out [N, H*D] = causal attention of a chunk's queries [N, H, D]:
+        token i (position start + i) over cached positions 0 .. start + i,
+        found through block_table (int32, the blocks covering start + N
+        positions) in caches [kv_heads, blocks, block_size, D] that already
+        hold the chunk's own K/V. `check=False` skips the argument checks
+        (the layers after the first of a step)."""
+        tokens, heads, head_dim = query.shape
+        kv_heads, num_blocks, block_size, _ = key_cache.shape
+        if check:
+            self._check_prefill_arguments(out, query, key_cache, value_cache, block_table, start)
+        status = self._prefill(DTYPE_CODES[query.dtype], out.data_ptr(), out.stride(0), query.data_ptr(),
+                               query.stride(0), key_cache.data_ptr(), value_cache.data_ptr(), block_table.data_ptr(),
+                               tokens, start, heads, kv_heads, head_dim, num_blocks, block_size, float(scale),
+                               torch.get_num_threads())
+        if status != 0:
+            raise RuntimeError(f"paged_prefill_attention failed with status {status}")
+        return out
+
+    def _check_prefill_arguments(self, out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
+                                 value_cache: torch.Tensor, block_table: torch.Tensor, start: int) -> None:
+        tokens, heads, head_dim = query.shape
+        kv_heads, num_blocks, block_size, cache_dim = key_cache.shape
+        checks = [
+            (query.stride(2) == 1 and query.stride(1) == head_dim, "query: heads and dims must be contiguous"),
+            (key_cache.is_contiguous() and value_cache.is_contiguous()
+             and key_cache.shape == value_cache.shape, "caches: contiguous and of one shape"),
+            (cache_dim == head_dim and heads % kv_heads == 0, "query heads / head_dim do not fit the cache"),
+            (self.prefill_attention_supported(head_dim), f"head_dim {head_dim} not supported here"),
+            (block_table.dtype == torch.int32 and block_table.is_contiguous() and block_table.dim() == 1
+             and block_table.numel() * block_size >= start + tokens, "block_table: int32 blocks covering the chunk"),
+            (start >= 0 and tokens > 0, "start >= 0 and a non-empty chunk"),
+            (out.shape == (tokens, heads * head_dim) and out.stride(1) == 1, "out: [tokens, heads*head_dim]"),
+            (query.dtype == key_cache.dtype == out.dtype and query.dtype in DTYPE_CODES, "one supported dtype"),
+            (all(t.device.type == "cpu" for t in (out, query, key_cache, block_table)), "CPU tensors"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"paged_prefill_attention: {message}")
+        if int(block_table.min()) < 0 or int(block_table.max()) >= num_blocks:
+            raise ValueError("paged_prefill_attention: block ids outside the cache")
 
     def argmax_rows(self, logits: torch.Tensor) -> torch.Tensor:
         """logits.argmax(dim=-1) for fp32 [rows, vocab] on the CPU (same ties

@@ -1,0 +1,112 @@
+"""Prefill pacing: how much prompt a step may carry while streams decode.
+
+A fixed token budget cannot keep decodes smooth under a long prompt: the
+cost of a prefill token grows with its position (its attention reads every
+earlier token; at 8k tokens of context on SmolLM2 a token's attention is
+~2.7x its GEMMs), and what a decode step costs differs by machine, load and
+batch. So while decodes run, a step's prefill chunks are bounded in *time*:
+at most `ratio` x what a decode-only step takes now. The streams then see a
+step of at most (1 + ratio) x their usual inter-token latency, and the
+prompt still gets ratio / (1 + ratio) of the machine.
+
+Cost model: a prefill token at position p costs 1 + p / C "units", C (the
+model's `attention_parity_context`) the context at which a token's
+attention FLOPs equal its GEMM FLOPs; a chunk of n tokens from `start` costs
+n * (1 + (start + (n + 1) / 2) / C). Running averages, from the steps
+themselves: seconds of a decode-only step (one per power-of-two bucket of
+decode counts: 16 decodes cost more than 1), and seconds per unit of prefill
+(a mixed step's time less the decode-only estimate, over its units; steps
+without decodes teach nothing: their chunks are bigger and cheaper per
+token). While only the decode step is known, a mixed step carries a small
+probe of PROBE_UNITS. No limit before a decode-only step was seen, nor for a step
+without decodes (a prompt alone runs at the full token budget).
+`max_num_batched_tokens` still applies.
+"""
+from __future__ import annotations
+
+import math
+
+MIN_CHUNK_TOKENS = 8   # progress whatever the estimates say
+SMOOTHING = 0.25       # weight of the newest step in the running averages
+PROBE_UNITS = 32.0     # a mixed step's prefill while the cost of a unit is unknown
+# a mixed step's prefill share is taken as at least this part of its time: a
+# step that ran faster than the decode estimate (noise) must not make prefill
+# look free, which would let the next step's chunk grow without bound
+MIN_PREFILL_SHARE = 0.25
+
+
+class PrefillPacer:
+    def __init__(self, ratio: float, attention_context: float = 0.0, min_tokens: int = MIN_CHUNK_TOKENS,
+                 smoothing: float = SMOOTHING) -> None:
+        self.ratio = ratio
+        # 0 / unknown: every prefill token costs the same
+        self.attention_context = attention_context if attention_context > 0 else math.inf
+        self.min_tokens = min_tokens
+        self.smoothing = smoothing
+        self._decode_s: dict[int, float] = {}      # bucket of decode counts -> a decode-only step's seconds
+        self.unit_s: float | None = None           # one unit of prefill
+
+    @staticmethod
+    def _bucket(num_decodes: int) -> int:
+        return num_decodes.bit_length()   # 1 | 2-3 | 4-7 | 8-15 | ...
+
+    def decode_step_s(self, num_decodes: int) -> float | None:
+        """A decode-only step of `num_decodes` now: its bucket's average, else the nearest bucket's."""
+        if not self._decode_s:
+            return None
+        bucket = self._bucket(num_decodes)
+        found = self._decode_s.get(bucket)
+        if found is not None:
+            return found
+        return self._decode_s[min(self._decode_s, key=lambda b: (abs(b - bucket), b))]
+
+    @property
+    def enabled(self) -> bool:
+        return self.ratio > 0
+
+    def cost(self, start: int, num_tokens: int) -> float:
+        """Units of a chunk of `num_tokens` prompt tokens from position `start`."""
+        return num_tokens * (1.0 + (start + (num_tokens + 1) / 2) / self.attention_context)
+
+    def max_tokens(self, start: int, units: float) -> int:
+        """The largest chunk from `start` that costs at most `units` (>= 0)."""
+        units *= 1.0 + 1e-9   # a budget computed as 9.999999... units still buys 10
+        c = self.attention_context
+        if math.isinf(c):
+            return int(units)
+        # n^2 / (2c) + n (1 + (start + 1/2) / c) - units <= 0
+        b = 1.0 + (start + 0.5) / c
+        n = max(int(c * (math.sqrt(b * b + 2.0 * units / c) - b)), 0)
+        while n > 0 and self.cost(start, n) > units:   # floating point at the boundary
+            n -= 1
+        while self.cost(start, n + 1) <= units:
+            n += 1
+        return n
+
+    def budget(self, num_decodes: int) -> float | None:
+        """Units of prefill the next step may carry; None = no limit."""
+        decode_s = self.decode_step_s(num_decodes) if self.enabled and num_decodes else None
+        if decode_s is None:
+            return None
+        if self.unit_s is None:
+            return PROBE_UNITS
+        return self.ratio * decode_s / self.unit_s
+
+    def observe(self, seconds: float, num_decodes: int, prefill_units: float) -> None:
+        """A finished step: its wall time, its decodes and its prefill units."""
+        if not self.enabled or seconds <= 0:
+            return
+        if not num_decodes:
+            return   # a prompt alone: no decodes to pace for (and its fixed cost is not a prefill's)
+        if prefill_units <= 0:
+            bucket = self._bucket(num_decodes)
+            self._decode_s[bucket] = self._average(self._decode_s.get(bucket), seconds)
+            return
+        base = self.decode_step_s(num_decodes)
+        if base is None:
+            return   # cannot tell the prefill's share yet
+        share = max(seconds - base, MIN_PREFILL_SHARE * seconds)
+        self.unit_s = self._average(self.unit_s, share / prefill_units)
+
+    def _average(self, current: float | None, sample: float) -> float:
+        return sample if current is None else current + self.smoothing * (sample - current)

@@ -1,0 +1,387 @@
+"""Fairness under a long prompt (issue 18): while `--streams` greedy streams
+decode, a prompt of the model's whole context arrives. For each prefill
+setting (a fixed token budget per step, or the engine's adaptive pacing),
+the engine is driven offline in this process (no Triton in the numbers):
+
+  itl_p50_before   the streams' inter-token latency before the long prompt
+  itl_p99_during   their inter-token latency p99 while it prefills
+  ttft             the long prompt's time to first token among the streams
+  ttft_alone       its time to first token on an idle engine, same settings
+
+and the two targets: ITL p99 during <= 3x ITL p50 before, TTFT <= 2x TTFT
+alone (against the same settings alone and against the fastest alone of the
+sweep). Writes build/bench/fairness.json; `--png` also draws the curve.
+
+    python -m bench.fairness [--points 128,256,512,1024,2048,default]
+                             [--long-tokens 0 (= max_model_len - 1)] [--streams 16]
+                             [--wait-quiet 40] [--png docs/fairness.png]
+
+A point is a token budget (`max_num_batched_tokens`, pacing off) or
+`default` (the engine's EngineConfig defaults) or `paced:<budget>:<ratio>`.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from python_llm.engine.config import EngineConfig
+from python_llm.engine.core.sampling_params import SamplingParams
+from python_llm.engine.engine import LLMEngine
+
+from .report import MachineInfo
+from .workload import Vocabulary
+
+ITL_P99_LIMIT = 3.0        # x the ITL p50 before the long prompt
+TTFT_LIMIT = 2.0           # x the TTFT alone
+PACING_FIELD = "prefill_time_ratio"   # absent from engines before the pacer
+
+
+@dataclass
+class Point:
+    label: str
+    overrides: dict[str, Any]
+
+
+def parse_point(text: str) -> Point:
+    """`512` (fixed budget, pacing off), `default`, or `paced:<budget>:<ratio>`."""
+    pacing = PACING_FIELD in {f.name for f in dataclasses.fields(EngineConfig)}
+    if text == "default":
+        return Point("default", {})
+    if text.startswith("paced:"):
+        _, budget, ratio = text.split(":")
+        if not pacing:
+            raise SystemExit(f"{text}: this engine has no {PACING_FIELD}")
+        return Point(f"paced {budget} x{ratio}", {"max_num_batched_tokens": int(budget), PACING_FIELD: float(ratio)})
+    overrides: dict[str, Any] = {"max_num_batched_tokens": int(text)}
+    if pacing:
+        overrides[PACING_FIELD] = 0.0
+    return Point(f"fixed {text}", overrides)
+
+
+@dataclass
+class Measurement:
+    label: str
+    config: dict[str, Any]
+    load_before: float
+    long_tokens: int = 0
+    ttft_alone_s: float = 0.0
+    alone_steps: list[tuple[int, int, float]] = field(default_factory=list)   # (start, tokens, seconds)
+    itl_before_s: list[float] = field(default_factory=list)
+    itl_during_s: list[float] = field(default_factory=list)
+    ttft_s: float = 0.0
+    during_steps: list[tuple[int, int, float]] = field(default_factory=list)  # (long's start, its tokens, step s)
+    cores_used: float = 0.0
+
+    def summary(self, best_alone_s: float) -> dict[str, Any]:
+        p50_before = statistics.median(self.itl_before_s)
+        p99_during = percentile(self.itl_during_s, 99)
+        out = {
+            "label": self.label, "config": self.config, "long_tokens": self.long_tokens,
+            "load_before": round(self.load_before, 2),
+            "cores_used": round(self.cores_used, 2),
+            "itl_p50_before_ms": 1e3 * p50_before,
+            "itl_p50_during_ms": 1e3 * statistics.median(self.itl_during_s),
+            "itl_p99_during_ms": 1e3 * p99_during,
+            "itl_max_during_ms": 1e3 * max(self.itl_during_s),
+            "itl_p99_over_p50_before": p99_during / p50_before,
+            "ttft_s": self.ttft_s, "ttft_alone_s": self.ttft_alone_s,
+            "ttft_over_alone": self.ttft_s / self.ttft_alone_s,
+            "ttft_over_best_alone": self.ttft_s / best_alone_s,
+            "steps_during": len(self.during_steps), "steps_alone": len(self.alone_steps),
+            "alone_steps": self.alone_steps, "during_steps": self.during_steps,
+        }
+        out["meets_itl"] = out["itl_p99_over_p50_before"] <= ITL_P99_LIMIT
+        out["meets_ttft"] = out["ttft_over_alone"] <= TTFT_LIMIT
+        out["meets_ttft_best"] = out["ttft_over_best_alone"] <= TTFT_LIMIT
+        return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def _cpu_seconds() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime
+
+
+def _greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.usable = Vocabulary.from_model_dir(args.model_dir).usable_ids()
+        self.rng = random.Random(args.seed)
+
+    def prompt(self, n: int) -> list[int]:
+        # fresh random ids every time: no prefix-cache hit between runs
+        return [self.rng.choice(self.usable) for _ in range(n)]
+
+    def engine(self, point: Point) -> LLMEngine:
+        a = self.args
+        config = EngineConfig(model_dir=a.model_dir, num_threads=a.threads, max_tokens_in_paged_kv_cache=a.kv_tokens,
+                              max_queue_size=0, max_tokens_limit=a.stream_tokens, **point.overrides)
+        engine = LLMEngine(config)
+        engine.generate_results([(self.prompt(64), _greedy(4))])   # warm-up: allocators, kernels
+        return engine
+
+    def long_tokens(self, engine: LLMEngine) -> int:
+        return self.args.long_tokens or engine.max_model_len - 1
+
+    @staticmethod
+    def _prefill_of(engine: LLMEngine, rid: str) -> tuple[int, int]:
+        """(start, tokens) of request `rid` in the step just scheduled, or (-1, 0)."""
+        out = engine.scheduler._last_output
+        for seq in out.sequences if out is not None else []:
+            if seq.request_id == rid:
+                return seq.start_position, seq.num_tokens
+        return -1, 0
+
+    def alone(self, engine: LLMEngine, m: Measurement) -> None:
+        n = self.long_tokens(engine)
+        engine.add_request("alone", self.prompt(n), _greedy(1))
+        started = time.perf_counter()
+        while engine.num_live_requests():
+            t0 = time.perf_counter()
+            outs = engine.step()
+            m.alone_steps.append((*self._prefill_of(engine, "alone"), time.perf_counter() - t0))
+            if any(o.request_id == "alone" and o.new_token_ids for o in outs):
+                m.ttft_alone_s = time.perf_counter() - started
+        if any(o.error for o in outs):
+            raise RuntimeError(f"alone: {outs}")
+
+    def contended(self, engine: LLMEngine, m: Measurement) -> None:
+        a = self.args
+        streams = [f"stream-{i}" for i in range(a.streams)]
+        for rid in streams:
+            engine.add_request(rid, self.prompt(a.stream_prompt_tokens),
+                               _greedy(a.stream_tokens - a.stream_prompt_tokens))
+        last: dict[str, float] = {}
+        while len(last) < len(streams):     # every stream prefilled and decoding
+            for out in engine.step():
+                if out.new_token_ids:
+                    last[out.request_id] = time.perf_counter()
+        for _ in range(a.steps_before):
+            self._stream_step(engine, last, m.itl_before_s)
+        engine.add_request("long", self.prompt(self.long_tokens(engine)), _greedy(1))
+        arrived = time.perf_counter()
+        for rid in last:
+            last[rid] = max(last[rid], arrived)   # gaps from the arrival on belong to "during"
+        while not m.ttft_s:
+            t0 = time.perf_counter()
+            outs = self._stream_step(engine, last, m.itl_during_s)
+            start, tokens = self._prefill_of(engine, "long")
+            m.during_steps.append((start, tokens, time.perf_counter() - t0))
+            if any(o.request_id == "long" and o.new_token_ids for o in outs):
+                m.ttft_s = time.perf_counter() - arrived
+            if any(o.finished and o.request_id != "long" for o in outs):
+                raise RuntimeError("a stream ended before the long prompt's first token: raise --stream-tokens")
+        for rid in streams:
+            engine.abort(rid)
+        while engine.num_live_requests():
+            engine.step()
+
+    @staticmethod
+    def _stream_step(engine: LLMEngine, last: dict[str, float], gaps: list[float]) -> list:
+        outs = engine.step()
+        now = time.perf_counter()
+        for out in outs:
+            if out.new_token_ids and out.request_id in last:
+                gaps.append(now - last[out.request_id])
+                last[out.request_id] = now
+        return outs
+
+    def measure(self, point: Point) -> Measurement:
+        engine = self.engine(point)
+        config = {k: getattr(engine.config, k) for k in ("max_num_batched_tokens", "enable_chunked_context",
+                                                          PACING_FIELD) if hasattr(engine.config, k)}
+        m = Measurement(point.label, config, os.getloadavg()[0], self.long_tokens(engine))
+        cpu0, wall0 = _cpu_seconds(), time.perf_counter()
+        self.alone(engine, m)
+        self.contended(engine, m)
+        m.cores_used = (_cpu_seconds() - cpu0) / (time.perf_counter() - wall0)
+        del engine
+        gc.collect()
+        return m
+
+
+def wait_quiet(minutes: float, max_load: float = 0.8) -> str:
+    """Poll every 60 s until no tritonserver runs and the 1-minute load
+    average is below `max_load`, for at most `minutes`. Says what it found."""
+    deadline = time.monotonic() + 60 * minutes
+    while True:
+        triton = subprocess.run(["pgrep", "-f", "tritonserver"], capture_output=True).returncode == 0
+        load = os.getloadavg()[0]
+        if not triton and load < max_load:
+            return f"quiet (load {load:.2f}, no tritonserver)"
+        if time.monotonic() >= deadline:
+            state = "running" if triton else "absent"
+            return f"NOT quiet after {minutes:g} min (load {load:.2f}, tritonserver {state})"
+        print(f"waiting for a quiet machine: load {load:.2f}, tritonserver {'running' if triton else 'absent'}",
+              flush=True)
+        time.sleep(60)
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ("| point | ITL p50 before | ITL p50 / p99 / max during | p99 / p50 before | TTFT | TTFT alone "
+            "| TTFT / alone (/ best alone) | steps | load / cores |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        mark_itl = "" if r["meets_itl"] else " ✗"
+        mark_ttft = "" if r["meets_ttft"] and r["meets_ttft_best"] else " ✗"
+        lines.append(
+            f"| {r['label']} | {r['itl_p50_before_ms']:.0f} ms | {r['itl_p50_during_ms']:.0f} / "
+            f"{r['itl_p99_during_ms']:.0f} / {r['itl_max_during_ms']:.0f} ms | {r['itl_p99_over_p50_before']:.1f}x"
+            f"{mark_itl} | {r['ttft_s']:.1f} s | {r['ttft_alone_s']:.1f} s | {r['ttft_over_alone']:.2f}x "
+            f"({r['ttft_over_best_alone']:.2f}x){mark_ttft} | {r['steps_during']} | {r['load_before']:.1f} / "
+            f"{r['cores_used']:.2f} |")
+    return "\n".join(lines)
+
+
+def plot(series: list[tuple[str, list[dict[str, Any]]]], path: Path, title: str) -> None:
+    """Two panels against the token budget (max_num_batched_tokens): the
+    streams' ITL p99 during the long prefill over their ITL p50 before, and
+    the long prompt's TTFT over the fastest TTFT alone of its series. Fixed
+    budgets are lines, paced points are stars at their budget."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
+    for name, rows in series:
+        fixed = sorted((r for r in rows if not r["config"].get(PACING_FIELD)),
+                       key=lambda r: r["config"]["max_num_batched_tokens"])
+        paced = [r for r in rows if r["config"].get(PACING_FIELD)]
+        for ax, key in ((left, "itl_p99_over_p50_before"), (right, "ttft_over_best_alone")):
+            line, = ax.plot([r["config"]["max_num_batched_tokens"] for r in fixed], [r[key] for r in fixed],
+                            marker="o", label=f"{name}: fixed budget")
+            for r in paced:
+                ax.scatter([r["config"]["max_num_batched_tokens"]], [r[key]], marker="*", s=140, zorder=3,
+                           color=line.get_color(), edgecolors="black",
+                           label=f"{name}: paced x{r['config'][PACING_FIELD]:g}")
+    left.axhline(ITL_P99_LIMIT, color="grey", ls="--", lw=0.8)
+    right.axhline(TTFT_LIMIT, color="grey", ls="--", lw=0.8)
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("max_num_batched_tokens")
+    left.set_yscale("log")
+    left.set_ylabel("streams' ITL p99 during / ITL p50 before")
+    right.set_ylabel("long prompt's TTFT / fastest TTFT alone")
+    right.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def merge(paths: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Points of several result files (runs of single points, say) as one
+    sweep: TTFT ratios against the fastest alone among them. Returns the
+    first file's header and the points."""
+    files = [json.loads(Path(p).read_text()) for p in paths]
+    rows = [dict(r) for f in files for r in f["points"]]
+    best = min(r["ttft_alone_s"] for r in rows)
+    for r in rows:
+        r["ttft_over_best_alone"] = r["ttft_s"] / best
+        r["meets_ttft_best"] = r["ttft_over_best_alone"] <= TTFT_LIMIT
+    return files[0], rows
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.fairness", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--points", default="128,256,512,1024,2048,default")
+    p.add_argument("--long-tokens", type=int, default=0, help="0 = the model's context minus the one output token")
+    p.add_argument("--streams", type=int, default=16)
+    p.add_argument("--stream-prompt-tokens", type=int, default=128)
+    p.add_argument("--stream-tokens", type=int, default=1024, help="prompt + output room of each stream")
+    p.add_argument("--steps-before", type=int, default=24)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--kv-tokens", type=int, default=32768)
+    p.add_argument("--seed", type=int, default=20241201)
+    p.add_argument("--model-dir", default=None)
+    p.add_argument("--wait-quiet", type=float, default=0.0, help="minutes to wait for a quiet machine first")
+    p.add_argument("--json", dest="json_path", default=None, help="default: build/bench/fairness.json")
+    p.add_argument("--png", default=None)
+    p.add_argument("--tag", default="", help="a note stored with the results (e.g. the commit)")
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="no run: merge these result files into --json "
+                   "(TTFT against the fastest alone among them), print the table, draw --png")
+    p.add_argument("--compare", nargs="+", metavar="JSON", default=[],
+                   help="with --png: also draw these result files, as series named by their tag")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.merge:
+        header, rows = merge(args.merge)
+        print(table(rows))
+        result = {**header, "points": rows, "merged_from": args.merge}
+        finish(args, result, rows, f"merged {len(args.merge)} runs, tag {header.get('tag') or '-'}")
+        return
+    if args.model_dir is None:
+        from serving.default_model import ensure_default_model
+        args.model_dir = str(ensure_default_model())
+    quiet = wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else "not waited for"
+    machine = MachineInfo.collect(args.threads)
+    print(f"{machine.line()}; {quiet}", flush=True)
+    bench = Bench(args)
+    measurements = []
+    for text in args.points.split(","):
+        point = parse_point(text.strip())
+        print(f"-- {point.label}", flush=True)
+        m = bench.measure(point)
+        measurements.append(m)
+        print(f"   TTFT alone {m.ttft_alone_s:.1f} s, TTFT {m.ttft_s:.1f} s, ITL p50 before "
+              f"{1e3 * statistics.median(m.itl_before_s):.0f} ms, "
+              f"p99 during {1e3 * percentile(m.itl_during_s, 99):.0f} ms "
+              f"(load {m.load_before:.2f}, cores {m.cores_used:.2f})", flush=True)
+    best_alone = min(m.ttft_alone_s for m in measurements)
+    rows = [m.summary(best_alone) for m in measurements]
+    print(table(rows))
+    result = {"machine": dataclasses.asdict(machine), "quiet": quiet, "load_after": os.getloadavg(), "tag": args.tag,
+              "load": {"streams": args.streams, "stream_prompt_tokens": args.stream_prompt_tokens,
+                       "long_tokens": measurements[0].long_tokens, "threads": args.threads,
+                       "kv_tokens": args.kv_tokens, "steps_before": args.steps_before},
+              "limits": {"itl_p99_over_p50_before": ITL_P99_LIMIT, "ttft_over_alone": TTFT_LIMIT}, "points": rows}
+    finish(args, result, rows, f"{machine.nproc} CPUs, load {machine.load_average[0]:.1f}")
+
+
+def finish(args: argparse.Namespace, result: dict[str, Any], rows: list[dict[str, Any]], note: str) -> None:
+    if args.json_path is None:
+        from serving.paths import BUILD_DIR
+        args.json_path = str(BUILD_DIR / "bench" / "fairness.json")
+    Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json_path).write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.json_path}")
+    if args.png:
+        series = [(json.loads(Path(p).read_text()).get("tag") or p, json.loads(Path(p).read_text())["points"])
+                  for p in args.compare]
+        load = result["load"]
+        long = load["long_tokens"]
+        long = f"{long}-token" if isinstance(long, int) else "full-context"
+        plot(series + [(result.get("tag") or "this run", rows)], Path(args.png),
+             f"{load['streams']} streams decoding + one {long} prompt; {note}")
+        print(f"wrote {args.png}")
+
+
+if __name__ == "__main__":
+    main()

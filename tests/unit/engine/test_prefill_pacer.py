@@ -1,0 +1,183 @@
+"""Prefill pacing (core/prefill_pacer.py): the cost model, the running
+estimates, and the scheduler cutting a long prompt's chunks while decodes
+run, driven by a fake clock (a step's time is what the test says it is)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from engine_fakes import FakeRunner
+from python_llm.engine.config import ConfigError, EngineConfig
+from python_llm.engine.core.prefill_pacer import MIN_CHUNK_TOKENS, PROBE_UNITS, PrefillPacer
+from python_llm.engine.core.scheduler import Scheduler
+from python_llm.engine.worker.model_info import attention_parity_context
+
+from test_scheduler import req
+
+
+# -- the cost model --------------------------------------------------------------
+@pytest.mark.parametrize("context", [0.0, 64.0, 3072.0])
+def test_max_tokens_inverts_cost(context: float) -> None:
+    pacer = PrefillPacer(1.5, context)
+    for start in (0, 1, 100, 4000, 8191):
+        for n in (1, 2, 7, 16, 100, 513):
+            units = pacer.cost(start, n)
+            assert pacer.max_tokens(start, units) == n
+            assert pacer.max_tokens(start, units - 1e-3) == n - 1
+    assert pacer.max_tokens(10, 0.0) == 0
+
+
+def test_cost_grows_with_position_by_the_parity_context() -> None:
+    pacer = PrefillPacer(1.5, 1000.0)
+    assert pacer.cost(0, 1) == pytest.approx(1.001)
+    # a token at position 2000 costs three tokens at the start: its GEMMs + twice as much attention
+    assert pacer.cost(2000, 1) == pytest.approx(3.001)
+    assert PrefillPacer(1.5).cost(5000, 10) == 10   # unknown parity: tokens
+
+
+def test_smollm2_parity_context() -> None:
+    config = {"hidden_size": 576, "intermediate_size": 1536, "num_key_value_heads": 3}
+    # (576*(576+2*192) + 576*576 + 3*576*1536) / (2*9*64)
+    assert attention_parity_context(config, 9, 64) == 3072.0
+    assert attention_parity_context({"hidden_size": 576}, 9, 64) == 0.0
+
+
+# -- the estimates ---------------------------------------------------------------
+def test_no_limit_without_decodes_or_before_a_decode_step_was_seen() -> None:
+    pacer = PrefillPacer(1.5)
+    assert pacer.budget(4) is None
+    pacer.observe(1.0, 0, 500.0)           # a prompt alone teaches nothing
+    assert pacer.budget(4) is None and pacer.unit_s is None
+    pacer.observe(0.1, 4, 0.0)             # decode-only
+    assert pacer.budget(0) is None         # nothing to protect
+    assert pacer.budget(4) == PROBE_UNITS  # unit cost unknown: a probe
+    pacer.observe(0.1 + 32 * 0.002, 4, 32.0)
+    assert pacer.unit_s == pytest.approx(0.002)
+    assert pacer.budget(4) == pytest.approx(1.5 * 0.1 / 0.002)
+
+
+def test_decode_time_per_bucket_of_decode_counts() -> None:
+    pacer = PrefillPacer(1.0)
+    pacer.observe(0.04, 1, 0.0)
+    pacer.observe(0.08, 16, 0.0)
+    assert pacer.decode_step_s(1) == 0.04
+    assert pacer.decode_step_s(20) == 0.08     # 16..31
+    assert pacer.decode_step_s(64) == 0.08     # nearest known bucket
+    assert pacer.decode_step_s(3) == 0.04
+    pacer.observe(0.12, 17, 0.0)               # the running average moves a quarter of the way
+    assert pacer.decode_step_s(16) == pytest.approx(0.09)
+
+
+def test_a_step_faster_than_the_decode_estimate_does_not_make_prefill_free() -> None:
+    pacer = PrefillPacer(1.0)
+    pacer.observe(0.1, 8, 0.0)
+    pacer.observe(0.08, 8, 10.0)               # noise: below the decode-only time
+    assert pacer.unit_s == pytest.approx(0.25 * 0.08 / 10)
+    assert math.isfinite(pacer.budget(8))
+
+
+def test_ratio_zero_is_off_and_must_not_be_negative() -> None:
+    pacer = PrefillPacer(0.0)
+    pacer.observe(0.1, 8, 0.0)
+    assert pacer.budget(8) is None
+    with pytest.raises(ConfigError, match="prefill_time_ratio"):
+        EngineConfig(model_dir="unused", prefill_time_ratio=-1.0)
+
+
+# -- the scheduler, on a fake clock ----------------------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+DECODE_S, UNIT_S = 0.010, 0.001   # a decode-only step; a unit of prefill
+
+
+def paced(attention_context: float = 0.0, **cfg: object) -> tuple[Scheduler, FakeRunner, Clock]:
+    cfg = {"max_num_batched_tokens": 64, "max_num_seqs": 8, "prefill_time_ratio": 1.0, **cfg}
+    config = EngineConfig(model_dir="unused", block_size=4, max_tokens_in_paged_kv_cache=1024,
+                          **cfg)  # type: ignore[arg-type]
+    sched = Scheduler(config, 256, 4096, attention_context=attention_context)
+    clock = Clock()
+    sched.clock = clock
+    return sched, FakeRunner(256, 4), clock
+
+
+def run_step(sched: Scheduler, runner: FakeRunner, clock: Clock) -> list[tuple[str, int, int]]:
+    """One step whose time is DECODE_S (if it decodes) + UNIT_S per prefill unit."""
+    out = sched.schedule()
+    decodes = sum(1 for s in out.sequences if s.num_tokens == 1 and s.start_position > 0)
+    units = sum(sched.pacer.cost(s.start_position, s.num_tokens) for s in out.sequences if s.num_tokens > 1)
+    clock.now += (DECODE_S if decodes else 0.0) + UNIT_S * units
+    sched.update_from_output(out, runner.execute(out))
+    return [(s.request_id, s.start_position, s.num_tokens) for s in out.sequences]
+
+
+def start_streams(sched: Scheduler, runner: FakeRunner, clock: Clock, n: int = 2, decode_steps: int = 3) -> None:
+    for i in range(n):
+        sched.add_request(req(f"s{i}", prompt_len=6, max_tokens=200, base=100 * (i + 1)))
+    for _ in range(1 + decode_steps):
+        run_step(sched, runner, clock)
+
+
+def chunks_of(rid: str, steps: list[list[tuple[str, int, int]]]) -> list[int]:
+    return [n for step in steps for r, _, n in step if r == rid]
+
+
+def test_long_prompt_is_paced_while_streams_decode() -> None:
+    sched, runner, clock = paced()
+    start_streams(sched, runner, clock)
+    sched.add_request(req("long", prompt_len=200, max_tokens=1, base=5000))
+    steps = []
+    while "long" in sched.requests:
+        steps.append(run_step(sched, runner, clock))
+        assert sum(1 for r, _, n in steps[-1] if n == 1) == 2     # both streams decode every step
+    # a probe, then chunks costing ratio x the decode step: 1.0 x 10 ms / 1 ms = 10 tokens
+    assert chunks_of("long", steps) == [int(PROBE_UNITS)] + [10] * 16 + [8]
+    assert sum(chunks_of("long", steps)) == 200
+
+
+def test_later_chunks_are_shorter_as_attention_grows() -> None:
+    sched, runner, clock = paced(attention_context=1000.0, max_num_batched_tokens=512, prefill_time_ratio=4.0)
+    start_streams(sched, runner, clock)
+    sched.add_request(req("long", prompt_len=1000, max_tokens=1, base=5000))
+    steps = []
+    while "long" in sched.requests:
+        steps.append(run_step(sched, runner, clock))
+    chunks = chunks_of("long", steps)[1:-1]
+    assert chunks == sorted(chunks, reverse=True) and chunks[0] > chunks[-1] >= MIN_CHUNK_TOKENS
+    step_s = [DECODE_S + UNIT_S * sched.pacer.cost(s, n) for step in steps[1:-1] for r, s, n in step if r == "long"]
+    assert max(step_s) <= 5 * DECODE_S + 1e-9         # each step within (1 + ratio) x a decode step
+
+
+def test_short_prompts_and_prompts_alone_keep_the_token_budget() -> None:
+    sched, runner, clock = paced()
+    sched.add_request(req("alone", prompt_len=200, max_tokens=1, base=5000))
+    steps = [run_step(sched, runner, clock) for _ in range(4)]
+    assert chunks_of("alone", steps) == [64, 64, 64, 8]    # no decodes: nothing to pace for
+    start_streams(sched, runner, clock)
+    run_step(sched, runner, clock)
+    sched.add_request(req("short", prompt_len=60, max_tokens=1, base=7000))   # fits one step's budget
+    assert chunks_of("short", [run_step(sched, runner, clock)]) == [60]
+
+
+def test_progress_is_at_least_min_chunk_tokens() -> None:
+    sched, runner, clock = paced(prefill_time_ratio=0.01)
+    start_streams(sched, runner, clock)
+    sched.add_request(req("long", prompt_len=100, max_tokens=1, base=5000))
+    steps = [run_step(sched, runner, clock) for _ in range(4)]
+    assert chunks_of("long", steps) == [int(PROBE_UNITS), MIN_CHUNK_TOKENS, MIN_CHUNK_TOKENS, MIN_CHUNK_TOKENS]
+
+
+@pytest.mark.parametrize("cfg", [{"prefill_time_ratio": 0.0}, {"enable_chunked_context": False,
+                                                                "max_num_batched_tokens": 256}])
+def test_off_without_ratio_or_chunking(cfg: dict) -> None:
+    sched, runner, clock = paced(**cfg)
+    start_streams(sched, runner, clock)
+    sched.add_request(req("long", prompt_len=200, max_tokens=1, base=5000))
+    first = chunks_of("long", [run_step(sched, runner, clock)])
+    assert first == [62] if cfg.get("enable_chunked_context", True) else first == [200]
