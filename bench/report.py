@@ -115,14 +115,18 @@ class Report:
         lines = [f"engine / vLLM CPU offline ({dtype}, same harness): {ours.tokens_per_s:.1f} / "
                  f"{theirs.tokens_per_s:.1f} tok/s = {ratio:.2f}x "
                  f"(target >= {ENGINE_OVER_VLLM}x): {'met' if ratio >= ENGINE_OVER_VLLM else 'NOT met'}"]
-        ttft = self.vllm["ttft_ms_median"]
-        single_ours, single_theirs = ours.extra["single"], theirs.extra["single"]
-        lines.append(f"single-request TTFT ({dtype}, median of {single_ours['runs']} fresh prompts alone): "
-                     f"engine {ttft['engine']:.0f} ms, vLLM {ttft['vllm']:.0f} ms "
-                     f"(target <= vLLM's): {'met' if ttft['engine'] <= ttft['vllm'] else 'NOT met'}; "
-                     f"one request's decode: engine {single_ours['decode_tok_s_median']:.1f}, "
-                     f"vLLM {single_theirs['decode_tok_s_median']:.1f} tok/s")
-        lines.append(self.vllm["agreement"]["line"])
+        ttft = self.vllm.get("ttft_ms_median")
+        single_ours, single_theirs = ours.extra.get("single"), theirs.extra.get("single")
+        if ttft and single_ours and single_theirs:
+            lines.append(f"single-request TTFT ({dtype}, median of {single_ours['runs']} fresh prompts alone): "
+                         f"engine {ttft['engine']:.0f} ms, vLLM {ttft['vllm']:.0f} ms "
+                         f"(target <= vLLM's): {'met' if ttft['engine'] <= ttft['vllm'] else 'NOT met'}; "
+                         f"one request's decode: engine {single_ours['decode_tok_s_median']:.1f}, "
+                         f"vLLM {single_theirs['decode_tok_s_median']:.1f} tok/s")
+        if self.vllm.get("agreement"):
+            lines.append(self.vllm["agreement"]["line"])
+        for name, error in (self.vllm.get("errors") or {}).items():
+            lines.append(f"vLLM comparison, {name}: not measured ({error.splitlines()[0][:200]})")
         return lines
 
     def print(self, console: Console, dtype: str) -> None:

