@@ -314,14 +314,12 @@ void prefill_attention(T* out, int64_t out_row_stride, const T* query, int64_t q
     Scratch w;
     w.kbuf.resize(KT * HD);
     w.vbuf.resize(KT * HD);
-    // head by head, so that the threads stream the same K/V at the same time
-    // (one pass from memory, the other thread hits the shared cache: a head's
-    // K/V at 8k tokens is ~4 MB, the L3 of a small VM 8 MB); within a head,
-    // the last tiles (the longest context) first
+    // the last tiles (the longest context) first, all heads of a tile
+    // together (measured: faster than head by head for chunks of 30-64 tokens)
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < work; ++item) {
-      const int64_t h = item / (tiles * splits), rest = item % (tiles * splits);
-      const int64_t tile = tiles - 1 - rest / splits, split = rest % splits;
+      const int64_t tile = tiles - 1 - item / (kv_heads * splits), rest = item % (kv_heads * splits);
+      const int64_t h = rest / splits, split = rest % splits;
       const int64_t t0 = tile * qt;
       Partial partial;
       if (splits > 1) {   // then tiles == 1
