@@ -151,9 +151,9 @@ class Bench:
     def _prefill_of(engine: LLMEngine, rid: str) -> tuple[int, int]:
         """(start, tokens) of request `rid` in the step just scheduled, or (-1, 0)."""
         out = engine.scheduler._last_output
-        for seq in out.sequences if out is not None else []:
-            if seq.request_id == rid:
-                return seq.start_position, seq.num_tokens
+        for request_id, start, num_tokens in out.chunks() if out is not None else []:
+            if request_id == rid:
+                return start, num_tokens
         return -1, 0
 
     def alone(self, engine: LLMEngine, m: Measurement) -> None:

@@ -17,29 +17,30 @@ import time
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.worker.runner import ModelRunner
 from python_llm.engine.core.sampling_params import SamplingParams
-from python_llm.engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
+from python_llm.engine.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
 
 
 def decode_step(runner: ModelRunner, seqs: int, context: int, step: int) -> SchedulerOutput:
-    bs = runner.block_size
-    per_seq = -(-(context + 64) // bs)
-    greedy = SamplingParams()
-    scheduled = []
-    for i in range(seqs):
-        position = context - 8 + (i % 16) + step   # ragged contexts, as in a real batch
-        table = list(range(i * per_seq, (i + 1) * per_seq))
-        scheduled.append(ScheduledSequence(f"r{i}", [100 + i], position, table, True, greedy))
-    return SchedulerOutput(scheduled, seqs)
+    """Step 0 hands the runner `seqs` requests whose next token is a decode;
+    later steps only their progress, as the scheduler does."""
+    positions = [context - 8 + (i % 16) + step for i in range(seqs)]   # ragged contexts, as in a real batch
+    ids = [f"r{i}" for i in range(seqs)]
+    if step:
+        return SchedulerOutput([], CachedRequestData(ids, [None] * seqs, positions), [1] * seqs, seqs)
+    per_seq = -(-(context + 64) // runner.block_size)
+    new = [NewRequestData(rid, tuple(range(100, 101 + position)), position + 1, SamplingParams(),
+                          tuple(range(i * per_seq, (i + 1) * per_seq)), position)
+           for i, (rid, position) in enumerate(zip(ids, positions))]
+    return SchedulerOutput(new, CachedRequestData(), [1] * seqs, seqs)
 
 
-def prefill_step(runner: ModelRunner, tokens: int) -> SchedulerOutput:
+def prefill_step(runner: ModelRunner, tokens: int, step: int) -> SchedulerOutput:
     half = tokens // 2
-    bs = runner.block_size
-    blocks = -(-half // bs)
-    seqs = [ScheduledSequence(f"p{i}", list(range(1000, 1000 + half)), 0,
-                              list(range(i * blocks, (i + 1) * blocks)), True, SamplingParams())
-            for i in range(2)]
-    return SchedulerOutput(seqs, 2 * half)
+    blocks = -(-half // runner.block_size)
+    new = [NewRequestData(f"p{step}-{i}", tuple(range(1000, 1000 + half)), half, SamplingParams(),
+                          tuple(range(i * blocks, (i + 1) * blocks)), 0) for i in range(2)]
+    return SchedulerOutput(new, CachedRequestData(), [half, half], 2 * half,
+                           finished_req_ids=[f"p{step - 1}-{i}" for i in range(2)])
 
 
 def measure(runner: ModelRunner, make, repeats: int) -> tuple[float, float]:
@@ -82,7 +83,7 @@ def main() -> None:
         print(f"{dtype:9s} decode {args.seqs} seqs x ~{args.context} ctx: step {total * 1e3:7.1f} ms "
               f"(layers+LM head {model * 1e3:7.1f} ms, rest {(total - model) * 1e3:5.1f} ms) "
               f"-> {args.seqs / total:6.1f} tok/s")
-        total, model = measure(runner, lambda r: prefill_step(runner, args.prefill_tokens), max(2, args.repeats // 2))
+        total, model = measure(runner, lambda r: prefill_step(runner, args.prefill_tokens, r), max(2, args.repeats // 2))
         print(f"{dtype:9s} prefill {args.prefill_tokens} tokens: step {total * 1e3:7.1f} ms "
               f"(layers+LM head {model * 1e3:7.1f} ms, rest {(total - model) * 1e3:5.1f} ms) "
               f"-> {args.prefill_tokens / total:6.1f} tok/s")

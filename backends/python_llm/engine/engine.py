@@ -316,7 +316,7 @@ class LLMEngine:
             self._steps += 1
             self._step_seconds += time.perf_counter() - started
             self._model_seconds += result.model_seconds
-            self.metrics.histogram_observe(m.BATCH_SIZE, len(scheduled.sequences))
+            self.metrics.histogram_observe(m.BATCH_SIZE, scheduled.num_scheduled_reqs)
         if ran_model or outputs:
             metrics = self.metrics
             metrics.gauge_set(m.KV_BLOCKS_USED, sched.kv.num_used_blocks)

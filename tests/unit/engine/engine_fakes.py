@@ -6,6 +6,8 @@ before the fed chunk (the cached prefix, or recomputed history) holds the
 sequence's own token, then writes the chunk's tokens into their slots. A
 block freed while still in use, a wrong prefix-cache hit or a bad block table
 therefore raises KVCheckError, which kills the engine and fails the test.
+Like the real runner it learns a request once and then only what changed
+(`scheduler_output.py`), and appends the tokens it returns to its own copy.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Callable
 
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.core.scheduler_output import RunnerOutput, SchedulerOutput
+from python_llm.engine.worker.input_batch import CachedRequestState
 
 EOS = 2
 VOCAB = 1000
@@ -58,6 +61,10 @@ class FakeRunner:
         self.batch_sizes: list[int] = []
         self.num_batched_tokens: list[int] = []
         self.dropped_ids: list[str] = []
+        self.preempted_ids: list[str] = []
+        self.requests: dict[str, CachedRequestState] = {}
+        # what each sampled request showed the sampler: (prompt, output)
+        self.seen: list[tuple[list[int], list[int]]] = []
         self.history: list[list[tuple[str, int, int, bool]]] = []   # per step: (id, start, n, sample)
 
     @classmethod
@@ -70,21 +77,54 @@ class FakeRunner:
             raise RuntimeError("fake runner failure")
         if scheduled.is_empty:
             raise KVCheckError("execute() called with nothing scheduled")
-        self.batch_sizes.append(len(scheduled.sequences))
-        self.num_batched_tokens.append(scheduled.num_batched_tokens)
-        self.dropped_ids.extend(scheduled.finished_request_ids)
-        self.history.append([(s.request_id, s.start_position, s.num_tokens, s.sample) for s in scheduled.sequences])
+        self.batch_sizes.append(scheduled.num_scheduled_reqs)
+        self.num_batched_tokens.append(scheduled.total_num_scheduled_tokens)
+        self.dropped_ids.extend(scheduled.finished_req_ids)
+        self.preempted_ids.extend(scheduled.preempted_req_ids)
+        for rid in scheduled.preempted_req_ids + scheduled.finished_req_ids:
+            self.requests.pop(rid, None)
+        batch = self._update(scheduled)
+        history: list[tuple[str, int, int, bool]] = []
         token_ids: list[int] = []
         logprobs: list[float | None] = []
-        for seq in scheduled.sequences:
+        for req, n in zip(batch, scheduled.num_scheduled_tokens):
+            start = req.num_computed_tokens
+            sample = start + n == len(req.token_ids)
+            history.append((req.request_id, start, n, sample))
             if self.check_kv:
-                self._check_and_write(seq)
-            if seq.sample:
-                token_ids.append(self.token_fn(seq.request_id, len(seq.output_token_ids)))
-                logprobs.append(-0.5 if seq.sampling.return_log_probs else None)
+                self._check_and_write(req, n)
+            if sample:
+                self.seen.append((req.prompt_token_ids, req.output_token_ids))
+                token_ids.append(self.token_fn(req.request_id, len(req.output_token_ids)))
+                logprobs.append(-0.5 if req.sampling.return_log_probs else None)
+        for req, n in zip(batch, scheduled.num_scheduled_tokens):
+            req.num_computed_tokens += n
+        for req, token in zip([r for r in batch if r.num_computed_tokens == len(r.token_ids)], token_ids):
+            req.token_ids.append(token)
+        self.history.append(history)
         wanted = any(lp is not None for lp in logprobs)
         return RunnerOutput(token_ids=token_ids, logprobs=logprobs if wanted else None,
                             model_seconds=self.model_seconds)
+
+    def _update(self, scheduled: SchedulerOutput) -> list[CachedRequestState]:
+        batch = []
+        cached = scheduled.scheduled_cached_reqs
+        for rid, new_blocks, computed in zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
+            if rid not in self.requests:
+                raise KVCheckError(f"{rid}: sent as cached, never sent as new")
+            req = self.requests[rid]
+            if computed != req.num_computed_tokens:
+                raise KVCheckError(f"{rid}: scheduled from {computed}, {req.num_computed_tokens} computed")
+            req.block_ids.extend(new_blocks or ())
+            batch.append(req)
+        for new in scheduled.scheduled_new_reqs:
+            if new.request_id in self.requests:
+                raise KVCheckError(f"{new.request_id}: sent as new, already held")
+            req = self.requests[new.request_id] = CachedRequestState(
+                new.request_id, list(new.token_ids), new.num_prompt_tokens, new.sampling, list(new.block_ids),
+                new.num_computed_tokens)   # the real runner's state, without its block-table row
+            batch.append(req)
+        return batch
 
     def _slot(self, table: list[int], position: int) -> int:
         index = position // self.block_size
@@ -95,18 +135,16 @@ class FakeRunner:
             raise KVCheckError(f"block id {block} out of range")
         return block * self.block_size + position % self.block_size
 
-    def _check_and_write(self, seq) -> None:
-        history = seq.prompt_token_ids + seq.output_token_ids
-        start, n = seq.start_position, seq.num_tokens
-        if seq.token_ids != history[start:start + n]:
-            raise KVCheckError(f"{seq.request_id}: fed tokens are not the history at {start}")
-        if seq.sample != (start + n == len(history)):
-            raise KVCheckError(f"{seq.request_id}: sample flag wrong")
+    def _check_and_write(self, req: CachedRequestState, n: int) -> None:
+        history = req.token_ids
+        start = req.num_computed_tokens
+        if start + n > len(history):
+            raise KVCheckError(f"{req.request_id}: tokens up to {start + n} scheduled, {len(history)} known")
         for p in range(start):
-            if self.slots[self._slot(seq.block_table, p)] != history[p]:
-                raise KVCheckError(f"{seq.request_id}: KV slot of position {p} does not hold its token")
-        for i, token in enumerate(seq.token_ids):
-            self.slots[self._slot(seq.block_table, start + i)] = token
+            if self.slots[self._slot(req.block_ids, p)] != history[p]:
+                raise KVCheckError(f"{req.request_id}: KV slot of position {p} does not hold its token")
+        for i, token in enumerate(history[start:start + n]):
+            self.slots[self._slot(req.block_ids, start + i)] = token
 
 
 class SlowFakeRunner(FakeRunner):

@@ -15,7 +15,7 @@ from python_llm.engine.core.errors import InvalidRequestError
 from python_llm.engine.core.metrics import InMemoryMetrics
 from python_llm.engine.core.outputs import GenerateResult
 from python_llm.engine.core.sampling_params import SamplingParams
-from python_llm.engine.core.scheduler_output import RunnerOutput, SchedulerOutput, ScheduledSequence
+from python_llm.engine.worker.input_batch import CachedRequestState
 from python_llm.engine.engine import LLMEngine
 from python_llm.engine.worker.runner import ModelRunner
 from python_llm.engine.worker.sampler import Sampler
@@ -26,21 +26,10 @@ PROMPT = [100, 101, 102, 103, 104]
 CONTINUATION = [50, 51, 52]
 
 
-class RecordingRunner(FakeRunner):
-    """Records what each sampled sequence shows the sampler: (prompt, output)."""
-
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.seen: list[tuple[list[int], list[int]]] = []
-
-    def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
-        self.seen.extend((list(s.prompt_token_ids), list(s.output_token_ids)) for s in scheduled.sequences if s.sample)
-        return super().execute(scheduled)
-
-
-def fake_engine(**runner_kwargs: object) -> tuple[LLMEngine, RecordingRunner]:
+def fake_engine(**runner_kwargs: object) -> tuple[LLMEngine, FakeRunner]:
+    """`runner.seen`: what each sampled request showed the sampler (prompt, output)."""
     config = EngineConfig(model_dir="unused", block_size=4, max_tokens_in_paged_kv_cache=4 * 64)
-    runner = RecordingRunner(config.num_cpu_blocks, config.block_size, **runner_kwargs)  # type: ignore[arg-type]
+    runner = FakeRunner(config.num_cpu_blocks, config.block_size, **runner_kwargs)  # type: ignore[arg-type]
     return LLMEngine(config, runner=runner, metrics=InMemoryMetrics()), runner
 
 
@@ -104,9 +93,8 @@ def test_the_sampler_bans_and_penalizes_over_the_continuation() -> None:
     def picked(output: list[int], **params: object) -> int:
         logits = torch.zeros(1, 8)
         logits[0, 3], logits[0, 5] = 2.0, 1.0
-        seq = ScheduledSequence("s", [0], 0, [0], True, SamplingParams(stop_token_ids=[3], **params),
-                                output_token_ids=output, prompt_token_ids=[7])
-        return sampler(logits, [seq]).token_ids[0]
+        state = CachedRequestState("s", [7] + output, 1, SamplingParams(stop_token_ids=[3], **params), [0])
+        return sampler(logits, [state]).token_ids[0]
 
     assert picked([1, 1], min_tokens=3) == 5           # 2 generated < 3: the stop token is banned
     assert picked([1, 1, 1], min_tokens=3) == 3

@@ -10,8 +10,8 @@ import torch
 
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.worker.runner import ModelRunner
-from python_llm.engine.core.sampling_params import SamplingParams
-from python_llm.engine.core.scheduler_output import ScheduledSequence
+
+from seam_messages import state
 
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, eos_token_id=2)
@@ -37,8 +37,8 @@ def save_tiny(folder: Path, kind: str, **overrides) -> Path:
 
 def runner_logits(runner: ModelRunner, ids: list[int]) -> torch.Tensor:
     """All positions' logits from one prefill through the runner's model."""
-    seq = ScheduledSequence("probe", ids, 0, list(range(-(-len(ids) // runner.block_size))), True, SamplingParams())
-    batch = runner._prepare([seq])
+    probe = state("probe", ids, list(range(-(-len(ids) // runner.block_size))))
+    batch = runner._prepare([probe], [len(ids)])
     with torch.inference_mode():
         hidden = runner.model(batch.input_ids, batch.positions, batch.meta, runner.kv_cache)
         return runner.model.compute_logits(hidden)

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from python_llm.engine.config import EngineConfig
-from python_llm.engine.core.sampling_params import SamplingParams
-from python_llm.engine.core.scheduler_output import ScheduledSequence
 from python_llm.engine.worker.kernels import CpuKernels, cpu_kernels
 from python_llm.engine.worker.kernels.reference import prefill_attention_reference
 from python_llm.engine.worker.runner import ModelRunner
+
+from seam_messages import state
 
 from test_model_tiny import save_tiny
 
@@ -124,8 +124,7 @@ def test_runner_chunked_prefill_matches_hf(tmp_path: Path, backend: str) -> None
     with torch.inference_mode():
         for start in range(0, len(ids), 13):
             chunk = ids[start:start + 13]
-            seq = ScheduledSequence("p", chunk, start, table, True, SamplingParams())
-            batch = runner._prepare([seq])
+            batch = runner._prepare([state("p", ids, table, computed=start)], [len(chunk)])
             native_chunks += sum(1 for c in batch.meta.prefills if c.table is not None)
             assert all(c.mask is None for c in batch.meta.prefills if c.table is not None)
             hidden = runner.model(batch.input_ids, batch.positions, batch.meta, runner.kv_cache)

@@ -110,11 +110,12 @@ def paced(attention_context: float = 0.0, **cfg: object) -> tuple[Scheduler, Fak
 def run_step(sched: Scheduler, runner: FakeRunner, clock: Clock) -> list[tuple[str, int, int]]:
     """One step whose time is DECODE_S (if it decodes) + UNIT_S per prefill unit."""
     out = sched.schedule()
-    decodes = sum(1 for s in out.sequences if s.num_tokens == 1 and s.start_position > 0)
-    units = sum(sched.pacer.cost(s.start_position, s.num_tokens) for s in out.sequences if s.num_tokens > 1)
+    chunks = out.chunks()
+    decodes = sum(1 for _, start, n in chunks if n == 1 and start > 0)
+    units = sum(sched.pacer.cost(start, n) for _, start, n in chunks if n > 1)
     clock.now += (DECODE_S if decodes else 0.0) + UNIT_S * units
     sched.update_from_output(out, runner.execute(out))
-    return [(s.request_id, s.start_position, s.num_tokens) for s in out.sequences]
+    return chunks
 
 
 def start_streams(sched: Scheduler, runner: FakeRunner, clock: Clock, n: int = 2, decode_steps: int = 3) -> None:

@@ -10,8 +10,9 @@ import torch
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.worker.runner import ModelRunner, SchedulingError
 from python_llm.engine.core.sampling_params import SamplingParams
-from python_llm.engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
+from python_llm.engine.worker.input_batch import CachedRequestState
 
+from seam_messages import new_request, prefill, step
 from test_model_tiny import save_tiny
 from test_runner_helpers import RunnerDriver
 
@@ -23,11 +24,6 @@ def runner(tmp_path_factory: pytest.TempPathFactory) -> ModelRunner:
                                     num_threads=2))
 
 
-def one(request_id: str, tokens: list[int], start: int, table: list[int], sample: bool = True,
-        **params) -> ScheduledSequence:
-    return ScheduledSequence(request_id, tokens, start, table, sample, SamplingParams(**params))
-
-
 def test_kv_budget_on_cpu(runner: ModelRunner) -> None:
     assert runner.num_blocks == 2048 // 8
     assert runner.kv_cache.keys[0].shape == (2, 256, 8, 16)
@@ -35,18 +31,20 @@ def test_kv_budget_on_cpu(runner: ModelRunner) -> None:
 
 
 def test_partial_chunk_samples_nothing(runner: ModelRunner) -> None:
-    out = runner.execute(SchedulerOutput([one("p", list(range(3, 13)), 0, [0, 1], sample=False)], 10))
+    out = runner.execute(prefill("p", list(range(3, 14)), [0, 1], num_tokens=10))
     assert out.token_ids == [] and out.logprobs is None
     assert out.model_seconds > 0
+    runner.execute(step(finished=["p"]))
 
 
 def test_empty_step(runner: ModelRunner) -> None:
-    assert runner.execute(SchedulerOutput([], 0)).token_ids == []
+    assert runner.execute(step()).token_ids == []
 
 
 def test_logprobs_returned_when_asked(runner: ModelRunner) -> None:
-    out = runner.execute(SchedulerOutput([one("a", [5, 6, 7], 0, [0], return_log_probs=True),
-                                          one("b", [5, 6, 7], 0, [1])], 6))
+    out = runner.execute(step(new=[(new_request("a", [5, 6, 7], [0], return_log_probs=True), 3),
+                                   (new_request("b", [5, 6, 7], [1]), 3)], finished=[]))
+    runner.execute(step(finished=["a", "b"]))
     assert out.logprobs is not None and out.logprobs[0] is not None and out.logprobs[0] <= 0
     assert out.logprobs[1] is None
     assert out.token_ids[0] == out.token_ids[1]
@@ -59,11 +57,11 @@ def test_seeded_sampling_reproducible_and_state_dropped_when_finished(runner: Mo
         for i in range(neighbours):
             driver.add(f"{request_id}-n{i}", [9, 8, 7], 10, SamplingParams(temperature=1.0))
         tokens = driver.run()[request_id]
-        runner.execute(SchedulerOutput([], 0, finished_request_ids=[r.request_id for r in driver.requests]))
+        runner.execute(step(finished=[r.request_id for r in driver.requests]))
         return tokens
 
     first = generate("s1", 0)
-    assert "s1" not in runner._generators
+    assert "s1" not in runner.input_batch._generators and "s1" not in runner.input_batch.requests
     assert generate("s2", 3) == first
     assert len(set(first)) > 1
 
@@ -72,21 +70,30 @@ def test_single_token_chunk_after_prefill_matches_decode_path(runner: ModelRunne
     """A 1-token sequence that is not in the leading decode run takes the
     prefill path; both must give the same token."""
     prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19]
-    runner.execute(SchedulerOutput([one("x", prompt[:-1], 0, [10, 11], sample=False)], 8))
-    as_decode = runner.execute(SchedulerOutput([one("x", prompt[-1:], 8, [10, 11])], 1)).token_ids[0]
-    as_prefill = runner.execute(SchedulerOutput([one("y", [3, 4, 5], 0, [12]),
-                                                 one("x", prompt[-1:], 8, [10, 11])], 4)).token_ids[1]
+    runner.execute(step(new=[(new_request("x1", prompt, [10, 11]), 8), (new_request("x2", prompt, [13, 14]), 8),
+                             (new_request("y", [3, 4, 5, 6], [12]), 2)]))
+    as_decode = runner.execute(step(cached=[("x1", 8, 1, None)])).token_ids[0]
+    as_prefill = runner.execute(step(cached=[("y", 2, 2, None), ("x2", 8, 1, None)])).token_ids[1]
     assert as_decode == as_prefill
+    runner.execute(step(finished=["x1", "x2", "y"]))
 
 
 @pytest.mark.parametrize("bad, match", [
-    (dict(tokens=[1, 2, 3], start=0, table=[]), "blocks cannot hold"),
-    (dict(tokens=[], start=0, table=[0]), "no tokens"),
-    (dict(tokens=[1], start=256, table=list(range(40))), "outside"),
+    (dict(tokens=[1, 2, 3], n=3, table=[]), "blocks cannot hold"),
+    (dict(tokens=[1], n=0, table=[0]), "no tokens"),
+    (dict(tokens=list(range(300)), n=44, table=list(range(40)), computed=256), "outside"),
+    (dict(tokens=[1, 2], n=3, table=[0]), "tokens known"),
 ])
 def test_invalid_schedules_are_rejected(runner: ModelRunner, bad: dict, match: str) -> None:
+    request = new_request("bad", bad["tokens"], bad["table"], computed=bad.get("computed", 0))
     with pytest.raises(SchedulingError, match=match):
-        runner.execute(SchedulerOutput([one("bad", bad["tokens"], bad["start"], bad["table"])], 1))
+        runner.execute(step(new=[(request, bad["n"])]))
+    runner.execute(step(finished=["bad"]))
+
+
+def test_a_request_the_runner_never_saw_is_rejected(runner: ModelRunner) -> None:
+    with pytest.raises(SchedulingError, match="never saw it"):
+        runner.execute(step(cached=[("ghost", 3, 1, None)]))
 
 
 def test_min_tokens_leaves_the_fused_greedy_path_only_before_it_is_reached(runner: ModelRunner,
@@ -130,20 +137,25 @@ def test_decodes_of_different_lengths_match_single_runs(tmp_path_factory: pytest
     runner = ModelRunner(EngineConfig(model_dir=str(folder), max_tokens_in_paged_kv_cache=2048, block_size=8,
                                       num_threads=2, attention_backend=backend))
     lengths = [100, 3, 40, 9, 100, 12]
-    seqs = []
-    for i, length in enumerate(lengths):
-        table = list(range(20 * i + 100, 20 * i + 120))
-        prompt = [(7 * i + j) % 90 + 3 for j in range(length)]
-        runner.execute(SchedulerOutput([one(f"g{i}", prompt[:-1], 0, table, sample=False)], length - 1))
-        seqs.append(one(f"g{i}", prompt[-1:], length - 1, table, return_log_probs=True))
-    alone = [runner.execute(SchedulerOutput([s], 1)) for s in seqs]
-    meta = runner._prepare(seqs).meta
+    ids = [f"g{i}" for i in range(len(lengths))]
+    for copy in ("alone", "together"):   # the same requests twice: decoded alone, then in one batch
+        for i, length in enumerate(lengths):
+            first = 20 * i + (10 if copy == "alone" else 130)
+            table = list(range(first, first + 20))
+            prompt = [(7 * i + j) % 90 + 3 for j in range(length)]
+            runner.execute(step(new=[(new_request(f"{copy}-{ids[i]}", prompt, table, return_log_probs=True),
+                                      length - 1)]))
+    alone = [runner.execute(step(cached=[(f"alone-{rid}", n - 1, 1, None)])) for rid, n in zip(ids, lengths)]
+    states: list[CachedRequestState] = [runner.input_batch.requests[f"together-{rid}"] for rid in ids]
+    for st, n in zip(states, lengths):
+        st.num_computed_tokens = n - 1
+    meta = runner._prepare(states, [1] * len(states)).meta
     if backend == "torch":
         assert meta.decode_batch is None
-        assert len(meta.decodes) >= 3 and sum(g.num_seqs for g in meta.decodes) == len(seqs)
+        assert len(meta.decodes) >= 3 and sum(g.num_seqs for g in meta.decodes) == len(states)
     else:
         assert not meta.decodes and meta.decode_batch is not None
         assert meta.decode_batch.context_lens.tolist() == lengths
-    together = runner.execute(SchedulerOutput(seqs, len(seqs)))
+    together = runner.execute(step(cached=[(f"together-{rid}", n - 1, 1, None) for rid, n in zip(ids, lengths)]))
     assert together.token_ids == [out.token_ids[0] for out in alone]   # in the input order
     assert together.logprobs == pytest.approx([out.logprobs[0] for out in alone], abs=1e-4)

@@ -2,7 +2,8 @@
 
 - `RunnerDriver`: a hand-written stand-in for the scheduler (contiguous block
   tables, optional chunked prefill, staggered arrivals) that feeds a real
-  ModelRunner SchedulerOutputs and collects the tokens.
+  ModelRunner SchedulerOutputs (a request whole once, then its progress) and
+  collects the tokens.
 - `assert_same_or_near_tie`: two greedy token sequences for the same prompt
   must be equal, or first differ where the reference logits have a near-tie
   (top-2 gap below `max_gap`), the one legitimate reason batched and single
@@ -17,7 +18,8 @@ import pytest
 import torch
 
 from python_llm.engine.core.sampling_params import SamplingParams
-from python_llm.engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
+
+from seam_messages import new_request, step
 
 # ids → next-token logits [vocab] for the whole sequence `ids`
 LogitsFn = Callable[[Sequence[int]], torch.Tensor]
@@ -64,6 +66,7 @@ class DrivenRequest:
     start_position: int = 0        # > 0: the first blocks already hold the prompt's prefix
     output: list[int] = field(default_factory=list)
     fed: int = 0                   # prompt tokens whose K/V are in the cache
+    sent: bool = False             # the runner holds it
 
     def __post_init__(self) -> None:
         self.fed = self.start_position
@@ -81,7 +84,8 @@ class RunnerDriver:
         self.chunk = chunk
         self.requests: list[DrivenRequest] = []
         self.next_block = 0
-        self.steps: list[SchedulerOutput] = []
+        # per step, in batch order: (request id, first position, tokens, sampled)
+        self.steps: list[list[tuple[str, int, int, bool]]] = []
 
     def blocks_for(self, num_tokens: int) -> list[int]:
         count = -(-num_tokens // self.runner.block_size)
@@ -100,30 +104,38 @@ class RunnerDriver:
         return request
 
     def run(self) -> dict[str, list[int]]:
-        step = 0
+        step_index = 0
         while not all(r.done for r in self.requests):
-            decodes, prefills = [], []
-            for r in self.requests:
-                if r.done or r.arrive_step > step:
-                    continue
+            live = [r for r in self.requests if not r.done and r.arrive_step <= step_index]
+            cached, new = [], []
+            # (request, first position, tokens, sampled): decodes, chunks of
+            # requests the runner holds, then new ones (the batch order)
+            held_chunks, new_chunks = [], []
+            for r in live:
                 if r.fed >= len(r.prompt):
                     position = len(r.prompt) + len(r.output) - 1
-                    decodes.append(ScheduledSequence(r.request_id, [r.output[-1]], position, r.block_table, True,
-                                                     r.sampling, list(r.output), r.prompt))
+                    cached.append((r.request_id, position, 1, None))
+                    held_chunks.append((r, position, 1, True))
+            for r in live:
+                if r.fed >= len(r.prompt):
+                    continue
+                end = len(r.prompt) if self.chunk is None else min(len(r.prompt), r.fed + self.chunk)
+                chunk = (r, r.fed, end - r.fed, end == len(r.prompt))
+                if r.sent:
+                    cached.append((r.request_id, r.fed, end - r.fed, None))
+                    held_chunks.append(chunk)
                 else:
-                    end = len(r.prompt) if self.chunk is None else min(len(r.prompt), r.fed + self.chunk)
-                    prefills.append(ScheduledSequence(r.request_id, r.prompt[r.fed:end], r.fed, r.block_table,
-                                                      end == len(r.prompt), r.sampling, [], r.prompt))
-                    r.fed = end
-            scheduled = decodes + prefills
-            finished = [r.request_id for r in self.requests if r.done]
-            out = SchedulerOutput(scheduled, sum(s.num_tokens for s in scheduled), finished)
-            self.steps.append(out)
-            result = self.runner.execute(out)
-            by_id = {r.request_id: r for r in self.requests}
-            for seq, token in zip([s for s in scheduled if s.sample], result.token_ids, strict=True):
-                by_id[seq.request_id].output.append(token)
-            step += 1
+                    new.append((new_request(r.request_id, r.prompt, r.block_table, r.fed, sampling=r.sampling),
+                                end - r.fed))
+                    new_chunks.append(chunk)
+                r.fed, r.sent = end, True
+            chunks = held_chunks + new_chunks
+            self.steps.append([(r.request_id, start, n, sample) for r, start, n, sample in chunks])
+            result = self.runner.execute(step(new, cached, finished=[r.request_id for r in self.requests if r.done]))
+            for (r, *_), token in zip([c for c in chunks if c[3]], result.token_ids, strict=True):
+                r.output.append(token)
+            step_index += 1
+        self.runner.execute(step(finished=[r.request_id for r in self.requests]))
         return {r.request_id: r.output for r in self.requests}
 
 

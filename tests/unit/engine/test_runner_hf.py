@@ -120,7 +120,7 @@ def test_chunked_prefill_gives_same_tokens(runner, prompts, single_runs, hf_logi
     driver = RunnerDriver(runner, chunk=-(-len(prompt) // 3))
     driver.add("chunked", prompt, SHORT, GREEDY_NO_EOS)
     ours = driver.run()["chunked"]
-    assert sum(1 for s in driver.steps if s.sequences and not s.sequences[0].sample) == 2  # 3 chunks
+    assert sum(1 for s in driver.steps if s and not s[0][3]) == 2  # 3 chunks
     assert_same_or_near_tie(hf_logits, prompt, single_runs[4][:SHORT], ours)
 
 
@@ -129,10 +129,9 @@ def test_mixed_batch_matches_single_runs(runner, prompts, single_runs, hf_logits
     for i, prompt in enumerate(prompts):
         driver.add(f"batch-{i}", prompt, SHORT, GREEDY_NO_EOS, arrive_step=i // 2)
     outputs = driver.run()
-    mixed = [s for s in driver.steps
-             if any(q.num_tokens == 1 for q in s.sequences) and any(q.num_tokens > 1 for q in s.sequences)]
+    mixed = [s for s in driver.steps if any(q[2] == 1 for q in s) and any(q[2] > 1 for q in s)]
     assert mixed, "the driver never mixed decodes with prefill chunks"
-    assert max(len(s.sequences) for s in driver.steps) == len(prompts)
+    assert max(len(s) for s in driver.steps) == len(prompts)
     for i, prompt in enumerate(prompts):
         assert_same_or_near_tie(hf_logits, prompt, single_runs[i][:SHORT], outputs[f"batch-{i}"])
 
@@ -155,6 +154,6 @@ def test_shared_prefix_blocks(runner, prompts, single_runs, hf_logits) -> None:
     # a concurrent request with its own blocks keeps the step batched
     second.add("neighbour", prompts[3], SHORT, GREEDY_NO_EOS)
     outputs = second.run()
-    assert second.steps[0].sequences[0].start_position == shared_len
+    assert second.steps[0][0][1] == shared_len
     assert_same_or_near_tie(hf_logits, base, single_runs[0][:SHORT], outputs["reuser"])
     assert_same_or_near_tie(hf_logits, prompts[3], single_runs[3][:SHORT], outputs["neighbour"])

@@ -9,15 +9,17 @@ import torch
 from python_llm.engine.worker.kernels import cpu_kernels
 from python_llm.engine.worker.sampler import Sampler
 from python_llm.engine.core.sampling_params import SamplingParams
-from python_llm.engine.core.scheduler_output import ScheduledSequence
+from python_llm.engine.worker.input_batch import CachedRequestState
 
 VOCAB = 32
 
 
 def seq(request_id: str = "r", output: list[int] | None = None, prompt: list[int] | None = None,
-        **params) -> ScheduledSequence:
-    return ScheduledSequence(request_id, [0], 0, [0], True, SamplingParams(**params),
-                             output_token_ids=output or [], prompt_token_ids=prompt or [])
+        generator: torch.Generator | None = None, **params) -> CachedRequestState:
+    """The runner's state of a request with these tokens (prompt, then output)."""
+    prompt = prompt or []
+    return CachedRequestState(request_id, prompt + (output or []), len(prompt), SamplingParams(**params), [0],
+                              generator=generator)
 
 
 def logits_rows(*rows: list[float]) -> torch.Tensor:
@@ -138,12 +140,12 @@ def test_seeded_request_is_reproducible_across_batches(sampler: Sampler) -> None
     row = torch.randn(VOCAB)
 
     def draw(batch_size: int, position: int) -> list[int]:
-        gen = {"seeded": torch.Generator().manual_seed(1234)}
+        gen = torch.Generator().manual_seed(1234)
         tokens = []
         for _ in range(10):
             seqs = [seq(f"other{i}", temperature=1.0) for i in range(batch_size)]
-            seqs.insert(position, seq("seeded", temperature=1.0, seed=1234))
-            out = sampler(row.repeat(batch_size + 1, 1), seqs, gen).token_ids
+            seqs.insert(position, seq("seeded", temperature=1.0, seed=1234, generator=gen))
+            out = sampler(row.repeat(batch_size + 1, 1), seqs).token_ids
             tokens.append(out[position])
         return tokens
 
@@ -208,12 +210,8 @@ def test_native_argmax_equals_torch(vocab: int) -> None:
 ])
 def test_plain_greedy_decides_the_fused_path(params: SamplingParams, outputs: int, plain: bool) -> None:
     """The runner fuses LM head + argmax only when the sampler would take a
-    plain argmax of the raw logits; the scheduler's copied value and the
-    sampling params' own must agree."""
-    def make() -> ScheduledSequence:
-        return ScheduledSequence("r", [0], 0, [0], True, params, output_token_ids=list(range(outputs)))
-    from_params, copied = make(), make()
-    copied.greedy_after = params.plain_greedy_after
-    assert Sampler.plain_greedy([from_params]) is plain
-    assert Sampler.plain_greedy([copied]) is plain
-    assert Sampler.plain_greedy([seq(), from_params]) is plain
+    plain argmax of the raw logits; the output counted is the runner's own
+    (prompt tokens do not count)."""
+    state = CachedRequestState("r", [7, 7] + list(range(outputs)), 2, params, [0])
+    assert Sampler.plain_greedy([state]) is plain
+    assert Sampler.plain_greedy([seq(), state]) is plain

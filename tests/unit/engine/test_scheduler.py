@@ -57,12 +57,12 @@ def test_token_budget_and_sequence_limit() -> None:
     for i in range(6):
         sched.add_request(req(f"r{i}", prompt_len=10, base=100 * i))
     out = sched.schedule()
-    assert [(s.request_id, s.num_tokens) for s in out.sequences] == [("r0", 10), ("r1", 10), ("r2", 10), ("r3", 2)]
-    assert out.num_batched_tokens == 32
+    assert [(rid, n) for rid, _, n in out.chunks()] == [("r0", 10), ("r1", 10), ("r2", 10), ("r3", 2)]
+    assert out.total_num_scheduled_tokens == 32
     assert sched.num_running == 4 and sched.num_waiting == 2
     sched.update_from_output(out, runner.execute(out))
     out = sched.schedule()      # 3 decodes + the rest of r3's prompt; r4 and r5 wait for a slot
-    assert [(s.request_id, s.num_tokens) for s in out.sequences] == [("r0", 1), ("r1", 1), ("r2", 1), ("r3", 8)]
+    assert [(rid, n) for rid, _, n in out.chunks()] == [("r0", 1), ("r1", 1), ("r2", 1), ("r3", 8)]
 
 
 def test_higher_priority_first_then_fcfs() -> None:
@@ -70,7 +70,7 @@ def test_higher_priority_first_then_fcfs() -> None:
     for i, (rid, prio) in enumerate([("a", 0), ("b", 0), ("c", 5), ("d", 5), ("e", -1)]):
         sched.add_request(req(rid, priority=prio, base=100 * i))
     out = sched.schedule()
-    assert [s.request_id for s in out.sequences] == ["c", "d", "a", "b", "e"]
+    assert out.req_ids() == ["c", "d", "a", "b", "e"]
 
 
 def test_chunked_prefill_keeps_decodes_flowing() -> None:
@@ -97,7 +97,7 @@ def test_no_chunking_waits_for_a_step_with_room() -> None:
     sched.add_request(req("a", prompt_len=10, base=300))
     sched.add_request(req("b", prompt_len=10, base=400))
     out = sched.schedule()
-    assert [(s.request_id, s.num_tokens) for s in out.sequences] == [("s1", 1), ("a", 10)]
+    assert [(rid, n) for rid, _, n in out.chunks()] == [("s1", 1), ("a", 10)]
 
 
 def test_preemption_picks_latest_admitted_and_output_is_unchanged() -> None:
@@ -119,6 +119,45 @@ def test_preemption_picks_latest_admitted_and_output_is_unchanged() -> None:
         assert tokens_of(outs[rid]) == expected_tokens(rid, 12)
         assert outs[rid][-1].finish_reason == "length"
     assert sched.kv.num_used_blocks == 0
+    # the runner was told (and the fake checked that b came back whole, its
+    # output so far included, or its KV check would have failed)
+    assert runner.preempted_ids == ["b"]
+
+
+def test_the_message_sends_a_request_once_then_only_its_changes() -> None:
+    sched, runner, _ = make(block_size=4)
+    sched.add_request(req("a", prompt_len=6, max_tokens=8))
+    first = sched.schedule()
+    (new,) = first.scheduled_new_reqs
+    assert (new.request_id, new.token_ids, new.num_prompt_tokens, new.num_computed_tokens) == (
+        "a", tuple(range(100, 106)), 6, 0)
+    assert new.block_ids == tuple(sched.kv.tables["a"]) and len(new.block_ids) == 2
+    assert first.num_scheduled_tokens == [6] and not first.scheduled_cached_reqs.req_ids
+    sched.update_from_output(first, runner.execute(first))
+    grown = []
+    for position in range(6, 12):
+        out = sched.schedule()
+        cached = out.scheduled_cached_reqs
+        assert not out.scheduled_new_reqs and cached.req_ids == ["a"] and out.num_scheduled_tokens == [1]
+        assert cached.num_computed_tokens == [position]
+        grown.append(cached.new_block_ids[0])
+        sched.update_from_output(out, runner.execute(out))
+    # a new block only when the decode crosses into it (position 8)
+    assert grown == [None, None, (sched.kv.tables["a"][2],), None, None, None]
+
+
+def test_the_message_shares_nothing_the_scheduler_changes() -> None:
+    sched, runner, _ = make(block_size=4)
+    request = req("a", prompt_len=8, max_tokens=8)
+    sched.add_request(request)
+    out = sched.schedule()
+    (new,) = out.scheduled_new_reqs
+    sent_tokens, sent_blocks = new.token_ids, new.block_ids
+    sched.update_from_output(out, runner.execute(out))
+    for _ in range(4):   # tokens appended, a block added
+        step(sched, runner)
+    assert new.token_ids == sent_tokens and len(new.token_ids) == 8
+    assert new.block_ids == sent_blocks and len(sched.kv.tables["a"]) > len(sent_blocks)
 
 
 def test_preemption_spares_higher_priority_even_if_admitted_later() -> None:

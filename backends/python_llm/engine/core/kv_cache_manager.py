@@ -20,7 +20,7 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks, enable_caching)
         self._blocks: dict[str, list[KVBlock]] = {}
         # the same tables as block ids, by request id (read-only outside this
-        # class); handed to the runner by reference
+        # class); the runner gets copies of what they grew by (scheduler_output.py)
         self.tables: dict[str, list[int]] = {}
         self._num_cached_blocks: dict[str, int] = {}   # leading blocks already published
 

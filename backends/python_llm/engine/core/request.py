@@ -49,7 +49,7 @@ class Request:
         "arrival_time_ns", "first_token_time_ns", "last_token_time_ns",
         "token_timeout_ns", "deadline_mono_ns", "admit_seq",
         "finish_reason", "error", "num_returned_tokens", "on_output",
-        "stop_token_ids", "max_tokens", "has_stop_words", "scheduled_decode", "num_continuation_tokens",
+        "stop_token_ids", "max_tokens", "has_stop_words", "num_continuation_tokens",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
@@ -95,8 +95,6 @@ class Request:
         self.stop_token_ids = frozenset(sampling.stop_token_ids or ())
         self.max_tokens = sampling.max_tokens   # filled in by the engine when the request left it None
         self.has_stop_words = bool(sampling.stop_words_ids)
-        # the scheduler's reusable decode entry for this request (scheduler.py)
-        self.scheduled_decode: Any = None
 
     @property
     def num_tokens(self) -> int:

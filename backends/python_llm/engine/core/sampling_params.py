@@ -15,8 +15,11 @@ class InvalidRequestError(ValueError):
     """Bad input from a client. The message names the field: '<field>: <what>'."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class SamplingParams:
+    """Frozen: the scheduler hands the same object to the runner (see
+    scheduler_output.py), so nobody may change it after intake; the engine
+    fills in its defaults with `dataclasses.replace`."""
     max_tokens: int | None = None     # None = the engine's default_max_tokens (filled in at intake)
     temperature: float = 0.0          # 0 = greedy
     top_k: int = 0                    # 0 = off

@@ -13,6 +13,8 @@ generated tokens later (the prefix cache usually serves most of them).
 Long prompts (more tokens than one step's budget) are paced while decodes
 run (`prefill_pacer.py`): their chunks are cut so that a step's prefill
 takes at most `prefill_time_ratio` x a decode-only step.
+What the runner learns is a message (`scheduler_output.py`): a request whole
+when it is admitted, then per step only its new blocks and progress.
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ from .metrics import MetricsSink
 from .outputs import RequestOutput
 from .prefill_pacer import PrefillPacer
 from .request import FINISHED_STATUS, FinishReason, Request, RequestStatus
-from .scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
+from .request_end import check_stop, record_finish, request_output
+from .scheduler_output import CachedRequestData, NewRequestData, RunnerOutput, SchedulerOutput
 from .waiting_queue import WaitingQueue
 
 log = logging.getLogger(__name__)
@@ -52,14 +55,17 @@ class Scheduler:
         self.waiting = WaitingQueue()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
-        self._finished_ids: list[str] = []       # runner state to drop, sent with the next step
+        # runner state to drop, sent with the next step that runs
+        self._finished_ids: list[str] = []
+        self._preempted_ids: list[str] = []
         self._admissions = 0
         # what the metrics count too, kept for LLMEngine.stats()
         self.num_preemptions = 0
         self.num_prefix_cache_hit_tokens = 0
         self._num_with_timeout = 0
         self._last_output: SchedulerOutput | None = None
-        self._last_requests: list[Request] = []   # parallel to _last_output.sequences
+        self._last_requests: list[Request] = []   # the last output's requests, in batch order
+        self._last_num_sampled = 0
         # pacing of long prefills: this step's decodes, prefill units (all
         # chunks), units left for paced chunks (None = no limit), and when
         # the step left the scheduler
@@ -95,16 +101,18 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         running = self.running
         kv = self.kv
-        decodes: list[ScheduledSequence] = []
-        decode_reqs: list[Request] = []
-        prefills: list[ScheduledSequence] = []
-        prefill_reqs: list[Request] = []
+        cached = CachedRequestData()
+        cached_ids, cached_blocks, cached_computed = cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
+        num_scheduled: list[int] = []        # batch order: cached requests, then new ones
+        scheduled_reqs: list[Request] = []
+        new_reqs: list[NewRequestData] = []
         prefilling: list[Request] = []
         preempted = False
 
         # 1. decodes; a decode that finds no block preempts from the back.
         # This loop runs for every running sequence every step: the common
-        # case (room left in the last block) is checked here, inline.
+        # case (room left in the last block, nothing new for the runner but
+        # the position) is checked here, inline, and builds no object.
         tables = kv.tables
         block_size = self.block_size
         i = 0
@@ -115,8 +123,11 @@ class Scheduler:
                 prefilling.append(req)
                 i += 1
                 continue
-            table = tables.get(req.request_id)
+            rid = req.request_id
+            table = tables.get(rid)
+            new_blocks = None
             if table is None or computed >= len(table) * block_size:
+                held = 0 if table is None else len(table)
                 while not kv.allocate_slots(req, 1):
                     victim = running.pop()
                     self._preempt(victim)
@@ -125,24 +136,21 @@ class Scheduler:
                         break
                 if req.status is not RUNNING:
                     break
-                table = tables[req.request_id]
-            # one object per running request, updated in place: a new one per
-            # sequence per step costs more than the rest of this loop
-            scheduled_decode = req.scheduled_decode
-            if scheduled_decode is None or scheduled_decode.block_table is not table:
-                scheduled_decode = req.scheduled_decode = self._scheduled(req, 1)
-            else:
-                scheduled_decode.token_ids[0] = req.all_token_ids[computed]
-                scheduled_decode.start_position = computed
-            decodes.append(scheduled_decode)
-            decode_reqs.append(req)
+                new_blocks = tuple(tables[rid][held:])
+            cached_ids.append(rid)
+            cached_blocks.append(new_blocks)
+            cached_computed.append(computed)
+            num_scheduled.append(1)
+            scheduled_reqs.append(req)
             budget -= 1
             i += 1
+        num_decodes = len(scheduled_reqs)
+        num_sampled = num_decodes
 
         pacer = self.pacer
-        self._step_decodes = len(decodes)
+        self._step_decodes = num_decodes
         self._step_units = 0.0
-        self._units_left = pacer.budget(len(decodes)) if pacer.enabled else None
+        self._units_left = pacer.budget(num_decodes) if pacer.enabled else None
 
         # 2. chunks of running prefills; they may only preempt prefills not yet
         # scheduled this step (a decode victim would have to be unscheduled)
@@ -152,10 +160,11 @@ class Scheduler:
                 break
             if req.status is not RUNNING:
                 continue
-            num_new = self._paced(req, req.num_computed_tokens,
-                                  min(req.num_tokens - req.num_computed_tokens, budget), bool(prefills))
+            start = req.num_computed_tokens
+            num_new = self._paced(req, start, min(req.num_tokens - start, budget), bool(chunked_ids))
             if num_new <= 0:
                 continue   # paced out of this step
+            held = len(kv.block_ids(req.request_id))
             while not kv.allocate_slots(req, num_new):
                 victim = running[-1]
                 if victim is not req and (victim.num_tokens - victim.num_computed_tokens == 1
@@ -167,23 +176,30 @@ class Scheduler:
                 if victim is req:
                     break
             else:
-                prefills.append(self._scheduled(req, num_new))
-                prefill_reqs.append(req)
+                table = kv.block_ids(req.request_id)
+                cached_ids.append(req.request_id)
+                cached_blocks.append(tuple(table[held:]) if len(table) > held else None)
+                cached_computed.append(start)
+                num_scheduled.append(num_new)
+                scheduled_reqs.append(req)
+                num_sampled += start + num_new == req.num_tokens
                 chunked_ids.add(req.request_id)
                 budget -= num_new
-                self._charge(req.num_computed_tokens, num_new)
+                self._charge(start, num_new)
 
-        # 3. admissions
+        # 3. admissions: new to the runner (again, after a preemption)
         if not preempted:
-            budget = self._admit(budget, prefills, prefill_reqs)
+            budget, num_sampled_new = self._admit(budget, bool(chunked_ids), new_reqs, num_scheduled,
+                                                  scheduled_reqs)
+            num_sampled += num_sampled_new
 
-        sequences = decodes + prefills
-        out = SchedulerOutput(sequences=sequences, num_batched_tokens=self.max_num_batched_tokens - budget)
-        if sequences and self._finished_ids:
-            out.finished_request_ids = self._finished_ids
-            self._finished_ids = []
+        out = SchedulerOutput(new_reqs, cached, num_scheduled, self.max_num_batched_tokens - budget)
+        if num_scheduled and (self._finished_ids or self._preempted_ids):
+            out.finished_req_ids, self._finished_ids = self._finished_ids, []
+            out.preempted_req_ids, self._preempted_ids = self._preempted_ids, []
         self._last_output = out
-        self._last_requests = decode_reqs + prefill_reqs
+        self._last_requests = scheduled_reqs
+        self._last_num_sampled = num_sampled
         self._scheduled_at = self.clock()
         return out
 
@@ -205,8 +221,11 @@ class Scheduler:
         if self._units_left is not None:
             self._units_left -= cost
 
-    def _admit(self, budget: int, prefills: list[ScheduledSequence], prefill_reqs: list[Request]) -> int:
+    def _admit(self, budget: int, scheduled_any: bool, new_reqs: list[NewRequestData], num_scheduled: list[int],
+               scheduled_reqs: list[Request]) -> tuple[int, int]:
+        """Admissions in queue order; (budget left, how many will be sampled)."""
         waiting = self.waiting
+        num_sampled = 0
         running = self.running
         kv = self.kv
         while waiting and budget > 0 and len(running) < self.max_num_seqs:
@@ -219,7 +238,7 @@ class Scheduler:
                 if not self.chunked and num_new <= self.max_num_batched_tokens:
                     break
                 num_new = budget
-            num_new = self._paced(req, num_cached, num_new, bool(prefills))
+            num_new = self._paced(req, num_cached, num_new, scheduled_any or bool(new_reqs))
             if num_new <= 0:
                 break
             if not kv.allocate_slots(req, num_new, hits):
@@ -239,26 +258,22 @@ class Scheduler:
             self._admissions += 1
             req.admit_seq = self._admissions
             bisect.insort(running, req, key=_running_key)
-            prefills.append(self._scheduled(req, num_new))
-            prefill_reqs.append(req)
+            # copies: the scheduler appends to both lists at later steps
+            new_reqs.append(NewRequestData(req.request_id, tuple(req.all_token_ids), req.num_prompt_tokens,
+                                           req.sampling, tuple(kv.block_ids(req.request_id)), num_cached))
+            num_scheduled.append(num_new)
+            scheduled_reqs.append(req)
+            num_sampled += num_cached + num_new == req.num_tokens
             budget -= num_new
             self._charge(num_cached, num_new)
-        return budget
-
-    def _scheduled(self, req: Request, num_new: int) -> ScheduledSequence:
-        start = req.num_computed_tokens
-        return ScheduledSequence(
-            request_id=req.request_id, token_ids=req.all_token_ids[start:start + num_new], start_position=start,
-            block_table=self.kv.block_ids(req.request_id), sample=start + num_new == req.num_tokens,
-            sampling=req.sampling, output_token_ids=req.output_token_ids,
-            prompt_token_ids=req.prompt_token_ids, seed=req.sampling.seed,
-            greedy_after=req.sampling.plain_greedy_after)
+        return budget, num_sampled
 
     def _preempt(self, req: Request) -> None:
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         self.waiting.appendleft(req)
+        self._preempted_ids.append(req.request_id)
         self.num_preemptions += 1
         self.metrics.counter_add(m.PREEMPTIONS, 1)
         log.debug("preempted request_id=%s output_tokens=%d", req.request_id, req.num_output_tokens)
@@ -271,7 +286,7 @@ class Scheduler:
             self.pacer.observe(self.clock() - self._scheduled_at, self._step_decodes, self._step_units)
         token_ids = runner_output.token_ids
         logprobs = runner_output.logprobs
-        num_sampled = sum(1 for seq in scheduled.sequences if seq.sample)
+        num_sampled = self._last_num_sampled
         if len(token_ids) != num_sampled or (logprobs is not None and len(logprobs) != num_sampled):
             raise RuntimeError(f"runner returned {len(token_ids)} tokens for {num_sampled} sampled sequences")
         now = time.time_ns()
@@ -283,20 +298,23 @@ class Scheduler:
         kv = self.kv
         block_size = self.block_size
         max_model_len = self.max_model_len
-        output_for = self._output
+        output_for = request_output
         add_gap = gaps.append
-        index = -1   # into token_ids: one per sampled sequence
-        for seq, req in zip(scheduled.sequences, self._last_requests):
-            if seq.sample:
+        index = -1   # into token_ids: one per sampled request
+        for req, num_new in zip(self._last_requests, scheduled.num_scheduled_tokens):
+            # sampled when the chunk reached the end of the request's tokens
+            # (an ending between execute and update changes neither)
+            computed = req.num_computed_tokens + num_new
+            sampled = computed == len(req.all_token_ids)
+            if sampled:
                 index += 1
             if req.status is not RUNNING:
                 continue   # ended between execute and update (timeout)
-            num_new = len(seq.token_ids)
-            req.num_computed_tokens += num_new
+            req.num_computed_tokens = computed
             # a decode fills its last block only at a block boundary
-            if num_new > 1 or req.num_computed_tokens % block_size == 0:
+            if num_new > 1 or computed % block_size == 0:
                 kv.cache_computed_blocks(req)
-            if not seq.sample:
+            if not sampled:
                 continue
             token = token_ids[index]
             req.append_output_token(token, None if logprobs is None else logprobs[index])
@@ -311,7 +329,7 @@ class Scheduler:
                 req.deadline_mono_ns = now_mono + req.token_timeout_ns
             if (token in req.stop_token_ids or req.has_stop_words or len(req.output_token_ids) >= req.max_tokens
                     or len(req.all_token_ids) >= max_model_len):
-                reason, returned = self._check_stop(req, token)
+                reason, returned = check_stop(req, token, max_model_len)
             else:   # none of _check_stop's rules can fire: the common step, without the call
                 reason, returned = None, True
             if returned:
@@ -332,22 +350,6 @@ class Scheduler:
         if gaps:
             self.metrics.histogram_observe_many(m.INTER_TOKEN_LATENCY, gaps)
         return outputs
-
-    def _check_stop(self, req: Request, token_id: int) -> tuple[FinishReason | None, bool]:
-        """(finish reason or None, whether `token_id` is returned to the client)."""
-        sp = req.sampling
-        n = len(req.output_token_ids)
-        # the EOS itself is not returned, so `n > min_tokens` leaves min_tokens returned
-        if not sp.ignore_eos and token_id in req.stop_token_ids and n > sp.min_tokens:
-            return FinishReason.STOP, False
-        if sp.stop_words_ids and n >= sp.min_tokens:
-            out = req.output_token_ids
-            for word in sp.stop_words_ids:
-                if word and word[-1] == token_id and len(word) <= n and out[n - len(word):] == word:
-                    return FinishReason.STOP, True
-        if n >= sp.max_tokens or req.num_tokens >= self.max_model_len:
-            return FinishReason.LENGTH, True
-        return None, True
 
     # -- endings ---------------------------------------------------------------
     def abort(self, request_ids: Iterable[str], reason: FinishReason = FinishReason.CANCELLED,
@@ -392,32 +394,7 @@ class Scheduler:
         self._finished_ids.append(req.request_id)
         if req.token_timeout_ns:
             self._num_with_timeout -= 1
-        self._record_finish(req, reason)
+        record_finish(self.metrics, req, reason)
         if new_lps is None and req.output_logprobs is not None:
             new_lps = []
-        return self._output(req, new_ids, new_lps, True)
-
-    def _record_finish(self, req: Request, reason: FinishReason) -> None:
-        metrics = self.metrics
-        if reason is FinishReason.CANCELLED:
-            metrics.counter_add(m.REQUESTS_CANCELLED, 1)
-        elif reason is FinishReason.TIMEOUT:
-            metrics.counter_add(m.REQUESTS_TIMED_OUT, 1)
-        end = req.last_token_time_ns if reason in (FinishReason.STOP, FinishReason.LENGTH) else time.time_ns()
-        metrics.histogram_observe(m.E2E_REQUEST_LATENCY, ((end or 0) - req.arrival_time_ns) / 1e9)
-        n = req.num_new_output_tokens   # the time measured covers this request's own tokens only
-        if req.first_token_time_ns is not None and n > 1 and req.last_token_time_ns is not None:
-            metrics.histogram_observe(m.TIME_PER_OUTPUT_TOKEN,
-                                      (req.last_token_time_ns - req.first_token_time_ns) / 1e9 / (n - 1))
-        log.debug("request finished request_id=%s reason=%s prompt_tokens=%d output_tokens=%d cached_tokens=%d",
-                 req.request_id, reason.value, req.num_prompt_tokens, n, req.num_cached_tokens)
-
-    @staticmethod
-    def _output(req: Request, new_ids: list[int], new_lps: list[float] | None, finished: bool) -> RequestOutput:
-        # positional: built for every running sequence at every step
-        reason = req.finish_reason
-        return RequestOutput(req.request_id, new_ids, new_lps, finished,
-                             reason.value if finished and reason is not None else None,
-                             req.error if finished else None, len(req.prompt_token_ids), req.num_returned_tokens,
-                             req.num_cached_tokens, req.cum_log_prob, req.arrival_time_ns,
-                             req.first_token_time_ns, req.last_token_time_ns)
+        return request_output(req, new_ids, new_lps, True)

@@ -1,5 +1,14 @@
-"""The one plain object the scheduler hands the runner each step (vLLM's
-SchedulerOutput seam): the scheduler decides, the runner executes."""
+"""The messages between the scheduler and the runner (vLLM v1's seam).
+
+The scheduler decides, the runner executes, and neither reads or writes the
+other's objects. A request reaches the runner once, whole (`NewRequestData`);
+after that each step sends only what changed (`CachedRequestData`: blocks
+added, progress). The runner keeps its own copy of each request's tokens and
+appends the tokens it samples, so a steady decode step costs the scheduler a
+few appends per sequence and no object. Every field is a copy or immutable:
+the scheduler may change its Requests and block tables as soon as
+`schedule()` returns.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,61 +16,76 @@ from dataclasses import dataclass, field
 from .sampling_params import SamplingParams
 
 
-@dataclass(slots=True)
-class ScheduledSequence:
-    """One sequence's work in this step.
-
-    `token_ids` are fed at positions start_position .. start_position+len-1;
-    their K/V go to the slots given by `block_table` (block b holds positions
-    b_index*block_size .. +block_size-1). The runner attends over positions
-    0 .. start_position+len-1 (the cached prefix plus this chunk).
-    When `sample` is true this chunk reaches the end of the known tokens and
-    the runner samples the next token from its last position.
-    `block_table` is the request's own table (the KV manager's list, passed
-    by reference): while the request holds its blocks it only grows, so the
-    runner may keep a copy keyed by this list's identity and append to it.
-    A running request's decode entry is one object reused from step to step
-    (its token and position updated in place), so a SchedulerOutput is valid
-    until the next `schedule()` call: copy what must outlive the step.
-    """
+@dataclass(frozen=True, slots=True)
+class NewRequestData:
+    """A request the runner does not hold: first admission, or re-admission
+    after preemption (then `token_ids` include the output so far, and the
+    runner keeps the request's RNG, which only a finish drops)."""
     request_id: str
-    token_ids: list[int]
-    start_position: int
-    block_table: list[int]
-    sample: bool
+    # prompt, then output already generated (a continuation, or this
+    # request's own tokens before it was preempted)
+    token_ids: tuple[int, ...]
+    num_prompt_tokens: int
     sampling: SamplingParams
-    # all tokens generated so far (penalties, min_tokens need them)
-    output_token_ids: list[int] = field(default_factory=list)
-    prompt_token_ids: list[int] = field(default_factory=list)
-    # the request's private RNG seed state lives in the runner, keyed by id
-    seed: int | None = None
-    # sampling.plain_greedy_after, copied by the scheduler so that the
-    # runner's per-step check reads this object only (None: not copied)
-    greedy_after: int | None = None
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
+    block_ids: tuple[int, ...]
+    # tokens whose K/V are already in `block_ids` (prefix-cache hits)
+    num_computed_tokens: int
 
 
-@dataclass
+@dataclass(slots=True)
+class CachedRequestData:
+    """Parallel lists, one entry per scheduled request the runner holds."""
+    req_ids: list[str] = field(default_factory=list)
+    # blocks appended to the request's table for this step, None for none
+    new_block_ids: list[tuple[int, ...] | None] = field(default_factory=list)
+    # the position of the first token this step feeds
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class SchedulerOutput:
-    # decode sequences (one token each) first, then prefill chunks
-    sequences: list[ScheduledSequence]
-    num_batched_tokens: int
-    # requests whose runner-side state (RNG) can be dropped
-    finished_request_ids: list[str] = field(default_factory=list)
+    """One step's work.
+
+    Batch order: the cached requests in their order (decodes first, then
+    chunks of running prefills), then the new ones; `num_scheduled_tokens` is
+    parallel to it. A request feeds its tokens from `num_computed_tokens` on
+    and is sampled when that reaches the end of its tokens.
+    """
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    num_scheduled_tokens: list[int]
+    total_num_scheduled_tokens: int
+    # finished since the last step sent: the runner drops all it holds for them
+    finished_req_ids: list[str] = field(default_factory=list)
+    # preempted since the last step sent: the runner drops their batch rows
+    # (their blocks are gone) and keeps their RNG for the re-admission
+    preempted_req_ids: list[str] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:
-        return not self.sequences
+        return not self.num_scheduled_tokens
+
+    @property
+    def num_scheduled_reqs(self) -> int:
+        return len(self.num_scheduled_tokens)
+
+    def req_ids(self) -> list[str]:
+        """The scheduled request ids in batch order (built on each call)."""
+        return self.scheduled_cached_reqs.req_ids + [new.request_id for new in self.scheduled_new_reqs]
+
+    def chunks(self) -> list[tuple[str, int, int]]:
+        """(request id, first position, tokens) in batch order, built on each
+        call: for probes and tests, not for the step's hot path."""
+        starts = self.scheduled_cached_reqs.num_computed_tokens + [
+            new.num_computed_tokens for new in self.scheduled_new_reqs]
+        return list(zip(self.req_ids(), starts, self.num_scheduled_tokens))
 
 
 @dataclass
 class RunnerOutput:
-    """What the runner returns: one sampled token per `sample=True` sequence,
-    in the order of SchedulerOutput.sequences (parallel lists, not an object
-    per token: a step at 64 sequences is budgeted in microseconds)."""
+    """What the runner returns: one sampled token per request whose chunk
+    reached the end of its tokens, in batch order (parallel lists, not an
+    object per token: a step at 64 sequences is budgeted in microseconds)."""
     token_ids: list[int]
     # log p of each chosen token; None when no sequence of the step asked,
     # else None in the rows that did not

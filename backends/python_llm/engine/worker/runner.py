@@ -1,6 +1,8 @@
 """The model runner: one SchedulerOutput in, one sampled token per finished
-chunk out. It owns the weights, the paged KV cache and per-request RNGs; the
-scheduler owns everything else (which blocks, which tokens, when)."""
+chunk out. It owns the weights, the paged KV cache and its persistent batch
+(each request's tokens, block-table row and RNG: `input_batch.py`); the
+scheduler owns everything else (which blocks, which tokens, when) and tells
+the runner only what changed."""
 from __future__ import annotations
 
 import array
@@ -12,10 +14,10 @@ import numpy as np
 import torch
 
 from ..config import EngineConfig
-from ..core.scheduler_output import RunnerOutput, ScheduledSequence, SchedulerOutput
+from ..core.scheduler_output import RunnerOutput, SchedulerOutput
 from .attention import AttentionMetadata, DecodeBatch, DecodeGroup, PrefillChunk
-from .block_table_rows import BlockTableRows
 from .index_buffer import IndexBuffer
+from .input_batch import CachedRequestState, InputBatch, SchedulingError
 from .kernels import CpuKernels, cpu_kernels
 from .kv_cache import KVCacheShape, PagedKVCache, bytes_per_block
 from .model_info import ModelInfo
@@ -37,10 +39,6 @@ def index_tensor(values: list[int], device: torch.device) -> torch.Tensor:
     return tensor if device.type == "cpu" else tensor.to(device)
 
 
-class SchedulingError(ValueError):
-    """A SchedulerOutput the runner cannot execute (a scheduler bug, not bad user input)."""
-
-
 @dataclass
 class StepBatch:
     """Everything one forward pass needs, as device tensors."""
@@ -48,7 +46,7 @@ class StepBatch:
     positions: torch.Tensor
     meta: AttentionMetadata
     sample_rows: torch.Tensor
-    sampled: list[ScheduledSequence]
+    sampled: list[CachedRequestState]
 
 
 class ModelRunner:
@@ -70,7 +68,6 @@ class ModelRunner:
         self.kv_cache = PagedKVCache(
             KVCacheShape(info.num_layers, self.num_blocks, self.block_size, info.num_kv_heads, info.head_dim),
             self.dtype, self.device)
-        self._generators: dict[str, torch.Generator] = {}
         # native decode attention + argmax (None: the PyTorch paths)
         self.kernels: CpuKernels | None = (
             cpu_kernels() if self.device.type == "cpu" and config.attention_backend == "auto" else None)
@@ -80,7 +77,8 @@ class ModelRunner:
             and self.kernels.prefill_attention_supported(self.model_info.head_dim) else None)
         self.sampler = Sampler(self.device, self.kernels)
         self._indices = IndexBuffer()
-        self.block_rows = BlockTableRows(-(-self.model_info.max_model_len // self.block_size), config.max_num_seqs)
+        self.input_batch = InputBatch(-(-self.model_info.max_model_len // self.block_size), config.max_num_seqs,
+                                      self.device)
         log.info("model runner ready", extra={"device": str(self.device), "dtype": config.dtype,
                                               "kv_blocks": self.num_blocks, "block_size": self.block_size,
                                               "decode_attention": "native" if self.kernels else "torch"})
@@ -106,12 +104,10 @@ class ModelRunner:
             return self._execute(scheduled)
 
     def _execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
-        for request_id in scheduled.finished_request_ids:
-            self._generators.pop(request_id, None)
-        self.block_rows.release(scheduled.finished_request_ids)
-        if scheduled.is_empty:
+        states = self.input_batch.update(scheduled)
+        if not states:
             return RunnerOutput(token_ids=[])
-        batch = self._prepare(scheduled.sequences)
+        batch = self._prepare(states, scheduled.num_scheduled_tokens)
 
         fused_greedy = self._fuses_greedy(batch.sampled)
         started = time.perf_counter()
@@ -127,79 +123,84 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
         model_seconds = time.perf_counter() - started
         if greedy is not None:
+            self.input_batch.append_sampled(batch.sampled, greedy)
             return RunnerOutput(token_ids=greedy, model_seconds=model_seconds)
         if logits is None:
             return RunnerOutput(token_ids=[], model_seconds=model_seconds)
 
-        result = self.sampler(logits, batch.sampled, self._generators_for(batch.sampled))
+        result = self.sampler(logits, batch.sampled)
+        self.input_batch.append_sampled(batch.sampled, result.token_ids)
         wanted = any(lp is not None for lp in result.logprobs)
         return RunnerOutput(token_ids=result.token_ids, logprobs=result.logprobs if wanted else None,
                             model_seconds=model_seconds)
 
-    def _fuses_greedy(self, sampled: list[ScheduledSequence]) -> bool:
+    def _fuses_greedy(self, sampled: list[CachedRequestState]) -> bool:
         """Whether this step's tokens come from the fused LM head + argmax
         kernel: native kernels, fp32 weights, every sampled row plain greedy."""
         return (bool(sampled) and self.kernels is not None and self.dtype == torch.float32
                 and Sampler.plain_greedy(sampled))
 
-    def _generators_for(self, seqs: list[ScheduledSequence]) -> dict[str, torch.Generator]:
-        for seq in seqs:
-            seed = seq.seed if seq.seed is not None else seq.sampling.seed
-            if seed is not None and seq.request_id not in self._generators:
-                self._generators[seq.request_id] = torch.Generator(self.device).manual_seed(seed)
-        return self._generators
-
-    def _prepare(self, seqs: list[ScheduledSequence]) -> StepBatch:
+    def _prepare(self, states: list[CachedRequestState], num_scheduled: list[int]) -> StepBatch:
         """Flatten the step into index tensors built once and shared by all layers.
 
-        Single-token sequences at the head of the list are decodes, then the
+        Single-token entries at the head of the batch are decodes, then the
         prefill chunks follow in order. For the PyTorch decode path the
         decodes are laid out sorted by context length (grouped, see
-        DecodeGroup). Output order is the input order. The decode loop runs
+        DecodeGroup); sampled rows stay in batch order. The decode loop runs
         for every running sequence every step, so it stays inline, and all
         int64 indices go through one `array.array` into one tensor.
         """
         bs = self.block_size
         max_len = self.model_info.max_model_len
+        num_seqs = len(states)
+        native = self.kernels is not None
         num_decodes = 0
-        while num_decodes < len(seqs) and len(seqs[num_decodes].token_ids) == 1:
+        while num_decodes < num_seqs and num_scheduled[num_decodes] == 1:
             num_decodes += 1
-        decode_order = list(range(num_decodes))
-        if self.kernels is None:
-            decode_order.sort(key=lambda i: seqs[i].start_position // bs)
-        decodes = [seqs[i] for i in decode_order] if self.kernels is None else seqs[:num_decodes]
+        layout: list[int] | range = range(num_decodes)
+        if not native:
+            layout = sorted(layout, key=lambda i: states[i].num_computed_tokens // bs)
 
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        for seq in decodes:
-            start, table = seq.start_position, seq.block_table
+        table_rows: list[int] = []
+        sampled: list[CachedRequestState] = []
+        sample_rows: list[int] = []
+        for row, index in enumerate(layout):
+            state = states[index]
+            start, tokens, blocks = state.num_computed_tokens, state.token_ids, state.block_ids
             block = start // bs
-            if start < 0 or start >= max_len or block >= len(table):
-                self._checked_table(seq)   # raises, naming what is wrong
-            input_ids.append(seq.token_ids[0])
+            if start < 0 or start >= max_len or block >= len(blocks) or start >= len(tokens):
+                self._checked_table(state, 1)   # raises, naming what is wrong
+            input_ids.append(tokens[start])
             positions.append(start)
-            slots.append(table[block] * bs + start % bs)
-        rows = [0] * len(seqs)           # last row of each sequence in the flat batch
-        for row, index in enumerate(decode_order):
-            rows[index] = row
+            slots.append(blocks[block] * bs + start % bs)
+            table_rows.append(state.row)
+            if start + 1 == len(tokens):
+                sampled.append(state)
+                sample_rows.append(row)
+        if not native and sampled:   # back to batch order
+            pairs = sorted(zip(sample_rows, sampled), key=lambda pair: layout[pair[0]])
+            sample_rows, sampled = [r for r, _ in pairs], [s for _, s in pairs]
         prefills: list[PrefillChunk] = []
-        for index in range(num_decodes, len(seqs)):
-            seq = seqs[index]
-            table = self._checked_table(seq)
-            n, start = seq.num_tokens, seq.start_position
+        for index in range(num_decodes, num_seqs):
+            state, n = states[index], num_scheduled[index]
+            table = self._checked_table(state, n)
+            start = state.num_computed_tokens
             offset = len(input_ids)
-            input_ids.extend(seq.token_ids)
+            input_ids.extend(state.token_ids[start:start + n])
             positions.extend(range(start, start + n))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             prefills.append(self._prefill_chunk(offset, n, start, table))
-            rows[index] = offset + n - 1
+            if start + n == len(state.token_ids):
+                sampled.append(state)
+                sample_rows.append(offset + n - 1)
 
-        native_decodes = self.kernels is not None and num_decodes > 0
-        table_rows = self.block_rows.rows_for(decodes) if native_decodes else []
+        native_decodes = native and num_decodes > 0
+        if not native_decodes:
+            table_rows = []
         context_lens = [p + 1 for p in positions[:num_decodes]] if native_decodes else []
-        sampled = [seq for seq in seqs if seq.sample]
-        sample_rows = [rows[i] for i, seq in enumerate(seqs) if seq.sample]
         # one conversion (array.array converts Python ints in CPython's own
         # loop, ~5x faster than np.array) and, on the CPU, no torch call in a
         # step shaped like the last one (see IndexBuffer)
@@ -213,27 +214,32 @@ class ModelRunner:
         ids, positions_t, slot_mapping, rows_t, context_t, table_rows_t = parts
         meta = AttentionMetadata(slot_mapping=slot_mapping, prefills=prefills, kernels=self.prefill_kernels)
         if native_decodes:
-            meta.decode_batch = DecodeBatch(num_seqs=num_decodes, block_tables=self.block_rows.tensor,
+            meta.decode_batch = DecodeBatch(num_seqs=num_decodes, block_tables=self.input_batch.block_rows.tensor,
                                             table_rows=table_rows_t, context_lens=context_t,
                                             kernel=self.kernels)  # type: ignore[arg-type]
-        elif self.kernels is None:
-            meta.decodes = self._decode_groups(decodes, [self._checked_table(seq) for seq in decodes])
+        elif not native:
+            decodes = [states[i] for i in layout]
+            meta.decodes = self._decode_groups(decodes, [self._checked_table(state, 1) for state in decodes])
         return StepBatch(input_ids=ids, positions=positions_t, meta=meta, sample_rows=rows_t, sampled=sampled)
 
-    def _checked_table(self, seq: ScheduledSequence) -> list[int]:
-        """The blocks covering the sequence's context, after checking the schedule."""
-        n, start = seq.num_tokens, seq.start_position
+    def _checked_table(self, state: CachedRequestState, n: int) -> list[int]:
+        """The blocks covering the request's context after a chunk of `n`
+        tokens from its `num_computed_tokens`, after checking the schedule."""
+        start = state.num_computed_tokens
         end, max_len = start + n, self.model_info.max_model_len
-        if n == 0:
-            raise SchedulingError(f"request {seq.request_id}: no tokens scheduled")
+        if n <= 0:
+            raise SchedulingError(f"request {state.request_id}: no tokens scheduled")
         if start < 0 or end > max_len:
-            raise SchedulingError(f"request {seq.request_id}: positions {start}..{end - 1} outside 0..{max_len - 1}")
+            raise SchedulingError(f"request {state.request_id}: positions {start}..{end - 1} outside 0..{max_len - 1}")
+        if end > len(state.token_ids):
+            raise SchedulingError(f"request {state.request_id}: positions up to {end - 1} scheduled, "
+                                  f"{len(state.token_ids)} tokens known")
         needed = -(-end // self.block_size)
-        if len(seq.block_table) < needed:
-            raise SchedulingError(f"request {seq.request_id}: {len(seq.block_table)} blocks cannot hold {end} tokens")
-        return seq.block_table[:needed]
+        if len(state.block_ids) < needed:
+            raise SchedulingError(f"request {state.request_id}: {len(state.block_ids)} blocks cannot hold {end} tokens")
+        return state.block_ids[:needed]
 
-    def _decode_groups(self, seqs: list[ScheduledSequence], tables: list[list[int]]) -> list[DecodeGroup]:
+    def _decode_groups(self, seqs: list[CachedRequestState], tables: list[list[int]]) -> list[DecodeGroup]:
         """Split decodes (sorted by table length) into groups of similar length."""
         groups: list[DecodeGroup] = []
         first = 0
@@ -243,7 +249,7 @@ class ModelRunner:
             width = len(tables[i - 1])
             # padding points at block 0 (any valid block); the mask hides it
             flat = [b for table in tables[first:i] for b in (table + [0] * (width - len(table)))]
-            lengths = index_tensor([s.start_position + 1 for s in seqs[first:i]], self.device)
+            lengths = index_tensor([s.num_computed_tokens + 1 for s in seqs[first:i]], self.device)
             columns = torch.arange(width * self.block_size, device=self.device)
             mask = (columns.unsqueeze(0) < lengths.unsqueeze(1)).view(i - first, 1, 1, -1)
             groups.append(DecodeGroup(first, i - first, index_tensor(flat, self.device), mask))

@@ -9,16 +9,18 @@ penalties and the `min_tokens` ban see it as generated text. Draws use the
 exponential race (argmax p/q, q ~ Exp(1)), which equals sampling from p, so a
 seeded request can draw its noise from its own `torch.Generator`: its tokens
 do not depend on which other requests share the batch.
+The sampler reads the runner's own request states (`input_batch.py`): their
+tokens, settings and generators.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import torch
 
 from ..core.sampling_params import SamplingParams
-from ..core.scheduler_output import ScheduledSequence
+from .input_batch import CachedRequestState
 from .kernels import CpuKernels
 
 
@@ -32,11 +34,11 @@ def _needs_processing(params: SamplingParams, num_generated: int) -> bool:
     return params.rewrites_logits or bool(num_generated < params.min_tokens and params.stop_token_ids)
 
 
-def _banned_tokens(seq: ScheduledSequence) -> list[int]:
+def _banned_tokens(seq: CachedRequestState) -> list[int]:
     """Tokens this sequence may not produce next."""
     params = seq.sampling
     banned: list[int] = []
-    if params.stop_token_ids and len(seq.output_token_ids) < params.min_tokens:
+    if params.stop_token_ids and seq.num_output_tokens < params.min_tokens:
         banned.extend(params.stop_token_ids)
     for word in params.bad_words_ids:
         if not word:
@@ -45,10 +47,8 @@ def _banned_tokens(seq: ScheduledSequence) -> list[int]:
         if not prefix:
             banned.append(word[-1])
             continue
-        tail = seq.output_token_ids[-len(prefix):]
-        if len(tail) < len(prefix):   # the match may reach back into the prompt
-            tail = (seq.prompt_token_ids + seq.output_token_ids)[-len(prefix):]
-        if tail == prefix:
+        # the match may reach back into the prompt
+        if seq.token_ids[-len(prefix):] == prefix:
             banned.append(word[-1])
     return banned
 
@@ -66,29 +66,27 @@ class Sampler:
         return logits.argmax(dim=-1)
 
     @staticmethod
-    def plain_greedy(seqs: Sequence[ScheduledSequence]) -> bool:
+    def plain_greedy(seqs: Sequence[CachedRequestState]) -> bool:
         """True when every sequence just takes the argmax of its raw logits
         (greedy, no logits processing, no log-probabilities): the fast path,
         which the runner may fuse into the LM head."""
         for seq in seqs:
-            after = seq.greedy_after if seq.greedy_after is not None else seq.sampling.plain_greedy_after
-            if after < 0 or (after and len(seq.output_token_ids) < after):
+            after = seq.greedy_after
+            if after < 0 or (after and len(seq.token_ids) - seq.num_prompt_tokens < after):
                 return False
         return True
 
-    def __call__(self, logits: torch.Tensor, seqs: Sequence[ScheduledSequence],
-                 generators: Mapping[str, torch.Generator] | None = None) -> SamplerResult:
+    def __call__(self, logits: torch.Tensor, seqs: Sequence[CachedRequestState]) -> SamplerResult:
         """`logits` [len(seqs), vocab] fp32, one row per sampled sequence (it is
-        modified in place). `generators` maps request ids to their seeded RNGs."""
+        modified in place). A seeded sequence draws from its own generator."""
         if logits.shape[0] != len(seqs):
             raise ValueError(f"logits rows ({logits.shape[0]}) != sequences ({len(seqs)})")
-        generators = generators or {}
         if self.plain_greedy(seqs):
             return SamplerResult(self.argmax(logits).tolist(), [None] * len(seqs))
         params = [s.sampling for s in seqs]
         want_logprobs = [p.return_log_probs for p in params]
 
-        processed = [_needs_processing(p, len(s.output_token_ids)) for p, s in zip(params, seqs)]
+        processed = [_needs_processing(p, s.num_output_tokens) for p, s in zip(params, seqs)]
         if any(processed):
             self._process(logits, seqs, processed)
         tokens = self.argmax(logits)
@@ -96,13 +94,13 @@ class Sampler:
         if sample_rows:
             rows = torch.tensor(sample_rows, device=self.device)
             scaled = self._filter(logits[rows], [params[i] for i in sample_rows])
-            drawn = self._draw(scaled, [seqs[i].request_id for i in sample_rows], generators)
+            drawn = self._draw(scaled, [seqs[i].generator for i in sample_rows])
             tokens[rows] = drawn
             logits[rows] = scaled   # log-probs come from what was sampled from
         return SamplerResult(tokens.tolist(), self._logprobs(logits, tokens, want_logprobs))
 
     # --- processing -------------------------------------------------------
-    def _process(self, logits: torch.Tensor, seqs: Sequence[ScheduledSequence], processed: list[bool]) -> None:
+    def _process(self, logits: torch.Tensor, seqs: Sequence[CachedRequestState], processed: list[bool]) -> None:
         rep_rows: list[int] = []
         rep_tokens: list[int] = []
         rep_values: list[float] = []
@@ -116,17 +114,17 @@ class Sampler:
             if not todo:
                 continue
             p = seq.sampling
+            output = seq.output_token_ids
             for processor in p.logits_processors:
-                logits[row] = processor(seq.output_token_ids, logits[row])
+                logits[row] = processor(output, logits[row])
             if p.repetition_penalty != 1.0:
-                seen = set(seq.prompt_token_ids)
-                seen.update(seq.output_token_ids)
+                seen = set(seq.token_ids)
                 rep_rows.extend([row] * len(seen))
                 rep_tokens.extend(seen)
                 rep_values.extend([p.repetition_penalty] * len(seen))
-            if (p.presence_penalty or p.frequency_penalty) and seq.output_token_ids:
-                count_rows.extend([row] * len(seq.output_token_ids))
-                count_tokens.extend(seq.output_token_ids)
+            if (p.presence_penalty or p.frequency_penalty) and output:
+                count_rows.extend([row] * len(output))
+                count_tokens.extend(output)
                 presence[row] = p.presence_penalty
                 frequency[row] = p.frequency_penalty
             banned = _banned_tokens(seq)
@@ -173,11 +171,9 @@ class Sampler:
         ordered = ordered.masked_fill(drop, -torch.inf)
         return torch.empty_like(logits).scatter_(1, order, ordered)
 
-    def _draw(self, logits: torch.Tensor, request_ids: list[str],
-              generators: Mapping[str, torch.Generator]) -> torch.Tensor:
+    def _draw(self, logits: torch.Tensor, seeded: list[torch.Generator | None]) -> torch.Tensor:
         probs = logits.softmax(dim=-1)
         noise = torch.empty_like(probs)
-        seeded = [generators.get(rid) for rid in request_ids]
         if not any(g is not None for g in seeded):
             noise.exponential_()
         else:
