@@ -9,13 +9,16 @@ import torch
 from ..model_info import ModelFolderError, read_json
 from .llama import LlamaForCausalLM, LlamaSpec
 from .loader import load_weights
+from .packed_linear import packed_linears_available
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
 
 def build_model(model_dir: str | Path, max_positions: int, dtype: torch.dtype,
-                device: torch.device) -> LlamaForCausalLM:
-    """Instantiate the model named by the folder's config.json and load its weights."""
+                device: torch.device, linear_backend: str = "auto") -> LlamaForCausalLM:
+    """Instantiate the model named by the folder's config.json and load its
+    weights; with linear_backend "auto", pack its projections for oneDNN
+    where that runs (CPU, fp32), else keep `F.linear` (the reference)."""
     config = read_json(Path(model_dir) / "config.json")
     architectures = config.get("architectures") or []
     if not any(arch in SUPPORTED_ARCHITECTURES for arch in architectures):
@@ -24,6 +27,8 @@ def build_model(model_dir: str | Path, max_positions: int, dtype: torch.dtype,
     spec = LlamaSpec.from_hf_config(config)
     model = LlamaForCausalLM(spec, max_positions, dtype, device)
     load_weights(model, model_dir)
+    if linear_backend == "auto" and packed_linears_available(device, dtype):
+        model.pack_linears()
     return model.eval()
 
 

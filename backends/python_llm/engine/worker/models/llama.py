@@ -15,6 +15,7 @@ from torch import nn
 from ..attention import AttentionMetadata, paged_attention
 from ..kv_cache import PagedKVCache
 from ..model_info import ModelFolderError
+from .packed_linear import PackedLinear
 
 LM_HEAD_CHUNK = 2048   # vocabulary rows per LM-head GEMM on the CPU
 
@@ -148,6 +149,17 @@ def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Paramete
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
+@dataclass(frozen=True)
+class PackedProjections:
+    """A layer's projections in oneDNN's layout (see packed_linear.py); gate
+    and up are separate so that SiLU and the product run as GEMM epilogues."""
+    qkv: PackedLinear
+    o: PackedLinear
+    gate: PackedLinear
+    up: PackedLinear
+    down: PackedLinear
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, index: int, spec: LlamaSpec, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
@@ -166,21 +178,55 @@ class DecoderLayer(nn.Module):
         self.gate_up_bias = _param(2 * spec.intermediate_size, dtype=dtype, device=device) if spec.mlp_bias else None
         self.down_weight = _param(h, spec.intermediate_size, dtype=dtype, device=device)
         self.down_bias = _param(h, dtype=dtype, device=device) if spec.mlp_bias else None
+        self.packed: PackedProjections | None = None
+
+    def pack(self) -> None:
+        """Move the projections into oneDNN's layout. The nn.Parameters are
+        emptied: keeping both would hold every weight twice."""
+        inter = self.down_weight.shape[1]
+        gate_bias = up_bias = None
+        if self.gate_up_bias is not None:
+            gate_bias, up_bias = self.gate_up_bias[:inter], self.gate_up_bias[inter:]
+        self.packed = PackedProjections(
+            qkv=PackedLinear(self.qkv_weight, self.qkv_bias), o=PackedLinear(self.o_weight, self.o_bias),
+            gate=PackedLinear(self.gate_up_weight[:inter], gate_bias),
+            up=PackedLinear(self.gate_up_weight[inter:], up_bias),
+            down=PackedLinear(self.down_weight, self.down_bias))
+        for name in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
+            getattr(self, name).data = torch.empty(0, dtype=self.qkv_weight.dtype)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 meta: AttentionMetadata, cache: PagedKVCache) -> torch.Tensor:
+        packed = self.packed
+        if packed is not None:
+            return self._forward_packed(packed, x, cos, sin, meta, cache)
         t = x.shape[0]
         qkv = F.linear(self.input_layernorm(x), self.qkv_weight, self.qkv_bias)
+        attn = self._attention(qkv, t, cos, sin, meta, cache)
+        x = x + F.linear(attn, self.o_weight, self.o_bias)
+
+        gate, up = F.linear(self.post_attention_layernorm(x), self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, self.down_weight, self.down_bias)
+
+    def _forward_packed(self, packed: PackedProjections, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                        meta: AttentionMetadata, cache: PagedKVCache) -> torch.Tensor:
+        """The same layer with the residual adds, SiLU and product fused into
+        the GEMMs (addition and multiplication commute exactly, so only the
+        GEMMs' summation order differs from the reference)."""
+        qkv = packed.qkv(self.input_layernorm(x))
+        attn = self._attention(qkv, x.shape[0], cos, sin, meta, cache)
+        x = packed.o.plus(attn, x)
+        normed = self.post_attention_layernorm(x)
+        return packed.down.plus(packed.up.times(normed, packed.gate.silu(normed)), x)
+
+    def _attention(self, qkv: torch.Tensor, t: int, cos: torch.Tensor, sin: torch.Tensor,
+                   meta: AttentionMetadata, cache: PagedKVCache) -> torch.Tensor:
         qkv = qkv.view(t, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         qk = rotate(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads:]
         v = qkv[:, self.num_heads + self.num_kv_heads:]
         cache.write(self.index, k, v, meta.slot_mapping)
-        attn = paged_attention(self.index, q, k, v, meta, cache, self.scale)
-        x = x + F.linear(attn, self.o_weight, self.o_bias)
-
-        gate, up = F.linear(self.post_attention_layernorm(x), self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.down_weight, self.down_bias)
+        return paged_attention(self.index, q, k, v, meta, cache, self.scale)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -203,6 +249,14 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin, meta, cache)
         return x
+
+    def pack_linears(self) -> None:
+        """Every decoder layer's projections into oneDNN's layout (CPU fp32,
+        see packed_linear.py). The LM head stays as it is: it shares the
+        embedding's storage when tied, and greedy steps use the fused
+        LM-head + argmax kernel on it."""
+        for layer in self.layers:
+            layer.pack()
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head for the rows that are sampled; fp32 logits."""

@@ -1,0 +1,52 @@
+"""fp32 projections on the CPU through oneDNN, with weights packed once.
+
+Why not `F.linear`: on the CPU it calls MKL's sgemm, which re-packs the
+weight on every call; oneDNN takes the weight already in its blocked layout
+(`mkldnn._reorder_linear_weight`, done at load) and runs an epilogue on the
+output while it is still in cache. Measured on the 2-core AVX2 machines
+(SmolLM2-135M's four projections, 30 layers of distinct weights, fp32):
+64 rows 193 → 132 ms, 128 rows 260 → 227 ms, 512 rows about equal.
+It is also what vLLM's CPU build does (`dispatch_cpu_unquantized_gemm`).
+
+The epilogues used: `swish` (SiLU of the gate projection), `mul` (the up
+projection times that), `add` (a residual). Each result equals the unfused
+ops up to fp32 rounding of the GEMM's summation order, as MKL's does; the
+reference path (`linear_backend: torch`) stays `F.linear` + separate ops.
+"""
+from __future__ import annotations
+
+import torch
+
+_linear = torch.ops.mkldnn._linear_pointwise
+_reorder = torch.ops.mkldnn._reorder_linear_weight
+
+
+def packed_linears_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """oneDNN packs fp32 on the CPU here; bf16/fp16 would need AVX-512 or AMX
+    to be worth it, and CUDA has its own GEMMs."""
+    return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+
+
+class PackedLinear:
+    """y = x @ weight.T + bias, with the weight in oneDNN's layout."""
+
+    __slots__ = ("weight", "bias", "out_features")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.weight = _reorder(weight.detach().contiguous(), None)
+        self.bias = None if bias is None else bias.detach().contiguous()
+        self.out_features = weight.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return _linear(x, self.weight, self.bias, "none", [], "")
+
+    def silu(self, x: torch.Tensor) -> torch.Tensor:
+        return _linear(x, self.weight, self.bias, "swish", [], "")
+
+    def times(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        """(x @ W.T + b) * other"""
+        return _linear(x, other, self.weight, self.bias, "mul")
+
+    def plus(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        """(x @ W.T + b) + other"""
+        return _linear(x, other, self.weight, self.bias, "add")

@@ -1,0 +1,58 @@
+"""The oneDNN projections (packed weights, fused epilogues) against the
+reference `F.linear` path: each epilogue alone, then whole tiny models."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from python_llm.engine.worker.attention import AttentionMetadata, PrefillChunk
+from python_llm.engine.worker.kv_cache import KVCacheShape, PagedKVCache
+from python_llm.engine.worker.models import build_model
+from python_llm.engine.worker.models.packed_linear import PackedLinear, packed_linears_available
+
+from test_model_tiny import save_tiny
+
+pytestmark = pytest.mark.skipif(not packed_linears_available(torch.device("cpu"), torch.float32),
+                                reason="torch built without oneDNN")
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_epilogues_match_unfused_ops(rows: int, with_bias: bool) -> None:
+    g = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 48, generator=g)
+    bias = torch.randn(96, generator=g) if with_bias else None
+    x, other = torch.randn(rows, 48, generator=g), torch.randn(rows, 96, generator=g)
+    linear = PackedLinear(weight, bias)
+    expected = F.linear(x, weight, bias)
+    torch.testing.assert_close(linear(x), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(linear.silu(x), F.silu(expected), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(linear.times(x, other), expected * other, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(linear.plus(x, other), expected + other, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind,overrides", [("llama", {"tie_word_embeddings": True}),
+                                            ("qwen2", {"tie_word_embeddings": False})])
+def test_packed_model_matches_reference(tmp_path: Path, kind: str, overrides: dict) -> None:
+    folder = save_tiny(tmp_path / kind, kind, **overrides)
+    cpu = torch.device("cpu")
+    reference = build_model(folder, 64, torch.float32, cpu, linear_backend="torch")
+    packed = build_model(folder, 64, torch.float32, cpu, linear_backend="auto")
+    assert reference.layers[0].packed is None and packed.layers[0].packed is not None
+    # packing moves the weights: the parameters no longer hold a copy
+    assert packed.layers[0].gate_up_weight.numel() == 0
+
+    ids = torch.arange(3, 23)
+    positions = torch.arange(20)
+    spec = reference.spec
+    outputs = []
+    for model in (reference, packed):
+        cache = PagedKVCache(KVCacheShape(spec.num_layers, 4, 16, spec.num_kv_heads, spec.head_dim),
+                             torch.float32, cpu)
+        meta = AttentionMetadata(slot_mapping=positions, prefills=[PrefillChunk(0, 20, 20)])
+        with torch.inference_mode():
+            outputs.append(model.compute_logits(model(ids, positions, meta, cache)))
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-4, rtol=1e-4)
