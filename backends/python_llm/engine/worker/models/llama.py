@@ -151,12 +151,10 @@ def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Paramete
 
 @dataclass(frozen=True)
 class PackedProjections:
-    """A layer's projections in oneDNN's layout (see packed_linear.py); gate
-    and up are separate so that SiLU and the product run as GEMM epilogues."""
+    """A layer's projections in oneDNN's layout (see packed_linear.py)."""
     qkv: PackedLinear
     o: PackedLinear
-    gate: PackedLinear
-    up: PackedLinear
+    gate_up: PackedLinear
     down: PackedLinear
 
 
@@ -183,14 +181,9 @@ class DecoderLayer(nn.Module):
     def pack(self) -> None:
         """Move the projections into oneDNN's layout. The nn.Parameters are
         emptied: keeping both would hold every weight twice."""
-        inter = self.down_weight.shape[1]
-        gate_bias = up_bias = None
-        if self.gate_up_bias is not None:
-            gate_bias, up_bias = self.gate_up_bias[:inter], self.gate_up_bias[inter:]
         self.packed = PackedProjections(
             qkv=PackedLinear(self.qkv_weight, self.qkv_bias), o=PackedLinear(self.o_weight, self.o_bias),
-            gate=PackedLinear(self.gate_up_weight[:inter], gate_bias),
-            up=PackedLinear(self.gate_up_weight[inter:], up_bias),
+            gate_up=PackedLinear(self.gate_up_weight, self.gate_up_bias),
             down=PackedLinear(self.down_weight, self.down_bias))
         for name in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
             getattr(self, name).data = torch.empty(0, dtype=self.qkv_weight.dtype)
@@ -210,14 +203,16 @@ class DecoderLayer(nn.Module):
 
     def _forward_packed(self, packed: PackedProjections, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                         meta: AttentionMetadata, cache: PagedKVCache) -> torch.Tensor:
-        """The same layer with the residual adds, SiLU and product fused into
-        the GEMMs (addition and multiplication commute exactly, so only the
-        GEMMs' summation order differs from the reference)."""
+        """The same layer with the residual adds fused into the GEMMs (addition
+        commutes exactly, so only the GEMMs' summation order differs from the
+        reference). SiLU x up stays outside: as epilogues of split gate and up
+        GEMMs (oneDNN's `swish`, `mul`) the MLP took 201 ms instead of 112 at
+        64 rows over 30 layers, and 868 instead of 704 at 512."""
         qkv = packed.qkv(self.input_layernorm(x))
         attn = self._attention(qkv, x.shape[0], cos, sin, meta, cache)
         x = packed.o.plus(attn, x)
-        normed = self.post_attention_layernorm(x)
-        return packed.down.plus(packed.up.times(normed, packed.gate.silu(normed)), x)
+        gate, up = packed.gate_up(self.post_attention_layernorm(x)).chunk(2, dim=-1)
+        return packed.down.plus(F.silu(gate) * up, x)
 
     def _attention(self, qkv: torch.Tensor, t: int, cos: torch.Tensor, sin: torch.Tensor,
                    meta: AttentionMetadata, cache: PagedKVCache) -> torch.Tensor:

@@ -8,9 +8,8 @@ output while it is still in cache. Measured on the 2-core AVX2 machines
 64 rows 193 → 132 ms, 128 rows 260 → 227 ms, 512 rows about equal.
 It is also what vLLM's CPU build does (`dispatch_cpu_unquantized_gemm`).
 
-The epilogues used: `swish` (SiLU of the gate projection), `mul` (the up
-projection times that), `add` (a residual). Each result equals the unfused
-ops up to fp32 rounding of the GEMM's summation order, as MKL's does; the
+The one epilogue used is `add` (a residual): the result equals the unfused
+ops up to fp32 rounding of the GEMM's summation order, as MKL's does. The
 reference path (`linear_backend: torch`) stays `F.linear` + separate ops.
 """
 from __future__ import annotations
@@ -39,13 +38,6 @@ class PackedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return _linear(x, self.weight, self.bias, "none", [], "")
-
-    def silu(self, x: torch.Tensor) -> torch.Tensor:
-        return _linear(x, self.weight, self.bias, "swish", [], "")
-
-    def times(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-        """(x @ W.T + b) * other"""
-        return _linear(x, other, self.weight, self.bias, "mul")
 
     def plus(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """(x @ W.T + b) + other"""
