@@ -62,7 +62,8 @@ class ModelRunner:
         self.dtype = DTYPES[config.dtype]
         self.block_size = config.block_size
         self.model_info = ModelInfo.from_model_dir(config.model_dir, config.max_model_len)
-        self.model = build_model(config.model_dir, self.model_info.max_model_len, self.dtype, self.device)
+        self.model = build_model(config.model_dir, self.model_info.max_model_len, self.dtype, self.device,
+                                 linear_backend=config.linear_backend)
         self.num_blocks = self._kv_budget_blocks()
         info = self.model_info
         self.kv_cache = PagedKVCache(

@@ -15,7 +15,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
 
 
 def build_model(model_dir: str | Path, max_positions: int, dtype: torch.dtype,
-                device: torch.device, linear_backend: str = "auto") -> LlamaForCausalLM:
+                device: torch.device, *, linear_backend: str) -> LlamaForCausalLM:
     """Instantiate the model named by the folder's config.json and load its
     weights; with linear_backend "auto", pack its projections for oneDNN
     where that runs (CPU, fp32), else keep `F.linear` (the reference)."""
