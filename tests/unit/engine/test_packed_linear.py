@@ -1,5 +1,6 @@
-"""The oneDNN projections (packed weights, fused epilogues) against the
-reference `F.linear` path: each epilogue alone, then whole tiny models."""
+"""The oneDNN projections (packed weights, fused epilogues) and the native
+elementwise kernels against the reference path (`F.linear` and PyTorch
+ops): each epilogue alone, then whole tiny models in every combination."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from python_llm.engine.worker.attention import AttentionMetadata, PrefillChunk
+from python_llm.engine.worker.kernels import cpu_kernels
 from python_llm.engine.worker.kv_cache import KVCacheShape, PagedKVCache
 from python_llm.engine.worker.models import build_model
 from python_llm.engine.worker.models.packed_linear import PackedLinear, packed_linears_available
@@ -34,23 +36,41 @@ def test_packed_linear_and_residual_epilogue_match_unfused_ops(rows: int, with_b
 
 @pytest.mark.parametrize("kind,overrides", [("llama", {"tie_word_embeddings": True}),
                                             ("qwen2", {"tie_word_embeddings": False})])
-def test_packed_model_matches_reference(tmp_path: Path, kind: str, overrides: dict) -> None:
+def test_packed_and_native_models_match_reference(tmp_path: Path, kind: str, overrides: dict) -> None:
     folder = save_tiny(tmp_path / kind, kind, **overrides)
     cpu = torch.device("cpu")
-    reference = build_model(folder, 64, torch.float32, cpu, linear_backend="torch")
-    packed = build_model(folder, 64, torch.float32, cpu, linear_backend="auto")
-    assert reference.layers[0].packed is None and packed.layers[0].packed is not None
+    kernels = cpu_kernels()
+    assert kernels is not None, "the CPU kernels did not build on this machine"
+    reference = build_model(folder, 64, torch.float32, cpu, linear_backend="torch", kernels=None)
+    variants = {"packed": build_model(folder, 64, torch.float32, cpu, linear_backend="auto", kernels=None),
+                "native elementwise": build_model(folder, 64, torch.float32, cpu, linear_backend="torch",
+                                                  kernels=kernels),
+                "both": build_model(folder, 64, torch.float32, cpu, linear_backend="auto", kernels=kernels)}
+    assert not reference.layers[0].projections.packed and reference.kernels is None
+    assert variants["both"].layers[0].projections.packed and variants["both"].layers[0].kernels is kernels
     # packing moves the weights: the parameters no longer hold a copy
-    assert packed.layers[0].gate_up_weight.numel() == 0
+    assert variants["packed"].layers[0].gate_up_weight.numel() == 0
 
     ids = torch.arange(3, 23)
     positions = torch.arange(20)
     spec = reference.spec
-    outputs = []
-    for model in (reference, packed):
+
+    def run(model) -> torch.Tensor:
         cache = PagedKVCache(KVCacheShape(spec.num_layers, 4, 16, spec.num_kv_heads, spec.head_dim),
                              torch.float32, cpu)
         meta = AttentionMetadata(slot_mapping=positions, prefills=[PrefillChunk(0, 20, 20)])
         with torch.inference_mode():
-            outputs.append(model.compute_logits(model(ids, positions, meta, cache)))
-    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-4, rtol=1e-4)
+            return model.compute_logits(model(ids, positions, meta, cache))
+
+    expected = run(reference)
+    for name, model in variants.items():
+        torch.testing.assert_close(run(model), expected, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_native_elementwise_is_fp32_cpu_only(tmp_path: Path) -> None:
+    folder = save_tiny(tmp_path / "llama", "llama")
+    model = build_model(folder, 64, torch.bfloat16, torch.device("cpu"), linear_backend="auto",
+                        kernels=cpu_kernels())
+    assert model.kernels is None and not model.layers[0].projections.packed
+    with pytest.raises(ValueError, match="fp32"):
+        model.use_kernels(cpu_kernels())

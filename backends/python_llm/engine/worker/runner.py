@@ -62,16 +62,16 @@ class ModelRunner:
         self.dtype = DTYPES[config.dtype]
         self.block_size = config.block_size
         self.model_info = ModelInfo.from_model_dir(config.model_dir, config.max_model_len)
+        # native attention, argmax and elementwise steps (None: the PyTorch paths)
+        self.kernels: CpuKernels | None = (
+            cpu_kernels() if self.device.type == "cpu" and config.attention_backend == "auto" else None)
         self.model = build_model(config.model_dir, self.model_info.max_model_len, self.dtype, self.device,
-                                 linear_backend=config.linear_backend)
+                                 linear_backend=config.linear_backend, kernels=self.kernels)
         self.num_blocks = self._kv_budget_blocks()
         info = self.model_info
         self.kv_cache = PagedKVCache(
             KVCacheShape(info.num_layers, self.num_blocks, self.block_size, info.num_kv_heads, info.head_dim),
             self.dtype, self.device)
-        # native decode attention + argmax (None: the PyTorch paths)
-        self.kernels: CpuKernels | None = (
-            cpu_kernels() if self.device.type == "cpu" and config.attention_backend == "auto" else None)
         # prefill chunks: the native kernel where it runs for this head_dim
         self.prefill_kernels: CpuKernels | None = (
             self.kernels if self.kernels is not None

@@ -1,8 +1,10 @@
 """The engine's native CPU kernels, plain C ABI, loaded with ctypes:
 paged decode attention (`paged_decode_attention.cpp`), causal attention of a
 prefill chunk over the paged cache (`paged_prefill_attention.cpp`), the greedy argmax
-over logit rows (`argmax_rows.cpp`) and the LM head fused with that argmax
-for all-greedy steps (`lm_head_argmax.cpp`).
+over logit rows (`argmax_rows.cpp`), the LM head fused with that argmax
+for all-greedy steps (`lm_head_argmax.cpp`) and the decoder layer's
+elementwise steps, fp32 (`layer_elementwise.cpp`: RMSNorm, rotary + K/V
+cache write, SiLU x up).
 
 They are compiled on first use with the system C++ compiler (about 3 s) for the
 CPU it runs on (-march=native) and cached under `LLM_CACHE_DIR/kernels`; the
@@ -33,7 +35,9 @@ from ....cache import CACHE_DIR
 log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode_attention.cpp", "paged_prefill_attention.cpp",
-                                                          "argmax_rows.cpp", "lm_head_argmax.cpp")]
+                                                          "argmax_rows.cpp", "lm_head_argmax.cpp",
+                                                          "layer_elementwise.cpp")]
+HEADERS = [Path(__file__).with_name("fast_exp.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=gnu++20", "-shared", "-fPIC"]
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
@@ -57,7 +61,7 @@ def _cpu_features() -> str:
 
 
 def library_path(cache_dir: Path = CACHE_DIR) -> Path:
-    digest = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES) + " ".join(FLAGS).encode()
+    digest = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES + HEADERS) + " ".join(FLAGS).encode()
                             + _cpu_features().encode())
     return cache_dir / "kernels" / f"python_llm_cpu_kernels-{digest.hexdigest()[:16]}.so"
 
@@ -110,6 +114,15 @@ class CpuKernels:
                             ctypes.c_float, ctypes.c_int]
         prefill.restype = ctypes.c_int
         self._prefill = prefill
+        self._rms_norm = self._lib.rms_norm_f32
+        self._rms_norm.argtypes = [ptr, i64, ptr, ctypes.c_float, ptr, i64, i64, i64, ctypes.c_int]
+        self._rms_norm.restype = None
+        self._rotary = self._lib.rotary_cache_write_f32
+        self._rotary.argtypes = [ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_int]
+        self._rotary.restype = ctypes.c_int
+        self._silu_mul = self._lib.silu_mul_f32
+        self._silu_mul.argtypes = [ptr, i64, ptr, i64, i64, i64, ctypes.c_int]
+        self._silu_mul.restype = None
         supported = self._lib.paged_prefill_attention_supported
         supported.argtypes = [i64]
         supported.restype = ctypes.c_int
@@ -162,6 +175,70 @@ class CpuKernels:
                 raise ValueError(f"paged_prefill_attention: {message}")
         if int(block_table.min()) < 0 or int(block_table.max()) >= num_blocks:
             raise ValueError("paged_prefill_attention: block ids outside the cache")
+
+    # -- the decoder layer's elementwise steps (fp32 CPU tensors) -------------
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """weight * x / sqrt(mean(x^2) + eps) per row of x [rows, dim] (fp32, CPU)."""
+        rows, dim = x.shape
+        if (x.stride(1) != 1 or weight.shape != (dim,) or not weight.is_contiguous() or x.dtype != torch.float32
+                or x.is_cuda or weight.dtype != torch.float32):
+            raise ValueError("rms_norm: x [rows, dim] with contiguous rows and weight [dim] expected")
+        out = x.new_empty(rows, dim)
+        self._rms_norm(x.data_ptr(), x.stride(0), weight.data_ptr(), eps, out.data_ptr(), dim, rows, dim,
+                       torch.get_num_threads())
+        return out
+
+    def rotary_cache_write(self, qkv: torch.Tensor, heads: int, kv_heads: int, positions: torch.Tensor,
+                           cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, key_cache: torch.Tensor,
+                           value_cache: torch.Tensor, check: bool = True) -> None:
+        """Rotate the q and k heads of qkv [T, (heads + 2 kv_heads) * D] in
+        place by positions [T] (int64; cos / sin tables [positions, D]), then
+        store each token's k and v at its slot [T] (int64) of the caches
+        [kv_heads, blocks, block_size, D]. Positions and slots are range-checked
+        in C; `check=False` skips the layout checks (a step's layers after the
+        first, whose tensors have the same layout)."""
+        tokens = qkv.shape[0]
+        _, num_blocks, block_size, head_dim = key_cache.shape
+        if check:
+            self._check_rotary_arguments(qkv, heads, kv_heads, positions, cos, sin, slots, key_cache, value_cache)
+        status = self._rotary(qkv.data_ptr(), qkv.stride(0), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                              cos.shape[0], slots.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
+                              num_blocks * block_size, tokens, heads, kv_heads, head_dim, torch.get_num_threads())
+        if status != 0:
+            raise ValueError(f"rotary_cache_write: {'a position' if status == 1 else 'a slot'} out of range")
+
+    @staticmethod
+    def _check_rotary_arguments(qkv: torch.Tensor, heads: int, kv_heads: int, positions: torch.Tensor,
+                                cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, key_cache: torch.Tensor,
+                                value_cache: torch.Tensor) -> None:
+        tokens, width = qkv.shape
+        cache_heads, _, _, head_dim = key_cache.shape
+        checks = [
+            (qkv.stride(1) == 1 and width == (heads + 2 * kv_heads) * head_dim and cache_heads == kv_heads,
+             "qkv [T, (heads + 2 kv_heads) * head_dim] with contiguous rows"),
+            (key_cache.is_contiguous() and value_cache.is_contiguous() and key_cache.shape == value_cache.shape,
+             "caches: contiguous and of one shape"),
+            (cos.is_contiguous() and sin.is_contiguous() and cos.shape == sin.shape and cos.shape[1] == head_dim,
+             "cos / sin: contiguous [positions, head_dim]"),
+            (positions.dtype == slots.dtype == torch.int64 and positions.is_contiguous() and slots.is_contiguous()
+             and positions.shape == slots.shape == (tokens,), "positions / slots: contiguous int64 [T]"),
+            (all(t.dtype == torch.float32 and t.device.type == "cpu" for t in (qkv, cos, sin, key_cache, value_cache)),
+             "fp32 CPU tensors"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"rotary_cache_write: {message}")
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up for gate_up [rows, 2 * inter] = [gate | up] (fp32, CPU)."""
+        rows, width = gate_up.shape
+        if gate_up.stride(1) != 1 or width % 2 or gate_up.dtype != torch.float32 or gate_up.is_cuda:
+            raise ValueError("silu_mul: gate_up [rows, 2 * inter] with contiguous rows expected")
+        inter = width // 2
+        out = gate_up.new_empty(rows, inter)
+        self._silu_mul(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), inter, rows, inter,
+                       torch.get_num_threads())
+        return out
 
     def argmax_rows(self, logits: torch.Tensor) -> torch.Tensor:
         """logits.argmax(dim=-1) for fp32 [rows, vocab] on the CPU (same ties

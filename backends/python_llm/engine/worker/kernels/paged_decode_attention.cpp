@@ -17,6 +17,8 @@
 
 #include <omp.h>
 
+#include "fast_exp.h"
+
 namespace {
 
 struct bf16 { uint16_t bits; };
@@ -33,24 +35,6 @@ template <> inline bf16 from_float<bf16>(float x) {   // round to nearest even, 
   if (std::isnan(x)) return bf16{0x7fc0};
   u += 0x7fff + ((u >> 16) & 1);
   return bf16{static_cast<uint16_t>(u >> 16)};
-}
-
-// exp for x <= 0 (scores minus their maximum), branch-free so that the loop
-// vectorizes: Cephes' expf (range reduction by ln 2, degree-6 polynomial,
-// about 1 ulp). Inputs below -87 are clamped there: e^-87 ~ 1.6e-38 is still
-// a normal float (no denormal arithmetic) and negligible next to the maximum's 1.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r * r + r + 1.0f;
-  return y * __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
 }
 
 // rows [group, ctx] of scores → unnormalised probabilities; totals[g] their sums

@@ -26,6 +26,8 @@
 
 #include <omp.h>
 
+#include "fast_exp.h"
+
 namespace {
 
 struct bf16 { uint16_t bits; };
@@ -58,24 +60,6 @@ inline __m256 load8(const bf16* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 inline __m256 load8(const _Float16* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
-
-// exp for x <= 0, eight lanes: paged_decode_attention.cpp's exp_nonpositive (Cephes'
-// expf; inputs below -87 clamped there)
-inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(2.12194440e-4f), r);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(_mm256_mul_ps(y, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
 
 // Scores of two keys against NV vectors of 8 query rows:
 // s[j][rows] = sum_d k[j][d] * qt[d][rows], qt the transposed, prescaled queries ([HD][rows_padded]).
@@ -227,14 +211,14 @@ void attend_tile(T* out, int64_t out_row_stride, const T* query, int64_t q_row_s
       }
       const __m256 old_max = _mm256_loadu_ps(w.maxima.data() + vec * 8);
       // -inf for a row that has seen no key yet (a split past its limit):
-      // then alpha and p come out as exp8(NaN) = e^-87 ~ 0 (exp8 clamps a
+      // then alpha and p come out as exp8_nonpositive(NaN) = e^-87 ~ 0 (exp8 clamps a
       // NaN to -87), the masked p as 0, and its sum and accumulator stay 0
       const __m256 new_max = _mm256_max_ps(old_max, tile_max);
-      const __m256 alpha = exp8(_mm256_sub_ps(old_max, new_max));
+      const __m256 alpha = exp8_nonpositive(_mm256_sub_ps(old_max, new_max));
       __m256 total = _mm256_setzero_ps();
       for (int64_t j = 0; j < n; ++j) {
         const __m256 x = _mm256_loadu_ps(s + j * padded + vec * 8);
-        __m256 p = exp8(_mm256_sub_ps(x, new_max));
+        __m256 p = exp8_nonpositive(_mm256_sub_ps(x, new_max));
         if (crosses) p = _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ), p);
         _mm256_storeu_ps(s + j * padded + vec * 8, p);
         total = _mm256_add_ps(total, p);

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from ..kernels import CpuKernels
 from ..model_info import ModelFolderError, read_json
 from .llama import LlamaForCausalLM, LlamaSpec
 from .loader import load_weights
@@ -15,10 +16,11 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
 
 
 def build_model(model_dir: str | Path, max_positions: int, dtype: torch.dtype,
-                device: torch.device, *, linear_backend: str) -> LlamaForCausalLM:
+                device: torch.device, *, linear_backend: str, kernels: CpuKernels | None) -> LlamaForCausalLM:
     """Instantiate the model named by the folder's config.json and load its
     weights; with linear_backend "auto", pack its projections for oneDNN
-    where that runs (CPU, fp32), else keep `F.linear` (the reference)."""
+    where that runs (CPU, fp32), else keep `F.linear` (the reference). With
+    native kernels, an fp32 CPU model runs its elementwise steps on them."""
     config = read_json(Path(model_dir) / "config.json")
     architectures = config.get("architectures") or []
     if not any(arch in SUPPORTED_ARCHITECTURES for arch in architectures):
@@ -29,6 +31,8 @@ def build_model(model_dir: str | Path, max_positions: int, dtype: torch.dtype,
     load_weights(model, model_dir)
     if linear_backend == "auto" and packed_linears_available(device, dtype):
         model.pack_linears()
+    if kernels is not None and device.type == "cpu" and dtype == torch.float32:
+        model.use_kernels(kernels)
     return model.eval()
 
 

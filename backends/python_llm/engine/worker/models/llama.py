@@ -13,9 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import AttentionMetadata, paged_attention
+from ..kernels import CpuKernels
 from ..kv_cache import PagedKVCache
 from ..model_info import ModelFolderError
-from .packed_linear import PackedLinear
+from .packed_linear import LayerProjections, PackedLinear, TorchLinear
 
 LM_HEAD_CHUNK = 2048   # vocabulary rows per LM-head GEMM on the CPU
 
@@ -125,6 +126,16 @@ class RotaryTable(nn.Module):
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
+@dataclass(frozen=True)
+class StepRope:
+    """A step's rotary inputs: its positions [T] and cos / sin, which are
+    either the positions' rows [T, 1, head_dim] (the PyTorch path) or the
+    whole tables [max_positions, head_dim], which the native kernel indexes."""
+    positions: torch.Tensor
+    cos: torch.Tensor | None = None
+    sin: torch.Tensor | None = None
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -149,15 +160,6 @@ def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Paramete
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
-@dataclass(frozen=True)
-class PackedProjections:
-    """A layer's projections in oneDNN's layout (see packed_linear.py)."""
-    qkv: PackedLinear
-    o: PackedLinear
-    gate_up: PackedLinear
-    down: PackedLinear
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, index: int, spec: LlamaSpec, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
@@ -176,52 +178,64 @@ class DecoderLayer(nn.Module):
         self.gate_up_bias = _param(2 * spec.intermediate_size, dtype=dtype, device=device) if spec.mlp_bias else None
         self.down_weight = _param(h, spec.intermediate_size, dtype=dtype, device=device)
         self.down_bias = _param(h, dtype=dtype, device=device) if spec.mlp_bias else None
-        self.packed: PackedProjections | None = None
+        # the reference until pack(): F.linear on the parameters the loader fills
+        self.projections = LayerProjections(
+            qkv=TorchLinear(self.qkv_weight, self.qkv_bias), o=TorchLinear(self.o_weight, self.o_bias),
+            gate_up=TorchLinear(self.gate_up_weight, self.gate_up_bias),
+            down=TorchLinear(self.down_weight, self.down_bias))
+        # the native elementwise steps (fp32 CPU), None: the PyTorch ops
+        self.kernels: CpuKernels | None = None
 
     def pack(self) -> None:
         """Move the projections into oneDNN's layout. The nn.Parameters are
         emptied: keeping both would hold every weight twice."""
-        self.packed = PackedProjections(
+        self.projections = LayerProjections(
             qkv=PackedLinear(self.qkv_weight, self.qkv_bias), o=PackedLinear(self.o_weight, self.o_bias),
             gate_up=PackedLinear(self.gate_up_weight, self.gate_up_bias),
             down=PackedLinear(self.down_weight, self.down_bias))
         for name in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
             getattr(self, name).data = torch.empty(0, dtype=self.qkv_weight.dtype)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                meta: AttentionMetadata, cache: PagedKVCache) -> torch.Tensor:
-        packed = self.packed
-        if packed is not None:
-            return self._forward_packed(packed, x, cos, sin, meta, cache)
-        t = x.shape[0]
-        qkv = F.linear(self.input_layernorm(x), self.qkv_weight, self.qkv_bias)
-        attn = self._attention(qkv, t, cos, sin, meta, cache)
-        x = x + F.linear(attn, self.o_weight, self.o_bias)
+    def forward(self, x: torch.Tensor, rope: StepRope, meta: AttentionMetadata, cache: PagedKVCache) -> torch.Tensor:
+        """The residual adds are the projections' `plus` (fused into oneDNN's
+        GEMM when packed; addition commutes exactly, so only the GEMMs'
+        summation order differs from the reference). SiLU x up stays outside
+        the GEMM: as epilogues of split gate and up GEMMs (oneDNN's `swish`,
+        `mul`) the MLP took 201 ms instead of 112 at 64 rows over 30 layers,
+        and 868 instead of 704 at 512."""
+        p = self.projections
+        kernels = self.kernels
+        if kernels is None:
+            qkv = p.qkv(self.input_layernorm(x))
+            x = p.o.plus(self._attention(qkv, rope, meta, cache), x)
+            gate, up = p.gate_up(self.post_attention_layernorm(x)).chunk(2, dim=-1)
+            return p.down.plus(F.silu(gate) * up, x)
+        norm = self.input_layernorm
+        qkv = p.qkv(kernels.rms_norm(x, norm.weight, norm.eps))
+        kernels.rotary_cache_write(qkv, self.num_heads, self.num_kv_heads, rope.positions,
+                                   rope.cos, rope.sin, meta.slot_mapping,  # type: ignore[arg-type]
+                                   cache.keys[self.index], cache.values[self.index], check=self.index == 0)
+        x = p.o.plus(self._attend(qkv, meta, cache), x)
+        norm = self.post_attention_layernorm
+        return p.down.plus(kernels.silu_mul(p.gate_up(kernels.rms_norm(x, norm.weight, norm.eps))), x)
 
-        gate, up = F.linear(self.post_attention_layernorm(x), self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
-        return x + F.linear(F.silu(gate) * up, self.down_weight, self.down_bias)
-
-    def _forward_packed(self, packed: PackedProjections, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                        meta: AttentionMetadata, cache: PagedKVCache) -> torch.Tensor:
-        """The same layer with the residual adds fused into the GEMMs (addition
-        commutes exactly, so only the GEMMs' summation order differs from the
-        reference). SiLU x up stays outside: as epilogues of split gate and up
-        GEMMs (oneDNN's `swish`, `mul`) the MLP took 201 ms instead of 112 at
-        64 rows over 30 layers, and 868 instead of 704 at 512."""
-        qkv = packed.qkv(self.input_layernorm(x))
-        attn = self._attention(qkv, x.shape[0], cos, sin, meta, cache)
-        x = packed.o.plus(attn, x)
-        gate, up = packed.gate_up(self.post_attention_layernorm(x)).chunk(2, dim=-1)
-        return packed.down.plus(F.silu(gate) * up, x)
-
-    def _attention(self, qkv: torch.Tensor, t: int, cos: torch.Tensor, sin: torch.Tensor,
-                   meta: AttentionMetadata, cache: PagedKVCache) -> torch.Tensor:
+    def _attention(self, qkv: torch.Tensor, rope: StepRope, meta: AttentionMetadata,
+                   cache: PagedKVCache) -> torch.Tensor:
+        """Rotary, the K/V write and attention in PyTorch ops."""
+        t = qkv.shape[0]
         qkv = qkv.view(t, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
-        qk = rotate(qkv[:, : self.num_heads + self.num_kv_heads], cos, sin)
+        qk = rotate(qkv[:, : self.num_heads + self.num_kv_heads], rope.cos, rope.sin)  # type: ignore[arg-type]
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads:]
         v = qkv[:, self.num_heads + self.num_kv_heads:]
         cache.write(self.index, k, v, meta.slot_mapping)
         return paged_attention(self.index, q, k, v, meta, cache, self.scale)
+
+    def _attend(self, qkv: torch.Tensor, meta: AttentionMetadata, cache: PagedKVCache) -> torch.Tensor:
+        """Attention over q / k / v already rotated in qkv and in the cache."""
+        qkv = qkv.view(qkv.shape[0], self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        heads, kv_heads = self.num_heads, self.num_kv_heads
+        return paged_attention(self.index, qkv[:, :heads], qkv[:, heads:heads + kv_heads],
+                               qkv[:, heads + kv_heads:], meta, cache, self.scale)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -235,14 +249,18 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head: torch.Tensor = self.embed_tokens if spec.tie_word_embeddings else _param(
             spec.vocab_size, spec.hidden_size, dtype=dtype, device=device)
         self.rotary = RotaryTable(spec, max_positions, dtype).to(device)
+        self.kernels: CpuKernels | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 meta: AttentionMetadata, cache: PagedKVCache) -> torch.Tensor:
         """[T] tokens → [T, hidden] last-layer states (before the final norm)."""
         x = F.embedding(input_ids, self.embed_tokens)
-        cos, sin = self.rotary.lookup(positions)
+        if self.kernels is None:
+            rope = StepRope(positions, *self.rotary.lookup(positions))
+        else:
+            rope = StepRope(positions, self.rotary.cos, self.rotary.sin)
         for layer in self.layers:
-            x = layer(x, cos, sin, meta, cache)
+            x = layer(x, rope, meta, cache)
         return x
 
     def pack_linears(self) -> None:
@@ -252,6 +270,15 @@ class LlamaForCausalLM(nn.Module):
         LM-head + argmax kernel on it."""
         for layer in self.layers:
             layer.pack()
+
+    def use_kernels(self, kernels: CpuKernels) -> None:
+        """The native elementwise steps (RMSNorm, rotary + K/V write, SiLU x
+        up) in every layer; fp32 on the CPU only."""
+        if self.embed_tokens.dtype != torch.float32 or self.embed_tokens.device.type != "cpu":
+            raise ValueError("use_kernels: the native elementwise kernels run fp32 models on the CPU")
+        self.kernels = kernels
+        for layer in self.layers:
+            layer.kernels = kernels
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head for the rows that are sampled; fp32 logits."""
