@@ -42,7 +42,7 @@ def test_packed_and_native_models_match_reference(tmp_path: Path, kind: str, ove
     kernels = cpu_kernels()
     assert kernels is not None, "the CPU kernels did not build on this machine"
     reference = build_model(folder, 64, torch.float32, cpu, linear_backend="torch", kernels=None)
-    variants = {"packed": build_model(folder, 64, torch.float32, cpu, linear_backend="auto", kernels=None),
+    variants = {"packed": build_model(folder, 64, torch.float32, cpu, linear_backend="onednn", kernels=None),
                 "native elementwise": build_model(folder, 64, torch.float32, cpu, linear_backend="torch",
                                                   kernels=kernels),
                 "both": build_model(folder, 64, torch.float32, cpu, linear_backend="auto", kernels=kernels)}
@@ -51,14 +51,15 @@ def test_packed_and_native_models_match_reference(tmp_path: Path, kind: str, ove
     # packing moves the weights: the parameters no longer hold a copy
     assert variants["packed"].layers[0].gate_up_weight.numel() == 0
 
-    ids = torch.arange(3, 23)
-    positions = torch.arange(20)
+    # 40 tokens: past AMX_MIN_ROWS, so an AMX machine runs its tiles here
+    ids = torch.arange(3, 43)
+    positions = torch.arange(40)
     spec = reference.spec
 
     def run(model) -> torch.Tensor:
         cache = PagedKVCache(KVCacheShape(spec.num_layers, 4, 16, spec.num_kv_heads, spec.head_dim),
                              torch.float32, cpu)
-        meta = AttentionMetadata(slot_mapping=positions, prefills=[PrefillChunk(0, 20, 20)])
+        meta = AttentionMetadata(slot_mapping=positions, prefills=[PrefillChunk(0, 40, 40)])
         with torch.inference_mode():
             return model.compute_logits(model(ids, positions, meta, cache))
 

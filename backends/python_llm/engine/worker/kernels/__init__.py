@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode_attention.cpp", "paged_prefill_attention.cpp",
                                                           "argmax_rows.cpp", "lm_head_argmax.cpp",
-                                                          "layer_elementwise.cpp")]
+                                                          "layer_elementwise.cpp", "amx_gemm.cpp")]
 HEADERS = [Path(__file__).with_name("fast_exp.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=gnu++20", "-shared", "-fPIC"]
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -123,6 +123,17 @@ class CpuKernels:
         self._silu_mul = self._lib.silu_mul_f32
         self._silu_mul.argtypes = [ptr, i64, ptr, i64, i64, i64, ctypes.c_int]
         self._silu_mul.restype = None
+        self._amx_supported = self._lib.amx_gemm_supported
+        self._amx_supported.restype = ctypes.c_int
+        self._amx_elements = self._lib.amx_gemm_packed_elements
+        self._amx_elements.argtypes = [i64, i64]
+        self._amx_elements.restype = i64
+        self._amx_pack = self._lib.amx_gemm_pack_weight
+        self._amx_pack.argtypes = [ptr, i64, i64, i64, ptr, ctypes.c_int]
+        self._amx_pack.restype = None
+        self._amx_gemm = self._lib.amx_gemm_f32
+        self._amx_gemm.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, ptr, i64, ptr, i64, ctypes.c_int]
+        self._amx_gemm.restype = ctypes.c_int
         supported = self._lib.paged_prefill_attention_supported
         supported.argtypes = [i64]
         supported.restype = ctypes.c_int
@@ -238,6 +249,39 @@ class CpuKernels:
         out = gate_up.new_empty(rows, inter)
         self._silu_mul(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), inter, rows, inter,
                        torch.get_num_threads())
+        return out
+
+    # -- fp32 projections on AMX tiles (amx_gemm.cpp) -------------------------
+    def amx_gemm_supported(self) -> bool:
+        """Whether this CPU, this build and the OS let the AMX GEMM run."""
+        return bool(self._amx_supported())
+
+    def amx_pack_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        """weight [n, k] (fp32, CPU, contiguous rows) split into its three
+        bf16 parts in AMX's tile layout (int16 storage, 1.5x the fp32 bytes)."""
+        if weight.dim() != 2 or weight.dtype != torch.float32 or weight.stride(1) != 1 or weight.is_cuda:
+            raise ValueError("amx_pack_weight: an fp32 CPU weight [n, k] with contiguous rows expected")
+        n, k = weight.shape
+        packed = torch.empty(self._amx_elements(n, k), dtype=torch.int16)
+        self._amx_pack(weight.data_ptr(), weight.stride(0), n, k, packed.data_ptr(), torch.get_num_threads())
+        return packed
+
+    def amx_linear(self, x: torch.Tensor, packed: torch.Tensor, n: int, k: int, bias: torch.Tensor | None,
+                   residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x [m, k] @ weight.T (+ bias) (+ residual [m, n]) with the weight
+        from amx_pack_weight; fp32 CPU tensors with contiguous rows (the
+        projection checks them once, at load: these are its own tensors)."""
+        m = x.shape[0]
+        if x.stride(1) != 1 or x.shape[1] != k or (residual is not None and residual.shape != (m, n)):
+            raise ValueError(f"amx_linear: x [m, {k}] with contiguous rows (and residual [m, {n}]) expected")
+        out = x.new_empty(m, n)
+        status = self._amx_gemm(x.data_ptr(), x.stride(0), m, packed.data_ptr(), n, k,
+                                None if bias is None else bias.data_ptr(),
+                                None if residual is None else residual.data_ptr(),
+                                0 if residual is None else residual.stride(0), out.data_ptr(), n,
+                                torch.get_num_threads())
+        if status != 0:
+            raise RuntimeError("amx_linear: AMX is not available in this process")
         return out
 
     def argmax_rows(self, logits: torch.Tensor) -> torch.Tensor:

@@ -18,9 +18,11 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
 def build_model(model_dir: str | Path, max_positions: int, dtype: torch.dtype,
                 device: torch.device, *, linear_backend: str, kernels: CpuKernels | None) -> LlamaForCausalLM:
     """Instantiate the model named by the folder's config.json and load its
-    weights; with linear_backend "auto", pack its projections for oneDNN
-    where that runs (CPU, fp32), else keep `F.linear` (the reference). With
-    native kernels, an fp32 CPU model runs its elementwise steps on them."""
+    weights. Projections (CPU, fp32): linear_backend "auto" packs them for
+    AMX tiles where the CPU has AMX-BF16 (with oneDNN for few rows), else for
+    oneDNN; "onednn" for oneDNN only; "torch" keeps `F.linear` (the
+    reference), as does every other device or dtype. With native kernels,
+    an fp32 CPU model runs its elementwise steps on them."""
     config = read_json(Path(model_dir) / "config.json")
     architectures = config.get("architectures") or []
     if not any(arch in SUPPORTED_ARCHITECTURES for arch in architectures):
@@ -29,8 +31,9 @@ def build_model(model_dir: str | Path, max_positions: int, dtype: torch.dtype,
     spec = LlamaSpec.from_hf_config(config)
     model = LlamaForCausalLM(spec, max_positions, dtype, device)
     load_weights(model, model_dir)
-    if linear_backend == "auto" and packed_linears_available(device, dtype):
-        model.pack_linears()
+    if linear_backend in ("auto", "onednn") and packed_linears_available(device, dtype):
+        amx = linear_backend == "auto" and kernels is not None and kernels.amx_gemm_supported()
+        model.pack_linears(kernels if amx else None)
     if kernels is not None and device.type == "cpu" and dtype == torch.float32:
         model.use_kernels(kernels)
     return model.eval()

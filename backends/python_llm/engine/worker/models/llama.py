@@ -16,7 +16,7 @@ from ..attention import AttentionMetadata, paged_attention
 from ..kernels import CpuKernels
 from ..kv_cache import PagedKVCache
 from ..model_info import ModelFolderError
-from .packed_linear import LayerProjections, PackedLinear, TorchLinear
+from .packed_linear import AmxLinear, LayerProjections, PackedLinear, TorchLinear
 
 LM_HEAD_CHUNK = 2048   # vocabulary rows per LM-head GEMM on the CPU
 
@@ -186,13 +186,16 @@ class DecoderLayer(nn.Module):
         # the native elementwise steps (fp32 CPU), None: the PyTorch ops
         self.kernels: CpuKernels | None = None
 
-    def pack(self) -> None:
-        """Move the projections into oneDNN's layout. The nn.Parameters are
-        emptied: keeping both would hold every weight twice."""
+    def pack(self, amx: CpuKernels | None = None) -> None:
+        """Move the projections into oneDNN's layout, and with `amx` also
+        into AMX tiles' (packed_linear.AmxLinear). The nn.Parameters are
+        emptied: keeping them too would hold every weight once more."""
+        def packed(weight: torch.Tensor, bias: torch.Tensor | None) -> PackedLinear | AmxLinear:
+            return PackedLinear(weight, bias) if amx is None else AmxLinear(weight, bias, amx)
+
         self.projections = LayerProjections(
-            qkv=PackedLinear(self.qkv_weight, self.qkv_bias), o=PackedLinear(self.o_weight, self.o_bias),
-            gate_up=PackedLinear(self.gate_up_weight, self.gate_up_bias),
-            down=PackedLinear(self.down_weight, self.down_bias))
+            qkv=packed(self.qkv_weight, self.qkv_bias), o=packed(self.o_weight, self.o_bias),
+            gate_up=packed(self.gate_up_weight, self.gate_up_bias), down=packed(self.down_weight, self.down_bias))
         for name in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
             getattr(self, name).data = torch.empty(0, dtype=self.qkv_weight.dtype)
 
@@ -263,13 +266,13 @@ class LlamaForCausalLM(nn.Module):
             x = layer(x, rope, meta, cache)
         return x
 
-    def pack_linears(self) -> None:
-        """Every decoder layer's projections into oneDNN's layout (CPU fp32,
-        see packed_linear.py). The LM head stays as it is: it shares the
-        embedding's storage when tied, and greedy steps use the fused
-        LM-head + argmax kernel on it."""
+    def pack_linears(self, amx: CpuKernels | None = None) -> None:
+        """Every decoder layer's projections into oneDNN's layout, and with
+        `amx` AMX tiles' too (CPU fp32, see packed_linear.py). The LM head
+        stays as it is: it shares the embedding's storage when tied, and
+        greedy steps use the fused LM-head + argmax kernel on it."""
         for layer in self.layers:
-            layer.pack()
+            layer.pack(amx)
 
     def use_kernels(self, kernels: CpuKernels) -> None:
         """The native elementwise steps (RMSNorm, rotary + K/V write, SiLU x

@@ -1,0 +1,76 @@
+"""The AMX projection (fp32 by three-way bf16 splitting on AMX tiles,
+kernels/amx_gemm.cpp) against float64: its error must be an fp32 GEMM's,
+on every shape the tiles have to pad (rows, columns, K), with bias and
+residual; and `AmxLinear` hands steps of few rows to oneDNN."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from python_llm.engine.worker.kernels import CpuKernels, cpu_kernels
+from python_llm.engine.worker.models.packed_linear import AMX_MIN_ROWS, AmxLinear
+
+
+@pytest.fixture(scope="module")
+def amx() -> CpuKernels:
+    kernels = cpu_kernels()
+    if kernels is None or not kernels.amx_gemm_supported():
+        pytest.skip("no AMX-BF16 on this CPU (the projections run on oneDNN)")
+    return kernels
+
+
+def _relative_error(result: torch.Tensor, exact: torch.Tensor) -> float:
+    return ((result.double() - exact).abs().max() / exact.abs().max()).item()
+
+
+# rows: one tile, a partial pair, several pairs; columns and K off the tile sizes
+@pytest.mark.parametrize("m,n,k", [(1, 16, 32), (7, 50, 40), (16, 96, 64), (33, 960, 576), (64, 200, 1536),
+                                   (130, 3072, 576), (512, 576, 100)])
+@pytest.mark.parametrize("bias,residual", [(False, False), (True, True)])
+def test_error_is_an_fp32_gemms(amx, m: int, n: int, k: int, bias: bool, residual: bool) -> None:
+    gen = torch.Generator().manual_seed(m * n + k)
+    weight = torch.randn(n, k, generator=gen) * 0.05
+    x = torch.randn(m, k, generator=gen)
+    b = torch.randn(n, generator=gen) if bias else None
+    r = torch.randn(m, n, generator=gen) if residual else None
+    exact = x.double() @ weight.double().T
+    fp32 = F.linear(x, weight, b)
+    if b is not None:
+        exact = exact + b.double()
+    if r is not None:
+        exact, fp32 = exact + r.double(), fp32 + r
+    result = amx.amx_linear(x, amx.amx_pack_weight(weight), n, k, b, r)
+    assert result.shape == (m, n)
+    # the same order as MKL's sgemm error (~1e-7 relative), not bf16's (~4e-3)
+    assert _relative_error(result, exact) <= 2 * _relative_error(fp32, exact) + 1e-7
+
+
+def test_values_bf16_cannot_hold_survive(amx) -> None:
+    """1 + 2^-20 has no bf16 form; split in three it multiplies exactly."""
+    weight = torch.full((16, 32), 1.0 + 2.0 ** -20)
+    x = torch.zeros(1, 32)
+    x[0, 0] = 1.0 + 2.0 ** -12
+    result = amx.amx_linear(x, amx.amx_pack_weight(weight), 16, 32, None)
+    expected = (1.0 + 2.0 ** -20) * (1.0 + 2.0 ** -12)
+    assert torch.allclose(result.double(), torch.full((1, 16), expected, dtype=torch.float64), rtol=2 ** -23, atol=0)
+
+
+def test_few_rows_go_to_onednn_and_agree(amx) -> None:
+    gen = torch.Generator().manual_seed(3)
+    weight, bias = torch.randn(96, 64, generator=gen), torch.randn(96, generator=gen)
+    linear = AmxLinear(weight, bias, amx)
+    for rows in (1, AMX_MIN_ROWS - 1, AMX_MIN_ROWS, 100):
+        x, other = torch.randn(rows, 64, generator=gen), torch.randn(rows, 96, generator=gen)
+        torch.testing.assert_close(linear(x), F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(linear.plus(x, other), F.linear(x, weight, bias) + other, atol=1e-5, rtol=1e-5)
+
+
+def test_refuses_what_it_cannot_read(amx) -> None:
+    with pytest.raises(ValueError, match="amx_pack_weight"):
+        amx.amx_pack_weight(torch.randn(4, 8, dtype=torch.float64))
+    packed = amx.amx_pack_weight(torch.randn(16, 32))
+    with pytest.raises(ValueError, match="amx_linear"):
+        amx.amx_linear(torch.randn(32, 4).t(), packed, 16, 32, None)
+    with pytest.raises(ValueError, match="amx_linear"):
+        amx.amx_linear(torch.randn(4, 32), packed, 16, 32, None, torch.randn(4, 8))
