@@ -115,9 +115,7 @@ class ModelRunner:
         hidden = self.model(batch.input_ids, batch.positions, batch.meta, self.kv_cache)
         logits = greedy = None
         if fused_greedy:
-            # the argmax happens inside the LM-head kernel: no logits at all
-            greedy = self.kernels.lm_head_argmax(self.model.norm(hidden[batch.sample_rows]),  # type: ignore[union-attr]
-                                                 self.model.lm_head)
+            greedy = self.model.greedy_tokens(hidden[batch.sample_rows])
         elif batch.sampled:
             logits = self.model.compute_logits(hidden[batch.sample_rows])
         if self.device.type == "cuda":
@@ -136,10 +134,10 @@ class ModelRunner:
                             model_seconds=model_seconds)
 
     def _fuses_greedy(self, sampled: list[CachedRequestState]) -> bool:
-        """Whether this step's tokens come from the fused LM head + argmax
-        kernel: native kernels, fp32 weights, every sampled row plain greedy."""
-        return (bool(sampled) and self.kernels is not None and self.dtype == torch.float32
-                and Sampler.plain_greedy(sampled))
+        """Whether this step's tokens come from the model's native greedy LM
+        head (no logits for the sampler): the model runs on the native kernels
+        (fp32 on the CPU) and every sampled row is plain greedy."""
+        return bool(sampled) and self.model.kernels is not None and Sampler.plain_greedy(sampled)
 
     def _prepare(self, states: list[CachedRequestState], num_scheduled: list[int]) -> StepBatch:
         """Flatten the step into index tensors built once and shared by all layers.

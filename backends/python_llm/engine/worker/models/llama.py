@@ -16,7 +16,7 @@ from ..attention import AttentionMetadata, paged_attention
 from ..kernels import CpuKernels
 from ..kv_cache import PagedKVCache
 from ..model_info import ModelFolderError
-from .packed_linear import AmxLinear, LayerProjections, PackedLinear, TorchLinear
+from .packed_linear import AMX_MIN_ROWS, AmxLinear, LayerProjections, PackedLinear, TorchLinear
 
 LM_HEAD_CHUNK = 2048   # vocabulary rows per LM-head GEMM on the CPU
 
@@ -253,6 +253,8 @@ class LlamaForCausalLM(nn.Module):
             spec.vocab_size, spec.hidden_size, dtype=dtype, device=device)
         self.rotary = RotaryTable(spec, max_positions, dtype).to(device)
         self.kernels: CpuKernels | None = None
+        # the LM head split for AMX tiles (pack_linears with amx), else None
+        self.lm_head_parts: torch.Tensor | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 meta: AttentionMetadata, cache: PagedKVCache) -> torch.Tensor:
@@ -270,9 +272,12 @@ class LlamaForCausalLM(nn.Module):
         """Every decoder layer's projections into oneDNN's layout, and with
         `amx` AMX tiles' too (CPU fp32, see packed_linear.py). The LM head
         stays as it is: it shares the embedding's storage when tied, and
-        greedy steps use the fused LM-head + argmax kernel on it."""
+        greedy steps use the fused LM-head + argmax kernel on it; with `amx`
+        its AMX parts are added for steps of many rows."""
         for layer in self.layers:
             layer.pack(amx)
+        if amx is not None:
+            self.lm_head_parts = amx.amx_pack_weight(self.lm_head.detach().contiguous())
 
     def use_kernels(self, kernels: CpuKernels) -> None:
         """The native elementwise steps (RMSNorm, rotary + K/V write, SiLU x
@@ -285,7 +290,28 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head for the rows that are sampled; fp32 logits."""
-        normed = self.norm(hidden)
+        normed = self._final_norm(hidden)
         if normed.device.type != "cpu":
             return F.linear(normed, self.lm_head).float()
+        if self.lm_head_parts is not None and normed.shape[0] >= AMX_MIN_ROWS:
+            return self.kernels.amx_linear(normed, self.lm_head_parts,  # type: ignore[union-attr]
+                                           self.spec.vocab_size, self.spec.hidden_size, None)
         return sliced_lm_head(normed, self.lm_head).float()
+
+    def greedy_tokens(self, hidden: torch.Tensor) -> list[int]:
+        """argmax of final norm + LM head for the sampled rows, through the
+        native kernels (fp32 CPU models): on AMX tiles then a native argmax
+        for many rows, else the LM head fused with its argmax (no logits)."""
+        kernels = self.kernels
+        if kernels is None:
+            raise RuntimeError("greedy_tokens: the native kernels are not in use")
+        normed = self._final_norm(hidden)
+        if self.lm_head_parts is not None and normed.shape[0] >= AMX_MIN_ROWS:
+            logits = kernels.amx_linear(normed, self.lm_head_parts, self.spec.vocab_size, self.spec.hidden_size, None)
+            return kernels.argmax_rows(logits).tolist()
+        return kernels.lm_head_argmax(normed, self.lm_head)
+
+    def _final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.kernels is None:
+            return self.norm(hidden)
+        return self.kernels.rms_norm(hidden, self.norm.weight, self.norm.eps)
