@@ -18,6 +18,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .openmp_env import apply_openmp_defaults
 from .paths import BUILD_DIR, REPO_ROOT
 from .repository import render_repository
 from .settings import DeploymentSettings
@@ -218,9 +219,7 @@ class TritonServer:
         # The stub embeds CPython and ignores PYTHONPATH; it finds the venv's
         # site-packages through the first python on PATH.
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-        # Idle OpenMP threads spinning would steal the cores the other stubs
-        # (pre/postprocessing) need; passive waiting costs nothing measurable.
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        apply_openmp_defaults(env)
         libs = str(find_triton().libraries)
         env["LD_LIBRARY_PATH"] = libs + (os.pathsep + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -46,9 +46,9 @@ class TritonPythonModel:
         self.input_names = [i["name"] for i in model_config["input"]]
         self.metrics = TritonMetrics(pb_utils, args["model_name"], args["model_version"],
                                      max_num_seqs=self.config.max_num_seqs, tokens_per_block=self.config.block_size)
-        self.engine = LLMEngine(self.config, metrics=self.metrics, on_dead=self._on_engine_dead)
         self.registry = StreamRegistry()
-        self.engine.start()
+        # built on its own loop thread: one OpenMP team in this process (see launch)
+        self.engine = LLMEngine.launch(self.config, metrics=self.metrics, on_dead=self._on_engine_dead)
         log.info("python_llm ready: %s", {"model_dir": self.config.model_dir, "device": self.config.device,
                                            "dtype": self.config.dtype, "kv_blocks": self.engine.stats()})
 
@@ -111,8 +111,10 @@ class TritonPythonModel:
         if stream is None:
             return
         # The client's disconnect / gRPC cancel is checked here, on the engine
-        # thread that also sends, once per step of a running request: the stub
-        # crashed under load when another thread called into it concurrently.
+        # thread that also sends (and sets the metrics), at most every
+        # CANCEL_CHECK_INTERVAL_S of a running request: the stub crashed under
+        # load when another thread called into it concurrently (a thread of
+        # its own for the sends crashed it too, with the metrics on this one).
         # A request still queued is noticed when it starts (its timeouts bound
         # the wait).
         if not out.finished and self.registry.is_newly_cancelled(stream):

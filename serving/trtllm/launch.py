@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..launcher import LaunchOptions, TritonServer, write_admin_key
+from ..openmp_env import apply_openmp_defaults
 from ..repository import render_repository, variant_models
 from ..settings import DeploymentSettings
 from ..triton_binary import find_triton, prepare_backends
@@ -129,7 +130,7 @@ def run(command: list[str], extra_env: dict[str, str]) -> int:
     env.update(extra_env)
     # the Python stub finds the venv's packages through the first python on PATH
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    apply_openmp_defaults(env)
     libs = str(find_triton().libraries)
     env["LD_LIBRARY_PATH"] = libs + (os.pathsep + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
     return subprocess.call(command, env=env)

@@ -11,7 +11,7 @@ from python_llm.engine.core.errors import DuplicateRequestError
 from python_llm.engine.core.sampling_params import InvalidRequestError
 from python_llm.request_inputs import parse_llm_request
 from python_llm.stream_assembly import StreamAssembly
-from python_llm.stream_registry import LiveStream, StreamRegistry
+from python_llm.stream_registry import CANCEL_CHECK_INTERVAL_S, LiveStream, StreamRegistry
 
 KEY_1 = "k" * 32
 KEY_2 = "Zz_-" * 8
@@ -76,9 +76,11 @@ def test_a_malformed_request_key_is_refused_naming_it(key):
 class FakeSender:
     def __init__(self) -> None:
         self.cancelled = False
+        self.cancel_checks = 0
         self.sent: list[tuple[object, int]] = []
 
     def is_cancelled(self) -> bool:
+        self.cancel_checks += 1
         return self.cancelled
 
     def send(self, response=None, flags: int = 0) -> None:
@@ -102,10 +104,14 @@ def test_registry_names_cancels_and_closes_streams():
     assert registry.engine_id_for_key(KEY_1) == "engine-1"
     # the request id and the engine id are not credentials
     assert registry.engine_id_for_key("client-1") is None and registry.engine_id_for_key("engine-1") is None
-    assert not registry.is_newly_cancelled(stream)
+    assert not registry.is_newly_cancelled(stream, now=100.0)
     sender.cancelled = True
-    assert registry.is_newly_cancelled(stream)
-    assert not registry.is_newly_cancelled(stream)           # reported once
+    asked = sender.cancel_checks
+    # a round trip to tritonserver: asked at most every CANCEL_CHECK_INTERVAL_S
+    assert not registry.is_newly_cancelled(stream, now=100.0 + CANCEL_CHECK_INTERVAL_S / 2)
+    assert sender.cancel_checks == asked
+    assert registry.is_newly_cancelled(stream, now=100.0 + CANCEL_CHECK_INTERVAL_S)
+    assert not registry.is_newly_cancelled(stream, now=200.0)  # reported once
     stream.send("last", 1, final=True)
     stream.send("after", 0, final=False)                     # never touches a closed sender
     assert sender.sent == [("last", 1)]

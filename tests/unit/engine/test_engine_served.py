@@ -174,3 +174,31 @@ def test_shutdown_ends_live_requests_and_idle_loop_sleeps() -> None:
     assert not engine._thread.is_alive()          # type: ignore[union-attr]
     with pytest.raises(EngineDeadError, match="^engine shut down$"):
         engine.add_request("after", [1], SamplingParams())
+
+
+def test_launch_builds_the_runner_on_the_loop_thread_and_serves() -> None:
+    """One thread builds the model and runs the loop (one OpenMP team per
+    process); what building raises reaches the caller."""
+    cfg = config()
+    built_on: list[str] = []
+
+    def make_runner() -> FakeRunner:
+        built_on.append(threading.current_thread().name)
+        return FakeRunner.for_config(cfg)
+
+    engine = LLMEngine.launch(cfg, make_runner=make_runner)
+    try:
+        assert built_on == ["llm-engine-loop"] and engine._thread is not threading.current_thread()
+        collect = Collector()
+        engine.add_request("a", [11, 12, 13], SamplingParams(max_tokens=5), on_output=collect)
+        collect.wait_finished({"a"})
+        assert sum(len(o.new_token_ids) for o in collect.outputs["a"]) == 5
+    finally:
+        engine.shutdown(timeout=5)
+    assert not engine._thread.is_alive()          # type: ignore[union-attr]
+
+    def broken() -> FakeRunner:
+        raise MemoryError("no room for a single KV block")
+
+    with pytest.raises(MemoryError, match="no room"):
+        LLMEngine.launch(cfg, make_runner=broken)
