@@ -30,13 +30,28 @@ def model_dir() -> Path:
 ServerFactory = Callable[..., TritonServer]
 
 
+# servers started by the running test module (not the session's shared one)
+_module_servers: list[TritonServer] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def stop_module_servers() -> Iterator[None]:
+    """A module's servers stop when it ends, not with the session: a python_llm
+    stub holds its weights and KV cache (1.5-2.3 GB), and a session's worth
+    of them does not fit in a CI machine's 24 GB."""
+    yield
+    while _module_servers:
+        _module_servers.pop().stop()
+
+
 @pytest.fixture(scope="session")
 def start_triton(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerFactory]:
-    """Start a real tritonserver with DeploymentSettings overrides; all are
-    stopped at the end of the session (or earlier by the test)."""
+    """Start a real tritonserver with DeploymentSettings overrides; each is
+    stopped when its test module ends (or earlier by the test), the shared
+    session server (`session=True`) at the end of the session."""
     started: list[TritonServer] = []
 
-    def start(**overrides: object) -> TritonServer:
+    def start(session: bool = False, **overrides: object) -> TritonServer:
         # environ={}: the tests' servers do not follow the developer's LLM__* variables
         settings = DeploymentSettings.load(environ={}, model_dir=str(model_dir), **overrides)
         http, grpc, metrics = free_local_ports(3)
@@ -48,6 +63,8 @@ def start_triton(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         server.start()
         print(f"\n[tritonserver ready in {time.monotonic() - t0:.1f} s on :{http}; log {server.log_path}]")
         started.append(server)
+        if not session:
+            _module_servers.append(server)
         return server
 
     yield start
@@ -58,4 +75,4 @@ def start_triton(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 @pytest.fixture(scope="session")
 def triton_server(start_triton: ServerFactory) -> TritonServer:
     """The default deployment, shared by the tests that need nothing special."""
-    return start_triton(postprocessing_instances=4, max_queue_size=512)
+    return start_triton(session=True, postprocessing_instances=4, max_queue_size=512)
