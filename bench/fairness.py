@@ -151,7 +151,13 @@ class Bench:
     def _prefill_of(engine: LLMEngine, rid: str) -> tuple[int, int]:
         """(start, tokens) of request `rid` in the step just scheduled, or (-1, 0)."""
         out = engine.scheduler._last_output
-        for request_id, start, num_tokens in out.chunks() if out is not None else []:
+        if out is None:
+            return -1, 0
+        if hasattr(out, "chunks"):
+            chunks = out.chunks()
+        else:   # engines before the scheduler/runner message (issue 18): one object per sequence
+            chunks = [(seq.request_id, seq.start_position, len(seq.token_ids)) for seq in out.sequences]
+        for request_id, start, num_tokens in chunks:
             if request_id == rid:
                 return start, num_tokens
         return -1, 0
@@ -260,12 +266,13 @@ def table(rows: list[dict[str, Any]]) -> str:
 def plot(series: list[tuple[str, list[dict[str, Any]]]], path: Path, title: str) -> None:
     """Two panels against the token budget (max_num_batched_tokens): the
     streams' ITL p99 during the long prefill over their ITL p50 before, and
-    the long prompt's TTFT over the fastest TTFT alone of its series. Fixed
-    budgets are lines, paced points are stars at their budget."""
+    the long prompt's TTFT over the fastest TTFT alone of its series (fixed
+    budgets are lines, paced points are stars at their budget); a third
+    draws every point by both ratios, the targets' box in its lower left."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
+    fig, (left, right, trade) = plt.subplots(1, 3, figsize=(15, 4.4))
     for name, rows in series:
         fixed = sorted((r for r in rows if not r["config"].get(PACING_FIELD)),
                        key=lambda r: r["config"]["max_num_batched_tokens"])
@@ -277,8 +284,22 @@ def plot(series: list[tuple[str, list[dict[str, Any]]]], path: Path, title: str)
                 ax.scatter([r["config"]["max_num_batched_tokens"]], [r[key]], marker="*", s=140, zorder=3,
                            color=line.get_color(), edgecolors="black",
                            label=f"{name}: paced x{r['config'][PACING_FIELD]:g}")
+        # the trade-off itself: every point of the series, both targets at once
+        trade.scatter([r["itl_p99_over_p50_before"] for r in rows], [r["ttft_over_alone"] for r in rows],
+                      label=name, s=30)
+        for r in rows:
+            trade.annotate(r["label"].replace("fixed ", "").replace("paced 512 ", "paced "),
+                           (r["itl_p99_over_p50_before"], r["ttft_over_alone"]), fontsize=6,
+                           xytext=(3, 3), textcoords="offset points")
     left.axhline(ITL_P99_LIMIT, color="grey", ls="--", lw=0.8)
     right.axhline(TTFT_LIMIT, color="grey", ls="--", lw=0.8)
+    trade.axvline(ITL_P99_LIMIT, color="grey", ls="--", lw=0.8)
+    trade.axhline(TTFT_LIMIT, color="grey", ls="--", lw=0.8)
+    trade.set_xscale("log")
+    trade.set_xlabel("streams' ITL p99 during / ITL p50 before")
+    trade.set_ylabel("long prompt's TTFT / its TTFT alone")
+    trade.set_title("both targets: the lower left box", fontsize=8)
+    trade.legend(fontsize=7)
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("max_num_batched_tokens")
