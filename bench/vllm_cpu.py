@@ -57,6 +57,8 @@ log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
 VLLM_VENV = REPO / "build" / "vllm-venv"
 RUNNER = Path(__file__).resolve().parent / "vllm_cpu_runner.py"
+# idle seconds before each engine's single requests (run_vllm_comparison)
+SETTLE_S = 2.0
 
 # Two candidates whose log-probs differ by less than this (under the HF fp32
 # reference, one sequence) are a near-tie. Two correct fp32 implementations
@@ -373,8 +375,12 @@ def run_vllm_comparison(engine_settings: EngineBenchSettings, settings: VllmCpuS
         ours_single = theirs_single = agreement = None
         ours_single_cpu: dict[str, Any] = {}
         try:
+            # vLLM's processes stay busy for a moment after answering: the first
+            # single request run right after its round took ~1 s instead of ~0.1
+            time.sleep(SETTLE_S)
             ours_single, ours_single_cpu = _measured(
                 lambda: step_harness.run_singles(engine, single_prompts, settings.single_max_tokens))
+            time.sleep(SETTLE_S)
             theirs_single = vllm.command("singles", prompts=single_prompts, max_tokens=settings.single_max_tokens)
         except Exception as exc:  # noqa: BLE001 -- recorded in the report
             errors["ttft"] = f"{type(exc).__name__}: {exc}"
