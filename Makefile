@@ -95,7 +95,8 @@ bench: $(STAMP) kernels
 	@# one replica's capacity curve (tokens/s, TTFT p90, TPOT by concurrency) for `serving plan --bench-json`
 	$(PY) -m bench.capacity
 	$(PY) -m bench.fairness --png build/bench/fairness.png   # a long prompt vs 16 streams: prefill budget curve (issue 18)
-	$(PY) -m bench.step_overhead --processes 5   # per-step overhead at 64 sequences, median over fresh processes (issue 18)
+	@# per-step overhead at 64 sequences, median over fresh processes (issue 18)
+	$(PY) -m bench.step_overhead --processes 5
 
 clean:
 	rm -rf $(VENV) build

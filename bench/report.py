@@ -17,7 +17,7 @@ from .result import MethodResult
 
 # the engine's speed targets (docs/benchmarks.md)
 ENGINE_OVER_HF_BATCH = 2.0        # engine offline fp32 >= 2x best static-batch HF
-ENSEMBLE_OVER_OFFLINE = 0.85      # through the ensemble (64 gRPC streams) >= 0.85x offline (issue 18; 0.8x in issue 3)
+ENSEMBLE_OVER_OFFLINE = 0.85      # through the ensemble, 64 gRPC streams, >= 0.85x offline (issue 18)
 MAX_OVERHEAD_MS = 1.0             # per step at 64 sequences
 ENGINE_OVER_VLLM = 1.2            # engine offline >= 1.2x vLLM's CPU build, same harness, same run
 COLUMNS = ("method", "dtype", "tokens/s", "vs best static HF", "load before / cores used", "note")

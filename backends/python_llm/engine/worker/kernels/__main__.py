@@ -1,6 +1,7 @@
 """Build the CPU kernels ahead of time and check them against PyTorch
 (SDPA for the decode attention, torch.argmax for the argmax, a float64 GEMM
-+ argmax for the fused LM head).
++ argmax for the fused LM head, PyTorch's ops for RMSNorm and SiLU x up,
+float64 for the AMX projection where the CPU has AMX).
 
     python -m python_llm.engine.worker.kernels
 
@@ -62,6 +63,30 @@ def lm_head_agrees(kernels) -> bool:
     return kernels.lm_head_argmax(hidden, weight) == (hidden.double() @ weight.double().t()).argmax(-1).tolist()
 
 
+def elementwise_check(kernels) -> float:
+    """Largest difference of the native RMSNorm and SiLU x up from PyTorch's ops."""
+    gen = torch.Generator().manual_seed(4)
+    x, weight = torch.randn(7, 96, generator=gen), torch.randn(96, generator=gen)
+    gate_up = torch.randn(7, 64, generator=gen)
+    norm = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
+    gate, up = gate_up.chunk(2, dim=-1)
+    return max((kernels.rms_norm(x, weight, 1e-5) - norm).abs().max().item(),
+               (kernels.silu_mul(gate_up) - torch.nn.functional.silu(gate) * up).abs().max().item())
+
+
+def amx_check(kernels) -> float | None:
+    """The AMX projection's error against float64 over MKL's sgemm error (about
+    1 for an fp32 GEMM; bf16 alone would be ~1e4); None without AMX here."""
+    if not kernels.amx_gemm_supported():
+        return None
+    gen = torch.Generator().manual_seed(5)
+    weight, x = torch.randn(100, 70, generator=gen) * 0.05, torch.randn(40, 70, generator=gen)
+    exact = x.double() @ weight.double().t()
+    result = kernels.amx_linear(x, kernels.amx_pack_weight(weight), 100, 70, None)
+    sgemm = (x @ weight.t()).double()
+    return ((result.double() - exact).abs().max() / (sgemm - exact).abs().max().clamp_min(1e-12)).item()
+
+
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     print(f"CPU kernels: {library_path()}")
@@ -73,11 +98,17 @@ def main() -> int:
     prefill_worst = prefill_check(kernels)
     argmax_ok = argmax_agrees(kernels)
     lm_head_ok = lm_head_agrees(kernels)
+    elementwise_worst = elementwise_check(kernels)
+    amx = amx_check(kernels)
     print(f"built; decode attention's largest difference from SDPA: {worst:.2e}; prefill attention's "
           f"{prefill_worst:.2e}; "
           f"argmax {'equals' if argmax_ok else 'DIFFERS FROM'} torch.argmax; "
-          f"fused LM head {'agrees' if lm_head_ok else 'DISAGREES'} with GEMM + argmax")
-    return 0 if worst < 1e-4 and prefill_worst < 1e-4 and argmax_ok and lm_head_ok else 1
+          f"fused LM head {'agrees' if lm_head_ok else 'DISAGREES'} with GEMM + argmax; "
+          f"RMSNorm / SiLU x up within {elementwise_worst:.2e}; "
+          + ("no AMX here (projections on oneDNN)" if amx is None else
+             f"AMX projection error {amx:.2f}x an fp32 sgemm's"))
+    return 0 if (worst < 1e-4 and prefill_worst < 1e-4 and argmax_ok and lm_head_ok and elementwise_worst < 1e-5
+                 and (amx is None or amx < 4.0)) else 1
 
 
 if __name__ == "__main__":

@@ -126,21 +126,12 @@ inline void split_row_step(const float* row, int64_t k, int64_t s, uint16_t* til
 inline void step_products(const uint16_t* a_top, const uint16_t* a_bottom, const uint16_t* b_left,
                           const uint16_t* b_right) {
   constexpr int64_t STRIDE = 64;   // bytes per tile row
-  // (A part, B part) pairs, grouped so that a loaded tile serves the next products
-  _tile_loadd(4, a_top, STRIDE);
-  _tile_loadd(5, a_bottom, STRIDE);
-  for (int pb = 0; pb < PARTS; ++pb) {   // a0 b0, a0 b1, a0 b2
-    _tile_loadd(6, b_left + pb * TILE_ELEMS, STRIDE);
-    _tile_loadd(7, b_right + pb * TILE_ELEMS, STRIDE);
-    _tile_dpbf16ps(0, 4, 6);
-    _tile_dpbf16ps(1, 4, 7);
-    _tile_dpbf16ps(2, 5, 6);
-    _tile_dpbf16ps(3, 5, 7);
-  }
-  for (int pa = 1; pa < PARTS; ++pa) {   // a1 b0, a1 b1, a2 b0
+  // (A part, B part) pairs with pa + pb <= 2, grouped by A part so that its
+  // loaded tiles serve all of its products: a0 b0, a0 b1, a0 b2, a1 b0, a1 b1, a2 b0
+  for (int pa = 0; pa < PARTS; ++pa) {
     _tile_loadd(4, a_top + pa * TILE_ELEMS, STRIDE);
     _tile_loadd(5, a_bottom + pa * TILE_ELEMS, STRIDE);
-    for (int pb = 0; pb + pa < PARTS; ++pb) {
+    for (int pb = 0; pa + pb < PARTS; ++pb) {
       _tile_loadd(6, b_left + pb * TILE_ELEMS, STRIDE);
       _tile_loadd(7, b_right + pb * TILE_ELEMS, STRIDE);
       _tile_dpbf16ps(0, 4, 6);
