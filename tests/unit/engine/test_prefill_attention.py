@@ -47,9 +47,10 @@ CASES = {   # heads, kv_heads, head_dim
     "mqa-d64": (4, 1, 64),
 }
 # (chunk tokens, start): one token, block-aligned or not, a chunk from 0, short and long chunks over a long
-# prefix; chunks of up to 16 tokens over 1k+ keys have their context split between threads and merged
+# prefix; a chunk of one tile (16 tokens, 32 from a start of 1k) over 1k+ keys has its context split between
+# threads and merged
 SHAPES = [(1, 0), (1, 37), (5, 16), (16, 16), (17, 3), (40, 0), (64, 200), (129, 700), (8, 1500), (13, 2000),
-          (16, 3000), (1, 4000), (33, 2500)]
+          (16, 3000), (1, 4000), (33, 2500), (24, 3000), (32, 1024), (20, 1023)]
 
 
 @pytest.mark.parametrize("case", list(CASES))
