@@ -144,6 +144,44 @@ inline void accumulate_pair(float* acc0, float* acc1, float alpha0, float alpha1
   }
 }
 
+#if defined(__AVX512F__)
+// The same for four rows (consecutive [HD] rows of acc, their probabilities
+// p[j * stride + q]) on 16-wide vectors, 64 dims at a time: 16 accumulators,
+// the V row's 4 vectors loaded once for the four rows. Half the FMAs of the
+// 8-wide pairs for the same work (the value pass is most of a chunk's time).
+template <int HD>
+inline void accumulate_quad(float* acc, const float* alphas, const float* p, int64_t stride, const float* v,
+                            int64_t n) {
+  static_assert(HD % 64 == 0, "64 dims per part");
+  for (int part = 0; part < HD; part += 64) {
+    __m512 a[4][4];
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q) {
+      const __m512 scale = _mm512_set1_ps(alphas[q]);
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) a[q][i] = _mm512_mul_ps(_mm512_loadu_ps(acc + q * HD + part + i * 16), scale);
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const float* row = v + j * HD + part;
+      __m512 x[4];
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) x[i] = _mm512_loadu_ps(row + i * 16);
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q) {
+        const __m512 pq = _mm512_set1_ps(p[j * stride + q]);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) a[q][i] = _mm512_fmadd_ps(pq, x[i], a[q][i]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q) {
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) _mm512_storeu_ps(acc + q * HD + part + i * 16, a[q][i]);
+    }
+  }
+}
+#endif
+
 // a tile of keys as floats: in place for fp32, converted into `buffer` otherwise
 template <int HD>
 inline const float* tile_floats(const float* src, int64_t, float*) { return src; }
@@ -235,9 +273,14 @@ void attend_tile(T* out, int64_t out_row_stride, const T* query, int64_t q_row_s
                        _mm256_fmadd_ps(_mm256_loadu_ps(w.sums.data() + vec * 8), alpha, total));
       _mm256_storeu_ps(w.alphas.data() + vec * 8, alpha);
     }
+#if defined(__AVX512F__)
+    for (int64_t r = 0; r < padded; r += 4)   // padded is a multiple of 8
+      accumulate_quad<HD>(w.acc.data() + r * HD, w.alphas.data() + r, s + r, padded, v, n);
+#else
     for (int64_t r = 0; r < padded; r += 2)
       accumulate_pair<HD>(w.acc.data() + r * HD, w.acc.data() + (r + 1) * HD, w.alphas[r], w.alphas[r + 1],
                           s + r, padded, v, n);
+#endif
   }
   if (partial.acc != nullptr) {
     std::copy_n(w.maxima.data(), rows, partial.maxima);
