@@ -80,8 +80,7 @@ class Fleet:
         self._first_verdicts: asyncio.Event | None = None
         self._stopping: asyncio.Event | None = None
         self.discovery = Discovery(self, config) if config.discovery_dns else None
-        for replica in replicas:
-            self._publish(replica)
+        self._publish()
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> "Fleet":
@@ -218,19 +217,19 @@ class Fleet:
             log.warning("replica %s ejected (%s); back in after %d good probes, not before %.0f s",
                         replica.name, reason, self.config.readmit_after_successes,
                         replica.health.ejected_until - time.monotonic())
-            self._publish(replica)
+            self._publish()
 
     def succeeded(self, replica: Replica) -> None:
         if replica.health.succeeded():
             replica.prefix.forget()       # it may have restarted: its cache is cold
             log.info("replica %s re-admitted", replica.name)
-            self._publish(replica)
+        self._publish()        # also its first good answer: proven, it may take callers now
 
     def set_draining(self, name: str, draining: bool) -> Replica:
         replica = self.by_name[name]
         replica.draining = draining
         log.info("replica %s %s", name, "draining: no new requests" if draining else "taking requests again")
-        self._publish(replica)
+        self._publish()
         return replica
 
     # membership (DNS discovery)
@@ -239,7 +238,7 @@ class Fleet:
         check_pools(self.config, [replica])
         self.replicas.append(replica)
         self.by_name[replica.name] = replica
-        self._publish(replica)
+        self._publish()
         if self._stopping is not None:
             self._watch(replica)
         log.info("replica %s added (%s)", replica.name, replica.config.grpc_url)
@@ -251,7 +250,7 @@ class Fleet:
         if replica.retired == retired:
             return
         replica.retired = retired
-        self._publish(replica)
+        self._publish()
         if retired:
             log.info("replica %s retired: no new requests, %d in flight finish there", name, replica.in_flight)
         elif self._stopping is not None:
@@ -275,10 +274,13 @@ class Fleet:
         replica.in_flight += change
         REPLICA_IN_FLIGHT.labels(replica=replica.name).set(replica.in_flight)
 
-    @staticmethod
-    def _publish(replica: Replica) -> None:
-        REPLICA_ROUTABLE.labels(replica=replica.name).set(1 if replica.routable else 0)
-        REPLICA_DRAINING.labels(replica=replica.name).set(1 if replica.draining else 0)
+    def _publish(self) -> None:
+        # what routing does, not each replica's own flags: a live replica that
+        # has not yet answered its probe takes no callers while another has
+        taking = {r.name for r in self.routable()}
+        for replica in self.replicas:
+            REPLICA_ROUTABLE.labels(replica=replica.name).set(1 if replica.name in taking else 0)
+            REPLICA_DRAINING.labels(replica=replica.name).set(1 if replica.draining else 0)
 
     # background loops
 

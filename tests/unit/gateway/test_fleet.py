@@ -256,3 +256,19 @@ def test_a_wrong_probe_answer_ejects_at_once_unless_it_is_the_last_replica():
     assert not health.failed("probe_wrong_answer", may_eject=False, decisive=True), "never the last replica"
     other = Health(eject_after_failures=3, readmit_after_successes=2, backoff_s=1.0)
     assert other.failed("probe_wrong_answer", may_eject=True, decisive=True) and other.ejected
+
+
+def test_the_routable_gauge_says_what_routing_does_a_replica_not_yet_proven_takes_no_callers():
+    from gateway.metrics import REPLICA_ROUTABLE
+    fleet, _ = fleet_of({"p": simple_script("ok"), "q": simple_script("ok")})
+    fleet.golden = Golden()
+
+    def gauges() -> dict[str, float]:
+        return {n: REPLICA_ROUTABLE.labels(replica=n)._value.get() for n in ("p", "q")}
+
+    fleet.succeeded(fleet.by_name["p"])      # p answered its first probe; q has not yet
+    assert [r.name for r in fleet.routable()] == ["p"] and gauges() == {"p": 1, "q": 0}
+    fleet.succeeded(fleet.by_name["q"])
+    assert gauges() == {"p": 1, "q": 1}
+    fleet.set_draining("p", True)
+    assert gauges() == {"p": 0, "q": 1}
