@@ -4,13 +4,16 @@ every request its own gRPC stream, all at once from one asyncio process.
 Prompts travel as text (`tokenizer.decode(ids)`), so the server re-tokenizes
 them; byte-level BPE may merge a few ids differently, so prompt lengths differ
 slightly from the offline rows (the sum is reported). Output tokens are
-counted from `num_output_tokens` (per streamed delta)."""
+counted from `num_output_tokens` (per streamed delta); the row also reports
+how the streams were delivered: tokens per response and the gaps between a
+stream's responses."""
 from __future__ import annotations
 
 import asyncio
+import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -42,6 +45,23 @@ class StreamTally:
     output_tokens: int = 0
     input_tokens: int = 0
     finish_reason: str | None = None
+    token_responses: list[float] = field(default_factory=list)   # arrival (perf_counter) of each with tokens
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def delivery(tallies: list[StreamTally]) -> dict[str, float]:
+    """How the tokens reached the streams: tokens per response, and the gaps
+    between one stream's consecutive responses (all streams pooled), ms."""
+    responses = sum(len(t.token_responses) for t in tallies)
+    gaps = [b - a for t in tallies for a, b in zip(t.token_responses, t.token_responses[1:])]
+    return {"responses": responses,
+            "tokens_per_response": round(sum(t.output_tokens for t in tallies) / max(1, responses), 2),
+            "gap_ms_p50": round(1000 * statistics.median(gaps), 1) if gaps else 0.0,
+            "gap_ms_p99": round(1000 * _percentile(gaps, 0.99), 1)}
 
 
 def _tensor(name: str, array: np.ndarray) -> grpcclient.InferInput:
@@ -83,6 +103,8 @@ async def _one_stream(client: grpcclient.InferenceServerClient, request_id: str,
             if delta is not None:
                 n = int(delta.sum())
                 tally.output_tokens += n
+                if n:
+                    tally.token_responses.append(time.perf_counter())
                 on_tokens(n)
             prompt = result.as_numpy("num_input_tokens")
             if prompt is not None and not tally.input_tokens:
@@ -134,7 +156,9 @@ def run_triton_ensemble(settings: TritonBenchSettings, workload: list[BenchReque
     produced = sum(t.output_tokens for t in tallies)
     expected = total_output_tokens(workload)
     reasons = sorted({t.finish_reason or "none" for t in tallies})
-    note = "prompt sent as text (re-tokenized)"
+    streams = delivery(tallies)
+    note = (f"prompt sent as text (re-tokenized); {streams['tokens_per_response']:.2f} tokens per response, "
+            f"gaps p50 {streams['gap_ms_p50']:.0f} / p99 {streams['gap_ms_p99']:.0f} ms")
     if produced != expected:
         note += f"; {produced} tokens counted, {expected} requested"
     return MethodResult(method=f"triton-{settings.dtype}", label="engine via tritonserver ensemble (gRPC)",
@@ -142,4 +166,5 @@ def run_triton_ensemble(settings: TritonBenchSettings, workload: list[BenchReque
                         num_requests=len(workload), note=note,
                         extra={"server_startup_s": startup_s, "finish_reasons": reasons,
                                "prompt_tokens_server_side": sum(t.input_tokens for t in tallies),
-                               "postprocessing_instances": settings.postprocessing_instances})
+                               "postprocessing_instances": settings.postprocessing_instances,
+                               "delivery": streams})

@@ -107,6 +107,16 @@ class TritonPythonModel:
 
     # -- engine thread -------------------------------------------------------
     def _on_output(self, out: RequestOutput) -> None:
+        try:
+            self._answer(out)
+        except Exception as exc:
+            # the engine ends the request and calls this no more for it
+            log.error("answering request failed: %s", {"engine_id": out.request_id, "error": repr(exc)})
+            self.registry.end_failed(out.request_id, pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                f"internal error answering the request ({type(exc).__name__})")), FINAL)
+            raise
+
+    def _answer(self, out: RequestOutput) -> None:
         stream = self.registry.get(out.request_id)
         if stream is None:
             return

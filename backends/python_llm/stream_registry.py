@@ -89,6 +89,19 @@ class StreamRegistry:
                     self._by_client_id.pop(stream.client_id, None)
             return stream
 
+    def end_failed(self, engine_id: str, error_response: Any, final_flag: int) -> bool:
+        """Answering the request failed: it leaves the registry and its client
+        gets `error_response` as its final answer (unless one went out), not a
+        wait for a final that never comes. True when the error was sent."""
+        stream = self.remove(engine_id)
+        if stream is None or stream.closed:
+            return False
+        try:
+            stream.send(error_response, final_flag, final=True)
+        except Exception:      # the sender is what failed: the client is gone
+            return False
+        return True
+
     @staticmethod
     def is_newly_cancelled(stream: LiveStream, now: float | None = None) -> bool:
         """True once, when the stream's client has gone away; asks the sender

@@ -125,3 +125,22 @@ def test_a_length_penalty_other_than_neutral_is_refused():
     assert parse_llm_request({**base, "len_penalty": np.array([[1.0]], dtype=np.float32)}).prompt_token_ids == [1, 2]
     with pytest.raises(InvalidRequestError, match=r"^length_penalty \(len_penalty\): 0.5 applies to beam search"):
         parse_llm_request({**base, "len_penalty": np.array([[0.5]], dtype=np.float32)})
+
+
+def test_a_request_whose_answer_failed_leaves_the_registry_and_its_client_gets_a_final_error():
+    registry = StreamRegistry()
+    answered, closed, broken = FakeSender(), FakeSender(), FakeSender()
+    registry.register(LiveStream("e-1", KEY_1, "c-1", answered, assembly()))
+    assert registry.end_failed("e-1", "error", 1)
+    assert answered.sent == [("error", 1)] and registry.engine_id_for_key(KEY_1) is None and len(registry) == 0
+    assert not registry.end_failed("e-1", "error", 1), "once only"
+    stream = LiveStream("e-2", KEY_2, "c-2", closed, assembly())
+    registry.register(stream)
+    stream.send("last", 1, final=True)
+    assert not registry.end_failed("e-2", "error", 1) and closed.sent == [("last", 1)], "never after a final"
+
+    def refuse(response=None, flags=0):
+        raise RuntimeError("the client is gone")
+    broken.send = refuse
+    registry.register(LiveStream("e-3", KEY_1, "c-3", broken, assembly()))
+    assert not registry.end_failed("e-3", "error", 1) and len(registry) == 0
