@@ -20,6 +20,7 @@ from python_llm.engine.core.errors import (DuplicateRequestError, EngineDeadErro
 from python_llm.engine.core.outputs import RequestOutput
 from python_llm.engine.engine import LLMEngine
 from python_llm.request_inputs import STOP_NEEDS_KEY, STOP_UNKNOWN_KEY, mint_request_key, parse_llm_request
+from python_llm.response_pacing import ResponsePacing
 from python_llm.response_tensors import output_arrays
 from python_llm.stream_assembly import Reply, StreamAssembly
 from python_llm.stream_registry import LiveStream, StreamRegistry
@@ -47,6 +48,7 @@ class TritonPythonModel:
         self.metrics = TritonMetrics(pb_utils, args["model_name"], args["model_version"],
                                      max_num_seqs=self.config.max_num_seqs, tokens_per_block=self.config.block_size)
         self.registry = StreamRegistry()
+        self.pacing = ResponsePacing(self.config.stream_response_share)
         # built on its own loop thread: one OpenMP team in this process (see launch)
         self.engine = LLMEngine.launch(self.config, metrics=self.metrics, on_dead=self._on_engine_dead)
         log.info("python_llm ready: %s", {"model_dir": self.config.model_dir, "device": self.config.device,
@@ -131,7 +133,7 @@ class TritonPythonModel:
             self.engine.abort(out.request_id, "cancelled")
         if out.finished:
             self.registry.remove(out.request_id)
-        reply = stream.assembly.respond(out)
+        reply = stream.assembly.respond(out, self.pacing.hold_ns(out) if stream.assembly.streaming else 0)
         if reply is not None:
             self._send(stream, self._response(stream, out, reply), FINAL if reply.final else 0)
 
@@ -144,7 +146,9 @@ class TritonPythonModel:
 
     def _send(self, stream: LiveStream, response, flags: int) -> None:
         try:
+            started = time.perf_counter()
             stream.send(response, flags, final=bool(flags & FINAL))
+            self.pacing.record_send(time.perf_counter() - started)
         except Exception as exc:  # the client is gone: stop spending work on it
             log.info("send failed, aborting request: %s", {"request_id": stream.client_id,
                                                            "engine_id": stream.engine_id, "error": str(exc)})

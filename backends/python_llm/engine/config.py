@@ -33,6 +33,11 @@ class EngineConfig:
     # (1 + ratio) x its usual value. 0 = the token budget alone. Needs
     # enable_chunked_context. docs/benchmarks.md, "Fairness under long prompts".
     prefill_time_ratio: float = 1.5
+    # Streaming under load (python_llm/response_pacing.py): answering every
+    # stream at every step may take at most this share of the engine's time;
+    # past it a stream's tokens are held (at most 0.25 s) and sent together,
+    # never its first token or its end. 0 = one response per step and stream.
+    stream_response_share: float = 0.1
     num_threads: int = 0                      # torch threads, process-wide (torch has one pool); 0 leaves torch's default
     # decode attention: "auto" = the native CPU kernel on the CPU when it
     # builds (else PyTorch), "torch" = always the PyTorch path
@@ -72,6 +77,7 @@ class EngineConfig:
               "max_num_batched_tokens: must be >= max_num_seqs")
         check(self.max_queue_size >= 0, "max_queue_size: must be >= 0")
         check(self.prefill_time_ratio >= 0, "prefill_time_ratio: must be >= 0")
+        check(0.0 <= self.stream_response_share <= 1.0, "stream_response_share: must be in [0, 1]")
         check(self.default_max_tokens > 0, "default_max_tokens: must be > 0")
         check(self.default_token_timeout_ms >= 0, "default_token_timeout_ms: must be >= 0")
 

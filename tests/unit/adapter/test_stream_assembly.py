@@ -85,3 +85,44 @@ def test_a_reply_becomes_the_steps_output_arrays() -> None:
     assert arrays["sequence_length"].tolist() == [[1]] and arrays["num_input_tokens"].tolist() == [[3]]
     assert arrays["request_context"].tolist() == [[b"ctx"]]
     assert arrays["request_key"].tolist() == [[b"k" * 32]]
+
+
+def at(ids: list[int], t_ns: int, finished: bool = False, logprobs: list[float] | None = None) -> RequestOutput:
+    o = out(ids, finished, "length" if finished else None, logprobs=logprobs)
+    o.last_token_time_ns = t_ns
+    return o
+
+
+def test_under_load_a_streams_tokens_are_held_and_sent_together_but_never_its_first_or_its_end() -> None:
+    assembly = StreamAssembly(streaming=True, prompt_ids=PROMPT, exclude_input=True)
+    hold = 100
+    got = [assembly.respond(o, hold) for o in (at([5], 10, logprobs=[-1.0]), at([6], 40, logprobs=[-2.0]),
+                                               at([7], 80, logprobs=[-3.0]), at([8], 110, logprobs=[-4.0]),
+                                               at([9], 130, logprobs=[-5.0]), at([], 140, True))]
+    assert got == [Reply([5], [-1.0], False), None, None, Reply([6, 7, 8], [-2.0, -3.0, -4.0], False), None,
+                   Reply([9], [-5.0], True)]
+
+
+def test_held_tokens_follow_the_prompt_echo_and_no_hold_means_every_step() -> None:
+    echo = StreamAssembly(streaming=True, prompt_ids=PROMPT, exclude_input=False)
+    assert echo.respond(at([5], 10), 100) == Reply([1, 2, 3, 5], None, False)
+    assert echo.respond(at([6], 20), 100) is None
+    assert echo.respond(at([7], 200), 100) == Reply([6, 7], None, False)
+    plain = StreamAssembly(streaming=True, prompt_ids=PROMPT, exclude_input=True)
+    assert [plain.respond(at([i], i), 0) for i in (1, 2, 3)] == [Reply([i], None, False) for i in (1, 2, 3)]
+
+
+def test_the_pacing_holds_streams_x_send_time_over_the_share_at_most_a_quarter_second() -> None:
+    from python_llm.response_pacing import MAX_HOLD_S, ResponsePacing
+    pacing = ResponsePacing(share=0.1)
+    pacing.record_send(0.0004)
+    step_1 = [pacing.hold_ns(at([1], 1000)) for _ in range(8)]
+    assert step_1[-1] == int(8 * 0.0004 / 0.1 * 1e9), "8 streams answered in this step"
+    assert pacing.hold_ns(at([1], 2000)) == step_1[-1], "the last step's streams count until this one has more"
+    assert pacing.hold_ns(at([], 2000, True)) == 0, "an end is never held"
+    for _ in range(200):
+        pacing.record_send(0.05)      # one stream x 50 ms / 0.1 = 0.5 s
+    assert pacing.hold_ns(at([1], 3000)) == int(MAX_HOLD_S * 1e9)
+    off = ResponsePacing(share=0.0)
+    off.record_send(0.01)
+    assert off.hold_ns(at([1], 1000)) == 0
