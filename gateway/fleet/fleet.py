@@ -78,6 +78,7 @@ class Fleet:
         # controller's fallback model under sustained overload)
         self.model_for: Callable[[str], str] = lambda model: model
         self._first_verdicts: asyncio.Event | None = None
+        self._routing_unproven = False     # the first-probe wait gave up
         self._stopping: asyncio.Event | None = None
         self.discovery = Discovery(self, config) if config.discovery_dns else None
         self._publish()
@@ -175,6 +176,8 @@ class Fleet:
             log.warning("no replica answered its first probe within %.0f s; routing anyway",
                         self.config.probe_timeout_s)
             self._first_verdicts.set()
+            self._routing_unproven = True
+            self._publish()
 
     def _verdict(self, replica: Replica) -> None:
         # a replica that failed its first probe (busy, or broken) does not end
@@ -275,9 +278,13 @@ class Fleet:
         REPLICA_IN_FLIGHT.labels(replica=replica.name).set(replica.in_flight)
 
     def _publish(self) -> None:
-        # what routing does, not each replica's own flags: a live replica that
-        # has not yet answered its probe takes no callers while another has
+        # what a caller gets now, not each replica's own flags: with an
+        # inference probe a live replica takes no callers until it answered it
+        # right (while another has), and before any has, a caller waits for the
+        # first (unless that wait gave up: then every live one takes callers)
         taking = {r.name for r in self.routable()}
+        if self.golden is not None and not self._routing_unproven and not any(r.health.proven for r in self.replicas):
+            taking = set()
         for replica in self.replicas:
             REPLICA_ROUTABLE.labels(replica=replica.name).set(1 if replica.name in taking else 0)
             REPLICA_DRAINING.labels(replica=replica.name).set(1 if replica.draining else 0)

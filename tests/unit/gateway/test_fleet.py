@@ -266,6 +266,8 @@ def test_the_routable_gauge_says_what_routing_does_a_replica_not_yet_proven_take
     def gauges() -> dict[str, float]:
         return {n: REPLICA_ROUTABLE.labels(replica=n)._value.get() for n in ("p", "q")}
 
+    fleet._publish()
+    assert gauges() == {"p": 0, "q": 0}, "before any probe answered, a caller waits: nobody takes it yet"
     fleet.succeeded(fleet.by_name["p"])      # p answered its first probe; q has not yet
     assert [r.name for r in fleet.routable()] == ["p"] and gauges() == {"p": 1, "q": 0}
     fleet.succeeded(fleet.by_name["q"])
