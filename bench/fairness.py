@@ -80,8 +80,11 @@ class Measurement:
     itl_before_s: list[float] = field(default_factory=list)
     itl_during_s: list[float] = field(default_factory=list)
     ttft_s: float = 0.0
-    during_steps: list[tuple[int, int, float]] = field(default_factory=list)  # (long's start, its tokens, step s)
+    # (long's start, its tokens, step s, the layers its chunk ran: fewer than
+    # the model's in a layer slice)
+    during_steps: list[tuple[int, int, float, int]] = field(default_factory=list)
     cores_used: float = 0.0
+    num_layers: int = 0
 
     def summary(self, best_alone_s: float) -> dict[str, Any]:
         p50_before = statistics.median(self.itl_before_s)
@@ -99,6 +102,7 @@ class Measurement:
             "ttft_over_alone": self.ttft_s / self.ttft_alone_s,
             "ttft_over_best_alone": self.ttft_s / best_alone_s,
             "steps_during": len(self.during_steps), "steps_alone": len(self.alone_steps),
+            "sliced_steps_during": sum(1 for *_, layers in self.during_steps if 0 < layers < self.num_layers),
             "alone_steps": self.alone_steps, "during_steps": self.during_steps,
         }
         out["meets_itl"] = out["itl_p99_over_p50_before"] <= ITL_P99_LIMIT
@@ -162,6 +166,15 @@ class Bench:
                 return start, num_tokens
         return -1, 0
 
+    @staticmethod
+    def _layers_of(engine: LLMEngine, rid: str, tokens: int) -> int:
+        """Layers request `rid`'s chunk ran in the step just scheduled (0: none)."""
+        layers = int(engine.model_info.num_layers)
+        layer_slice = getattr(engine.scheduler._last_output, "layer_slice", None)   # engines before slices: none
+        if layer_slice is not None and layer_slice.request_id == rid:
+            return layer_slice.end_layer - layer_slice.first_layer
+        return layers if tokens else 0
+
     def alone(self, engine: LLMEngine, m: Measurement) -> None:
         n = self.long_tokens(engine)
         engine.add_request("alone", self.prompt(n), _greedy(1))
@@ -196,7 +209,7 @@ class Bench:
             t0 = time.perf_counter()
             outs = self._stream_step(engine, last, m.itl_during_s)
             start, tokens = self._prefill_of(engine, "long")
-            m.during_steps.append((start, tokens, time.perf_counter() - t0))
+            m.during_steps.append((start, tokens, time.perf_counter() - t0, self._layers_of(engine, "long", tokens)))
             if any(o.request_id == "long" and o.new_token_ids for o in outs):
                 m.ttft_s = time.perf_counter() - arrived
             if any(o.finished and o.request_id != "long" for o in outs):
@@ -220,7 +233,8 @@ class Bench:
         engine = self.engine(point)
         config = {k: getattr(engine.config, k) for k in ("max_num_batched_tokens", "enable_chunked_context",
                                                           PACING_FIELD) if hasattr(engine.config, k)}
-        m = Measurement(point.label, config, os.getloadavg()[0], self.long_tokens(engine))
+        m = Measurement(point.label, config, os.getloadavg()[0], self.long_tokens(engine),
+                        num_layers=int(engine.model_info.num_layers))
         cpu0, wall0 = _cpu_seconds(), time.perf_counter()
         self.alone(engine, m)
         self.contended(engine, m)

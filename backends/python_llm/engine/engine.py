@@ -60,7 +60,9 @@ class LLMEngine:
         self.max_model_len = max_len
         self.kv_capacity_tokens = int(runner.num_blocks) * config.block_size
         self.scheduler = Scheduler(config, int(runner.num_blocks), max_len, self.metrics,
-                                   float(getattr(self.model_info, "attention_parity_context", 0.0)))
+                                   float(getattr(self.model_info, "attention_parity_context", 0.0)),
+                                   int(self.model_info.num_layers) if getattr(runner, "runs_layer_slices", False)
+                                   else 0)
         self._eos_ids = [int(t) for t in self.model_info.eos_token_ids]
         self._step_delay_s = config.debug_step_delay_ms / 1000.0
 

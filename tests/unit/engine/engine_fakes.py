@@ -8,6 +8,8 @@ block freed while still in use, a wrong prefix-cache hit or a bad block table
 therefore raises KVCheckError, which kills the engine and fails the test.
 Like the real runner it learns a request once and then only what changed
 (`scheduler_output.py`), and appends the tokens it returns to its own copy.
+With `num_layers` it runs layer slices too (`LayerSlice`), checking that each
+slice continues its chunk where the last one ended.
 """
 from __future__ import annotations
 
@@ -42,16 +44,20 @@ class FakeModelInfo:
     max_model_len: int = 2048
     vocab_size: int = VOCAB
     eos_token_ids: list[int] = field(default_factory=lambda: [EOS])
+    num_layers: int = 0
 
 
 class FakeRunner:
     def __init__(self, num_blocks: int, block_size: int = 16, *,
                  token_fn: Callable[[str, int], int] = default_token,
                  check_kv: bool = True, fail_at_step: int | None = None,
-                 max_model_len: int = 2048, model_seconds: float = 0.0) -> None:
+                 max_model_len: int = 2048, model_seconds: float = 0.0, num_layers: int = 0) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.model_info = FakeModelInfo(max_model_len=max_model_len)
+        self.model_info = FakeModelInfo(max_model_len=max_model_len, num_layers=num_layers)
+        self.runs_layer_slices = num_layers > 0
+        self.slices: dict[str, tuple[int, int]] = {}   # request id -> (chunk tokens, layers run)
+        self.slice_history: list[tuple[str, int, int, int]] = []   # (id, chunk tokens, first, end layer)
         self.token_fn = token_fn
         self.check_kv = check_kv
         self.fail_at_step = fail_at_step
@@ -83,13 +89,15 @@ class FakeRunner:
         self.preempted_ids.extend(scheduled.preempted_req_ids)
         for rid in scheduled.preempted_req_ids + scheduled.finished_req_ids:
             self.requests.pop(rid, None)
+            self.slices.pop(rid, None)
         batch = self._update(scheduled)
+        unfinished = self._slice_in_flight(scheduled)
         history: list[tuple[str, int, int, bool]] = []
         token_ids: list[int] = []
         logprobs: list[float | None] = []
         for req, n in zip(batch, scheduled.num_scheduled_tokens):
             start = req.num_computed_tokens
-            sample = start + n == len(req.token_ids)
+            sample = start + n == len(req.token_ids) and req.request_id != unfinished
             history.append((req.request_id, start, n, sample))
             if self.check_kv:
                 self._check_and_write(req, n)
@@ -98,13 +106,38 @@ class FakeRunner:
                 token_ids.append(self.token_fn(req.request_id, len(req.output_token_ids)))
                 logprobs.append(-0.5 if req.sampling.return_log_probs else None)
         for req, n in zip(batch, scheduled.num_scheduled_tokens):
-            req.num_computed_tokens += n
+            if req.request_id != unfinished:
+                req.num_computed_tokens += n
         for req, token in zip([r for r in batch if r.num_computed_tokens == len(r.token_ids)], token_ids):
             req.token_ids.append(token)
         self.history.append(history)
         wanted = any(lp is not None for lp in logprobs)
         return RunnerOutput(token_ids=token_ids, logprobs=logprobs if wanted else None,
                             model_seconds=self.model_seconds)
+
+    def _slice_in_flight(self, scheduled: SchedulerOutput) -> str | None:
+        """Check the step's layer slice against the chunk's last one; the
+        request id when the chunk has layers left after it."""
+        layer_slice = scheduled.layer_slice
+        if layer_slice is None:
+            return None
+        rid = layer_slice.request_id
+        if not self.model_info.num_layers:
+            raise KVCheckError(f"{rid}: a layer slice for a runner without layers")
+        ids = scheduled.req_ids()
+        if rid not in ids:
+            raise KVCheckError(f"{rid}: a layer slice of a request not in the step")
+        tokens = scheduled.num_scheduled_tokens[ids.index(rid)]
+        expected = self.slices.get(rid, (tokens, 0))
+        if (tokens, layer_slice.first_layer) != expected or not (
+                layer_slice.first_layer < layer_slice.end_layer <= self.model_info.num_layers):
+            raise KVCheckError(f"{rid}: slice {layer_slice} of {tokens} tokens after {expected}")
+        self.slice_history.append((rid, tokens, layer_slice.first_layer, layer_slice.end_layer))
+        if layer_slice.end_layer == self.model_info.num_layers:
+            self.slices.pop(rid, None)
+            return None
+        self.slices[rid] = (tokens, layer_slice.end_layer)
+        return rid
 
     def _update(self, scheduled: SchedulerOutput) -> list[CachedRequestState]:
         batch = []

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from python_llm.engine.config import EngineConfig
+from python_llm.engine.core.scheduler_output import LayerSlice
 from python_llm.engine.worker.runner import ModelRunner, SchedulingError
 from python_llm.engine.core.sampling_params import SamplingParams
 from python_llm.engine.worker.input_batch import CachedRequestState
@@ -159,3 +160,57 @@ def test_decodes_of_different_lengths_match_single_runs(tmp_path_factory: pytest
     together = runner.execute(step(cached=[(f"together-{rid}", n - 1, 1, None) for rid, n in zip(ids, lengths)]))
     assert together.token_ids == [out.token_ids[0] for out in alone]   # in the input order
     assert together.logprobs == pytest.approx([out.logprobs[0] for out in alone], abs=1e-4)
+
+
+def sliced_step(out, request_id: str, first: int, end: int):
+    out.layer_slice = LayerSlice(request_id, first, end)
+    return out
+
+
+def test_a_chunk_in_layer_slices_gives_what_it_gives_through_all_layers(runner: ModelRunner) -> None:
+    """A chunk run one layer a step (its states kept by the runner between
+    slices), beside a decode that runs every layer each step, samples what
+    the same chunk and decode give unsliced, log-probs included."""
+    layers = len(runner.model.layers)
+    prompt, other = [7, 3, 9, 4, 1, 8, 6, 5, 3, 2, 9, 7], [4, 4, 5, 6]
+
+    def run(sliced: bool, tag: str) -> tuple[list[int], list[float | None]]:
+        a, d = f"a-{tag}", f"d-{tag}"
+        blocks = [20, 21] if sliced else [30, 31]
+        lp = {"return_log_probs": True}
+        first = runner.execute(step(new=[(new_request(d, other, [40 if sliced else 41], **lp), 4)]))
+        tokens, logprobs = list(first.token_ids), list(first.logprobs or [])
+        new = new_request(a, prompt, blocks, **lp)
+        if not sliced:
+            out = runner.execute(step(new=[(new, 12)], cached=[(d, 4, 1, None)]))
+            tokens += out.token_ids
+            logprobs += out.logprobs or []
+        else:
+            for layer in range(layers):
+                message = step(new=[(new, 12)], cached=[(d, 4 + layer, 1, None)]) if layer == 0 else step(
+                    cached=[(d, 4 + layer, 1, None), (a, 0, 12, None)])
+                out = runner.execute(sliced_step(message, a, layer, layer + 1))
+                tokens += out.token_ids
+                logprobs += out.logprobs or []
+                # the decode samples every step; the chunk only after its last layer
+                assert len(out.token_ids) == (2 if layer == layers - 1 else 1)
+                assert out.slice_seconds is None or out.slice_seconds >= 0
+        runner.execute(step(finished=[a, d]))
+        assert a not in runner._slice_hidden
+        return tokens, logprobs
+
+    unsliced_tokens, unsliced_lps = run(False, "full")
+    sliced_tokens, sliced_lps = run(True, "sliced")
+    # the decode's tokens for its first steps and the chunk's first token
+    assert sliced_tokens[-1] == unsliced_tokens[-1]
+    assert sliced_lps[-1] == pytest.approx(unsliced_lps[-1], abs=1e-5)
+    assert sliced_tokens[:2] == unsliced_tokens[:2]
+
+
+def test_a_slice_of_a_chunk_the_runner_did_not_start_is_refused(runner: ModelRunner) -> None:
+    runner.execute(prefill("z", [5, 6, 7, 8], [50], num_tokens=2))
+    with pytest.raises(SchedulingError, match="did not start"):
+        runner.execute(sliced_step(step(cached=[("z", 2, 2, None)]), "z", 1, 2))
+    with pytest.raises(SchedulingError, match="not in the step"):
+        runner.execute(sliced_step(step(cached=[("z", 2, 2, None)]), "other", 0, 1))
+    runner.execute(step(finished=["z"]))

@@ -21,6 +21,9 @@ token). While only the decode step is known, a mixed step carries a small
 probe of PROBE_UNITS. No limit before a decode-only step was seen, nor for a step
 without decodes (a prompt alone runs at the full token budget).
 `max_num_batched_tokens` still applies.
+
+A paced chunk that cannot finish the prompt runs a few of its layers a
+step instead (`layer_slices.py`), priced with the same units.
 """
 from __future__ import annotations
 

@@ -50,6 +50,7 @@ class Request:
         "token_timeout_ns", "deadline_mono_ns", "admit_seq",
         "finish_reason", "error", "num_returned_tokens", "on_output",
         "stop_token_ids", "max_tokens", "has_stop_words", "num_continuation_tokens",
+        "slice_tokens", "slice_layers_done",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
@@ -85,6 +86,10 @@ class Request:
         self.token_timeout_ns = token_timeout_ms * 1_000_000
         self.deadline_mono_ns = time.monotonic_ns() + self.token_timeout_ns if token_timeout_ms else 0
         self.admit_seq = 0                    # order of (re-)admission; preemption picks the latest
+        # a chunk in flight by layer slices (LayerSlice): its tokens from
+        # num_computed_tokens (0 = none) and the layers it has run
+        self.slice_tokens = 0
+        self.slice_layers_done = 0
         self.finish_reason: FinishReason | None = None
         self.error: str | None = None
         self.num_returned_tokens = 0          # output tokens handed out (the ending EOS is not)

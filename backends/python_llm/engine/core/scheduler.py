@@ -12,7 +12,8 @@ Preemption is by recompute: its blocks are freed and it re-prefills prompt +
 generated tokens later (the prefix cache usually serves most of them).
 Long prompts (more tokens than one step's budget) are paced while decodes
 run (`prefill_pacer.py`): their chunks are cut so that a step's prefill
-takes at most `prefill_time_ratio` x a decode-only step.
+takes at most `prefill_time_ratio` x a decode-only step; a chunk that
+cannot finish the prompt then runs a few layers a step (`LayerSlice`).
 What the runner learns is a message (`scheduler_output.py`): a request whole
 when it is admitted, then per step only its new blocks and progress.
 """
@@ -21,14 +22,16 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..config import EngineConfig
 from . import metrics as m
 from .kv_cache_manager import KVCacheManager
+from .layer_slices import LayerSlicer
 from .metrics import MetricsSink
 from .outputs import RequestOutput
 from .prefill_pacer import PrefillPacer
+from .step_pacing import StepPacing
 from .request import FINISHED_STATUS, FinishReason, Request, RequestStatus
 from .request_end import check_stop, record_finish, request_output
 from .scheduler_output import CachedRequestData, NewRequestData, RunnerOutput, SchedulerOutput
@@ -44,7 +47,10 @@ def _running_key(request: Request) -> tuple[int, int]:
 
 class Scheduler:
     def __init__(self, config: EngineConfig, num_blocks: int, max_model_len: int,
-                 metrics: MetricsSink | None = None, attention_context: float = 0.0) -> None:
+                 metrics: MetricsSink | None = None, attention_context: float = 0.0,
+                 num_layers: int = 0) -> None:
+        """`num_layers`: the model's decoder layers, when the runner runs
+        layer slices (0: every chunk runs all layers)."""
         self.block_size = config.block_size
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
@@ -66,15 +72,19 @@ class Scheduler:
         self._last_output: SchedulerOutput | None = None
         self._last_requests: list[Request] = []   # the last output's requests, in batch order
         self._last_num_sampled = 0
-        # pacing of long prefills: this step's decodes, prefill units (all
-        # chunks), units left for paced chunks (None = no limit), and when
-        # the step left the scheduler
+        # pacing of long prefills, a step at a time
         self.pacer = PrefillPacer(config.prefill_time_ratio if self.chunked else 0.0, attention_context)
-        self.clock = time.perf_counter
-        self._step_decodes = 0
-        self._step_units = 0.0
-        self._units_left: float | None = None
-        self._scheduled_at = 0.0
+        self.slicer = LayerSlicer(self.pacer, num_layers, self.max_num_batched_tokens)
+        self.pacing = StepPacing(self.pacer, self.slicer, self.max_num_batched_tokens)
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """What steps are timed with (a test sets a fake one)."""
+        return self.pacing.clock
+
+    @clock.setter
+    def clock(self, clock: Callable[[], float]) -> None:
+        self.pacing.clock = clock
 
     # -- state -----------------------------------------------------------------
     @property
@@ -147,10 +157,8 @@ class Scheduler:
         num_decodes = len(scheduled_reqs)
         num_sampled = num_decodes
 
-        pacer = self.pacer
-        self._step_decodes = num_decodes
-        self._step_units = 0.0
-        self._units_left = pacer.budget(num_decodes) if pacer.enabled else None
+        pacing = self.pacing
+        pacing.begin(num_decodes)
 
         # 2. chunks of running prefills; they may only preempt prefills not yet
         # scheduled this step (a decode victim would have to be unscheduled)
@@ -161,11 +169,14 @@ class Scheduler:
             if req.status is not RUNNING:
                 continue
             start = req.num_computed_tokens
-            num_new = self._paced(req, start, min(req.num_tokens - start, budget), bool(chunked_ids))
+            available = min(req.num_tokens - start, budget)
+            layer_slice, num_new = pacing.chunk(req, start, available, bool(chunked_ids))
             if num_new <= 0:
                 continue   # paced out of this step
             held = len(kv.block_ids(req.request_id))
-            while not kv.allocate_slots(req, num_new):
+            # a chunk in layer slices has its blocks from its first slice on
+            needs_blocks = layer_slice is None or layer_slice.first_layer == 0
+            while needs_blocks and not kv.allocate_slots(req, num_new):
                 victim = running[-1]
                 if victim is not req and (victim.num_tokens - victim.num_computed_tokens == 1
                                           or victim.request_id in chunked_ids):
@@ -182,10 +193,9 @@ class Scheduler:
                 cached_computed.append(start)
                 num_scheduled.append(num_new)
                 scheduled_reqs.append(req)
-                num_sampled += start + num_new == req.num_tokens
                 chunked_ids.add(req.request_id)
-                budget -= num_new
-                self._charge(start, num_new)
+                budget = max(budget - num_new, 0)
+                num_sampled += pacing.charge(req, start, num_new, layer_slice)
 
         # 3. admissions: new to the runner (again, after a preemption)
         if not preempted:
@@ -193,33 +203,16 @@ class Scheduler:
                                                   scheduled_reqs)
             num_sampled += num_sampled_new
 
-        out = SchedulerOutput(new_reqs, cached, num_scheduled, self.max_num_batched_tokens - budget)
+        out = SchedulerOutput(new_reqs, cached, num_scheduled, self.max_num_batched_tokens - budget,
+                              layer_slice=pacing.layer_slice)
         if num_scheduled and (self._finished_ids or self._preempted_ids):
             out.finished_req_ids, self._finished_ids = self._finished_ids, []
             out.preempted_req_ids, self._preempted_ids = self._preempted_ids, []
         self._last_output = out
         self._last_requests = scheduled_reqs
         self._last_num_sampled = num_sampled
-        self._scheduled_at = self.clock()
+        pacing.sent()
         return out
-
-    def _paced(self, req: Request, start: int, num_new: int, scheduled_any: bool) -> int:
-        """`num_new` cut to what pacing allows for this request's chunk from
-        `start`: only long prompts (more than a step's token budget) are
-        paced, and the step's first prefill always gets MIN_CHUNK tokens."""
-        units = self._units_left
-        if units is None or req.num_tokens <= self.max_num_batched_tokens:
-            return num_new
-        allowed = self.pacer.max_tokens(start, max(units, 0.0))
-        if not scheduled_any:
-            allowed = max(allowed, self.pacer.min_tokens)
-        return min(num_new, allowed)
-
-    def _charge(self, start: int, num_new: int) -> None:
-        cost = self.pacer.cost(start, num_new)
-        self._step_units += cost
-        if self._units_left is not None:
-            self._units_left -= cost
 
     def _admit(self, budget: int, scheduled_any: bool, new_reqs: list[NewRequestData], num_scheduled: list[int],
                scheduled_reqs: list[Request]) -> tuple[int, int]:
@@ -238,7 +231,7 @@ class Scheduler:
                 if not self.chunked and num_new <= self.max_num_batched_tokens:
                     break
                 num_new = budget
-            num_new = self._paced(req, num_cached, num_new, scheduled_any or bool(new_reqs))
+            num_new = self.pacing.paced(req, num_cached, num_new, scheduled_any or bool(new_reqs))
             if num_new <= 0:
                 break
             if not kv.allocate_slots(req, num_new, hits):
@@ -263,15 +256,15 @@ class Scheduler:
                                            req.sampling, tuple(kv.block_ids(req.request_id)), num_cached))
             num_scheduled.append(num_new)
             scheduled_reqs.append(req)
-            num_sampled += num_cached + num_new == req.num_tokens
+            num_sampled += self.pacing.charge(req, num_cached, num_new)
             budget -= num_new
-            self._charge(num_cached, num_new)
         return budget, num_sampled
 
     def _preempt(self, req: Request) -> None:
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
+        self.slicer.drop(req)
         self.waiting.appendleft(req)
         self._preempted_ids.append(req.request_id)
         self.num_preemptions += 1
@@ -282,8 +275,7 @@ class Scheduler:
     def update_from_output(self, scheduled: SchedulerOutput, runner_output: RunnerOutput) -> list[RequestOutput]:
         if scheduled is not self._last_output:
             raise RuntimeError("update_from_output: not the output of the last schedule() call")
-        if self.pacer.enabled:
-            self.pacer.observe(self.clock() - self._scheduled_at, self._step_decodes, self._step_units)
+        self.pacing.observe(runner_output, self.requests)
         token_ids = runner_output.token_ids
         logprobs = runner_output.logprobs
         num_sampled = self._last_num_sampled
@@ -301,7 +293,12 @@ class Scheduler:
         output_for = request_output
         add_gap = gaps.append
         index = -1   # into token_ids: one per sampled request
+        layer_slice = scheduled.layer_slice
         for req, num_new in zip(self._last_requests, scheduled.num_scheduled_tokens):
+            # a chunk's tokens are computed after its last layer
+            if layer_slice is not None and req.request_id == layer_slice.request_id and not self.slicer.ran(
+                    req, layer_slice):
+                continue
             # sampled when the chunk reached the end of the request's tokens
             # (an ending between execute and update changes neither)
             computed = req.num_computed_tokens + num_new
@@ -386,6 +383,7 @@ class Scheduler:
                 self.running.remove(req)
             else:
                 self.waiting.remove(req)
+        self.slicer.drop(req)
         req.status = FINISHED_STATUS[reason]
         req.finish_reason = reason
         req.error = error

@@ -42,6 +42,20 @@ class CachedRequestData:
     num_computed_tokens: list[int] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class LayerSlice:
+    """A prompt chunk that runs only decoder layers [first_layer, end_layer)
+    this step (`prefill_pacer.py`: a long prompt under pacing advances by
+    layers of a big chunk rather than by small chunks through all layers).
+    The request's entry in the step carries the whole chunk's tokens from
+    its `num_computed_tokens`, the same at every slice; the runner keeps the
+    chunk's hidden states from one slice to the next, and samples it only
+    after the slice that ends at the last layer."""
+    request_id: str
+    first_layer: int
+    end_layer: int
+
+
 @dataclass(slots=True)
 class SchedulerOutput:
     """One step's work.
@@ -60,6 +74,8 @@ class SchedulerOutput:
     # preempted since the last step sent: the runner drops their batch rows
     # (their blocks are gone) and keeps their RNG for the re-admission
     preempted_req_ids: list[str] = field(default_factory=list)
+    # at most one chunk a step runs only some of the layers
+    layer_slice: LayerSlice | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -92,3 +108,6 @@ class RunnerOutput:
     logprobs: list[float | None] | None = None
     # seconds spent inside decoder layers + LM head (for overhead accounting)
     model_seconds: float = 0.0
+    # a LayerSlice step: the slice's own share of the step's seconds (None:
+    # not measured, e.g. a slice of every layer)
+    slice_seconds: float | None = None

@@ -73,6 +73,35 @@ class AttentionMetadata:
     decodes: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
     kernels: CpuKernels | None = None          # for prefill chunks with a `table`
+    # the native kernels check their arguments on the first layer that uses
+    # this metadata (the rest have the same shapes; a check costs ~20 µs)
+    check_layer: int = 0
+
+
+@dataclass
+class LayerSliceRows:
+    """A chunk that runs decoder layers [first_layer, end_layer) only
+    (`scheduler_output.LayerSlice`): the last `num_rows` rows of the step
+    batch. `hidden`: its states entering first_layer (None at layer 0, where
+    they come from the embedding); `main_meta`: the step without it, for
+    the layers it skips."""
+    first_layer: int
+    end_layer: int
+    num_rows: int
+    hidden: torch.Tensor | None
+    main_meta: AttentionMetadata
+    # filled in by the forward pass: seconds in the layers the chunk ran and in the others
+    seconds_inside: float = 0.0
+    seconds_outside: float = 0.0
+
+    def own_seconds(self, num_layers: int) -> float | None:
+        """The chunk's own share of the step: its layers' time less what
+        those layers cost without it (the mean of the others); None when it
+        ran every layer."""
+        inside = self.end_layer - self.first_layer
+        if inside >= num_layers:
+            return None
+        return max(self.seconds_inside - inside * self.seconds_outside / (num_layers - inside), 0.0)
 
 
 def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int) -> torch.Tensor:
@@ -98,7 +127,7 @@ def paged_attention(layer: int, query: torch.Tensor, key: torch.Tensor, value: t
         # the same shapes (the checks cost ~20 µs a call)
         outputs.append(batch.kernel.paged_decode_attention(
             out, query[:batch.num_seqs], cache.keys[layer], cache.values[layer], batch.block_tables,
-            batch.context_lens, scale, check=layer == 0, table_rows=batch.table_rows))
+            batch.context_lens, scale, check=layer == meta.check_layer, table_rows=batch.table_rows))
 
     for decode in meta.decodes:
         n = decode.num_seqs
@@ -114,7 +143,7 @@ def paged_attention(layer: int, query: torch.Tensor, key: torch.Tensor, value: t
             out = query.new_empty(chunk.num_tokens, num_heads * d)
             outputs.append(meta.kernels.paged_prefill_attention(  # type: ignore[union-attr]
                 out, query[rows], cache.keys[layer], cache.values[layer], chunk.table,
-                chunk.context_len - chunk.num_tokens, scale, check=layer == 0))
+                chunk.context_len - chunk.num_tokens, scale, check=layer == meta.check_layer))
             continue
         q = query[rows].transpose(0, 1).unsqueeze(0)                  # [1, heads, t, d]
         if chunk.block_ids is None:

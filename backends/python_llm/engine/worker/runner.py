@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from ..config import EngineConfig
-from ..core.scheduler_output import RunnerOutput, SchedulerOutput
-from .attention import AttentionMetadata, DecodeBatch, DecodeGroup, PrefillChunk
+from ..core.scheduler_output import LayerSlice, RunnerOutput, SchedulerOutput
+from .attention import AttentionMetadata, DecodeBatch, DecodeGroup, LayerSliceRows, PrefillChunk
 from .index_buffer import IndexBuffer
 from .input_batch import CachedRequestState, InputBatch, SchedulingError
 from .kernels import CpuKernels, cpu_kernels
@@ -47,9 +47,13 @@ class StepBatch:
     meta: AttentionMetadata
     sample_rows: torch.Tensor
     sampled: list[CachedRequestState]
+    layer_slice: LayerSliceRows | None = None
 
 
 class ModelRunner:
+    # executes LayerSlice steps (the scheduler cuts long paced prompts in layers)
+    runs_layer_slices = True
+
     def __init__(self, config: EngineConfig) -> None:
         # torch's thread count is process-wide: setting it here changes it
         # for everything else in the process (a Triton stub hosts one model
@@ -78,6 +82,8 @@ class ModelRunner:
             and self.kernels.prefill_attention_supported(self.model_info.head_dim) else None)
         self.sampler = Sampler(self.device, self.kernels)
         self._indices = IndexBuffer()
+        # a chunk in layer slices: its states after the layers it has run
+        self._slice_hidden: dict[str, torch.Tensor] = {}
         self.input_batch = InputBatch(-(-self.model_info.max_model_len // self.block_size), config.max_num_seqs,
                                       self.device)
         log.info("model runner ready", extra={"device": str(self.device), "dtype": config.dtype,
@@ -106,13 +112,17 @@ class ModelRunner:
 
     def _execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
         states = self.input_batch.update(scheduled)
+        for request_id in (*scheduled.finished_req_ids, *scheduled.preempted_req_ids):
+            self._slice_hidden.pop(request_id, None)
         if not states:
             return RunnerOutput(token_ids=[])
-        batch = self._prepare(states, scheduled.num_scheduled_tokens)
+        batch = self._prepare(states, scheduled.num_scheduled_tokens, scheduled.layer_slice)
 
         fused_greedy = self._fuses_greedy(batch.sampled)
         started = time.perf_counter()
-        hidden = self.model(batch.input_ids, batch.positions, batch.meta, self.kv_cache)
+        hidden = self.model(batch.input_ids, batch.positions, batch.meta, self.kv_cache, batch.layer_slice)
+        if scheduled.layer_slice is not None:
+            self._keep_slice_states(scheduled.layer_slice, hidden, batch.layer_slice)  # type: ignore[arg-type]
         logits = greedy = None
         if fused_greedy:
             greedy = self.model.greedy_tokens(hidden[batch.sample_rows])
@@ -121,17 +131,25 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         model_seconds = time.perf_counter() - started
+        slice_seconds = None if batch.layer_slice is None else batch.layer_slice.own_seconds(len(self.model.layers))
         if greedy is not None:
             self.input_batch.append_sampled(batch.sampled, greedy)
-            return RunnerOutput(token_ids=greedy, model_seconds=model_seconds)
+            return RunnerOutput(token_ids=greedy, model_seconds=model_seconds, slice_seconds=slice_seconds)
         if logits is None:
-            return RunnerOutput(token_ids=[], model_seconds=model_seconds)
+            return RunnerOutput(token_ids=[], model_seconds=model_seconds, slice_seconds=slice_seconds)
 
         result = self.sampler(logits, batch.sampled)
         self.input_batch.append_sampled(batch.sampled, result.token_ids)
         wanted = any(lp is not None for lp in result.logprobs)
         return RunnerOutput(token_ids=result.token_ids, logprobs=result.logprobs if wanted else None,
-                            model_seconds=model_seconds)
+                            model_seconds=model_seconds, slice_seconds=slice_seconds)
+
+    def _keep_slice_states(self, layer_slice: LayerSlice, hidden: torch.Tensor, rows: LayerSliceRows) -> None:
+        """Keep a sliced chunk's states for its next slice, or drop them after its last."""
+        if layer_slice.end_layer < len(self.model.layers):
+            self._slice_hidden[layer_slice.request_id] = hidden[hidden.shape[0] - rows.num_rows:].clone()
+        else:
+            self._slice_hidden.pop(layer_slice.request_id, None)
 
     def _fuses_greedy(self, sampled: list[CachedRequestState]) -> bool:
         """Whether this step's tokens come from the model's native greedy LM
@@ -139,7 +157,8 @@ class ModelRunner:
         (fp32 on the CPU) and every sampled row is plain greedy."""
         return bool(sampled) and self.model.kernels is not None and Sampler.plain_greedy(sampled)
 
-    def _prepare(self, states: list[CachedRequestState], num_scheduled: list[int]) -> StepBatch:
+    def _prepare(self, states: list[CachedRequestState], num_scheduled: list[int],
+                 layer_slice: LayerSlice | None = None) -> StepBatch:
         """Flatten the step into index tensors built once and shared by all layers.
 
         Single-token entries at the head of the batch are decodes, then the
@@ -183,7 +202,18 @@ class ModelRunner:
             pairs = sorted(zip(sample_rows, sampled), key=lambda pair: layout[pair[0]])
             sample_rows, sampled = [r for r, _ in pairs], [s for _, s in pairs]
         prefills: list[PrefillChunk] = []
-        for index in range(num_decodes, num_seqs):
+        # a chunk in layer slices goes last (its rows leave the batch in the
+        # layers it skips), its sampled row where the batch order puts it
+        sliced_index, sliced_sample_at = -1, 0
+        chunk_order = list(range(num_decodes, num_seqs))
+        if layer_slice is not None:
+            sliced_index = self._sliced_index(states, num_decodes, layer_slice)
+            chunk_order.remove(sliced_index)
+            chunk_order.append(sliced_index)
+            sliced_sample_at = len(sampled) + sum(
+                num_scheduled[i] + states[i].num_computed_tokens == len(states[i].token_ids)
+                for i in range(num_decodes, sliced_index))
+        for index in chunk_order:
             state, n = states[index], num_scheduled[index]
             table = self._checked_table(state, n)
             start = state.num_computed_tokens
@@ -193,8 +223,12 @@ class ModelRunner:
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             prefills.append(self._prefill_chunk(offset, n, start, table))
             if start + n == len(state.token_ids):
-                sampled.append(state)
-                sample_rows.append(offset + n - 1)
+                if index != sliced_index:
+                    sampled.append(state)
+                    sample_rows.append(offset + n - 1)
+                elif layer_slice.end_layer == len(self.model.layers):  # type: ignore[union-attr]
+                    sampled.insert(sliced_sample_at, state)
+                    sample_rows.insert(sliced_sample_at, offset + n - 1)
 
         native_decodes = native and num_decodes > 0
         if not native_decodes:
@@ -219,7 +253,38 @@ class ModelRunner:
         elif not native:
             decodes = [states[i] for i in layout]
             meta.decodes = self._decode_groups(decodes, [self._checked_table(state, 1) for state in decodes])
-        return StepBatch(input_ids=ids, positions=positions_t, meta=meta, sample_rows=rows_t, sampled=sampled)
+        rows = None if layer_slice is None else self._slice_rows(
+            layer_slice, states[sliced_index], num_scheduled[sliced_index], meta)
+        return StepBatch(input_ids=ids, positions=positions_t, meta=meta, sample_rows=rows_t, sampled=sampled,
+                         layer_slice=rows)
+
+    @staticmethod
+    def _sliced_index(states: list[CachedRequestState], num_decodes: int, layer_slice: LayerSlice) -> int:
+        for index in range(num_decodes, len(states)):
+            if states[index].request_id == layer_slice.request_id:
+                return index
+        raise SchedulingError(f"request {layer_slice.request_id}: a layer slice of a chunk not in the step")
+
+    def _slice_rows(self, layer_slice: LayerSlice, state: CachedRequestState, num_rows: int,
+                    meta: AttentionMetadata) -> LayerSliceRows:
+        """The step's sliced chunk (its rows last in `meta`'s batch) and the
+        metadata of the step without it."""
+        first, end = layer_slice.first_layer, layer_slice.end_layer
+        if not 0 <= first < end <= len(self.model.layers):
+            raise SchedulingError(f"request {state.request_id}: layers {first}..{end - 1} of a "
+                                  f"{len(self.model.layers)}-layer model")
+        hidden = None
+        if first > 0:
+            hidden = self._slice_hidden.get(state.request_id)
+            if hidden is None or hidden.shape[0] != num_rows:
+                raise SchedulingError(f"request {state.request_id}: a slice from layer {first} of a chunk "
+                                      f"of {num_rows} tokens the runner did not start")
+        main = meta.slot_mapping.shape[0] - num_rows
+        main_meta = AttentionMetadata(slot_mapping=meta.slot_mapping[:main], decode_batch=meta.decode_batch,
+                                      decodes=meta.decodes, prefills=meta.prefills[:-1], kernels=meta.kernels,
+                                      check_layer=end if first == 0 else 0)
+        meta.check_layer = first
+        return LayerSliceRows(first, end, num_rows, hidden, main_meta)
 
     def _checked_table(self, state: CachedRequestState, n: int) -> list[int]:
         """The blocks covering the request's context after a chunk of `n`

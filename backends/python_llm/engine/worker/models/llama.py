@@ -5,6 +5,7 @@ is one GEMM; q/k/v and gate/up are fused into single weights by the loader.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import AttentionMetadata, paged_attention
+from ..attention import AttentionMetadata, LayerSliceRows, paged_attention
 from ..kernels import CpuKernels
 from ..kv_cache import PagedKVCache
 from ..model_info import ModelFolderError
@@ -217,7 +218,7 @@ class DecoderLayer(nn.Module):
         qkv = p.qkv(kernels.rms_norm(x, norm.weight, norm.eps))
         kernels.rotary_cache_write(qkv, self.num_heads, self.num_kv_heads, rope.positions,
                                    rope.cos, rope.sin, meta.slot_mapping,  # type: ignore[arg-type]
-                                   cache.keys[self.index], cache.values[self.index], check=self.index == 0)
+                                   cache.keys[self.index], cache.values[self.index], check=self.index == meta.check_layer)
         x = p.o.plus(self._attend(qkv, meta, cache), x)
         norm = self.post_attention_layernorm
         return p.down.plus(kernels.silu_mul(p.gate_up(kernels.rms_norm(x, norm.weight, norm.eps))), x)
@@ -256,17 +257,44 @@ class LlamaForCausalLM(nn.Module):
         # the LM head split for AMX tiles (pack_linears with amx), else None
         self.lm_head_parts: torch.Tensor | None = None
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                meta: AttentionMetadata, cache: PagedKVCache) -> torch.Tensor:
-        """[T] tokens → [T, hidden] last-layer states (before the final norm)."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                cache: PagedKVCache, layer_slice: LayerSliceRows | None = None) -> torch.Tensor:
+        """[T] tokens → [T, hidden] last-layer states (before the final norm);
+        with `layer_slice`, its rows (the last ones) hold their states after
+        its end layer, and it joins the batch only in its layers (one GEMM
+        per projection for all rows there)."""
         x = F.embedding(input_ids, self.embed_tokens)
+        rope = self._rope(positions)
+        if layer_slice is None:
+            for layer in self.layers:
+                x = layer(x, rope, meta, cache)
+            return x
+        main = x.shape[0] - layer_slice.num_rows
+        held = x[main:] if layer_slice.hidden is None else layer_slice.hidden
+        x = x[:main]
+        main_rope = self._rope(positions[:main])
+        first, end = layer_slice.first_layer, layer_slice.end_layer
+        clock = time.perf_counter   # the pacer sizes slices by these (CPU: the ops are synchronous)
+        inside = outside = 0.0
+        for index, layer in enumerate(self.layers):
+            started = clock()
+            if index == first:
+                x = torch.cat((x, held))
+            if first <= index < end:
+                x = layer(x, rope, meta, cache)
+                if index == end - 1:
+                    x, held = x[:main], x[main:]
+                inside += clock() - started
+            else:
+                x = layer(x, main_rope, layer_slice.main_meta, cache)
+                outside += clock() - started
+        layer_slice.seconds_inside, layer_slice.seconds_outside = inside, outside
+        return torch.cat((x, held))
+
+    def _rope(self, positions: torch.Tensor) -> StepRope:
         if self.kernels is None:
-            rope = StepRope(positions, *self.rotary.lookup(positions))
-        else:
-            rope = StepRope(positions, self.rotary.cos, self.rotary.sin)
-        for layer in self.layers:
-            x = layer(x, rope, meta, cache)
-        return x
+            return StepRope(positions, *self.rotary.lookup(positions))
+        return StepRope(positions, self.rotary.cos, self.rotary.sin)
 
     def pack_linears(self, amx: CpuKernels | None = None) -> None:
         """Every decoder layer's projections into oneDNN's layout, and with

@@ -1,0 +1,95 @@
+"""One step's prefill pacing, for the scheduler: the units the step may
+spend on prompt chunks (`prefill_pacer.py`), what its chunks spent, its
+layer slice (`layer_slices.py`), and the step's time fed back once it ran.
+
+`begin()` when the step's decodes are known, `chunk()` / `charge()` for each
+prompt chunk, `sent()` when the step leaves the scheduler, `observe()` with
+the runner's result. Between `sent()` and the next `begin()`, `layer_slice`
+is the slice of the step in flight.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from .layer_slices import LayerSlicer
+from .prefill_pacer import PrefillPacer
+from .request import Request
+from .scheduler_output import LayerSlice, RunnerOutput
+
+
+class StepPacing:
+    def __init__(self, pacer: PrefillPacer, slicer: LayerSlicer, max_num_batched_tokens: int) -> None:
+        self.pacer = pacer
+        self.slicer = slicer
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.clock: Callable[[], float] = time.perf_counter
+        self.num_decodes = 0
+        self.units = 0.0                        # spent by this step's chunks
+        self.units_left: float | None = None    # None: no limit
+        self.layer_slice: LayerSlice | None = None
+        self.slice_units = 0.0
+        self._sent_at = 0.0
+
+    def begin(self, num_decodes: int) -> None:
+        pacer = self.pacer
+        self.num_decodes = num_decodes
+        self.units = self.slice_units = 0.0
+        self.units_left = pacer.budget(num_decodes) if pacer.enabled else None
+        self.layer_slice = None
+
+    def chunk(self, req: Request, start: int, available: int, scheduled_any: bool) -> tuple[LayerSlice | None, int]:
+        """A running prefill's chunk this step, of at most `available` tokens
+        from `start`: (its layer slice, the chunk's tokens) or (None, tokens
+        through all layers); 0 tokens: paced out of this step."""
+        layer_slice, tokens = self.slicer.next_slice(req, start, available, self.units_left, self.num_decodes,
+                                                     self.units)
+        if layer_slice is not None:
+            return layer_slice, tokens
+        return None, self.paced(req, start, available, scheduled_any)
+
+    def paced(self, req: Request, start: int, num_new: int, scheduled_any: bool) -> int:
+        """`num_new` cut to what pacing allows for this request's chunk from
+        `start`: only long prompts (more than a step's token budget) are
+        paced, and the step's first prefill always gets MIN_CHUNK tokens."""
+        units = self.units_left
+        if units is None or req.num_tokens <= self.max_num_batched_tokens:
+            return num_new
+        allowed = self.pacer.max_tokens(start, max(units, 0.0))
+        if not scheduled_any:
+            allowed = max(allowed, self.pacer.min_tokens)
+        return min(num_new, allowed)
+
+    def charge(self, req: Request, start: int, num_new: int, layer_slice: LayerSlice | None = None) -> bool:
+        """A chunk is in the step: spend its units (a slice: its layers'
+        share). True when the runner samples it (it ends the request's
+        tokens, after its last layer)."""
+        share = 1.0
+        if layer_slice is not None:
+            layers = self.slicer.num_layers
+            self.slicer.scheduled(req, layer_slice, num_new)
+            self.layer_slice = layer_slice
+            share = (layer_slice.end_layer - layer_slice.first_layer) / layers
+        cost = self.pacer.cost(start, num_new) * share
+        self.units += cost
+        if self.units_left is not None:
+            self.units_left -= cost
+        if layer_slice is None:
+            return start + num_new == req.num_tokens
+        self.slice_units = cost
+        return layer_slice.end_layer == self.slicer.num_layers and start + num_new == req.num_tokens
+
+    def sent(self) -> None:
+        self._sent_at = self.clock()
+
+    def observe(self, runner_output: RunnerOutput, requests: dict[str, Request]) -> None:
+        """The step ran: its time teaches the pacer, and the slicer when the
+        step's only prefill was its slice."""
+        if not self.pacer.enabled:
+            return
+        step_s = self.clock() - self._sent_at
+        self.pacer.observe(step_s, self.num_decodes, self.units)
+        layer_slice = self.layer_slice
+        req = None if layer_slice is None else requests.get(layer_slice.request_id)
+        if req is not None and self.units == self.slice_units:
+            self.slicer.observe(req, layer_slice, step_s, runner_output.slice_seconds)  # type: ignore[arg-type]
