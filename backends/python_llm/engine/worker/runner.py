@@ -131,7 +131,10 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         model_seconds = time.perf_counter() - started
-        slice_seconds = None if batch.layer_slice is None else batch.layer_slice.own_seconds(len(self.model.layers))
+        # the layer timers time kernel launches on CUDA, not the work: the
+        # slicer then sizes by the pacer's units alone
+        slice_seconds = None if batch.layer_slice is None or self.device.type != "cpu" else (
+            batch.layer_slice.own_seconds(len(self.model.layers)))
         if greedy is not None:
             self.input_batch.append_sampled(batch.sampled, greedy)
             return RunnerOutput(token_ids=greedy, model_seconds=model_seconds, slice_seconds=slice_seconds)
