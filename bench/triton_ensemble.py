@@ -10,6 +10,7 @@ stream's responses."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import statistics
 import tempfile
 import time
@@ -139,8 +140,15 @@ async def _run_all(grpc_url: str, texts: list[str], workload: list[BenchRequest]
     return seconds, list(tallies)
 
 
+@functools.lru_cache(maxsize=4)
+def _tokenizer(model_dir: str) -> Tokenizer:
+    return Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+
+
 def prompt_texts(model_dir: str, workload: list[BenchRequest]) -> list[str]:
-    tokenizer = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+    """The prompts as text (the ensemble tokenizes them again); the
+    tokenizer is loaded once per model folder, not per round."""
+    tokenizer = _tokenizer(model_dir)
     return [tokenizer.decode(list(r.prompt_ids), skip_special_tokens=False) for r in workload]
 
 

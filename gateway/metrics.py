@@ -48,8 +48,10 @@ STREAMS_ENDED = Counter("gateway_streams_ended_total",
 STREAM_RESUMES = Counter("gateway_stream_resumes_total",
                          "resumes served, by where the stream was read (local: this process runs it; shared: "
                          "another process, through Redis)", ["where"], registry=REGISTRY)
-REPLICA_ROUTABLE = Gauge("gateway_replica_routable", "1 while a replica takes new requests: not ejected, draining or retired, and (with an inference probe) answered right once another has",
-                         ["replica"], registry=REGISTRY)
+REPLICA_ROUTABLE = Gauge("gateway_replica_routable",
+                         "1 while a replica takes new requests: not ejected, draining or retired, and, with an "
+                         "inference probe, answered it right once any replica has; 0 for every replica before one "
+                         "has (callers wait for the first), unless that wait gave up", ["replica"], registry=REGISTRY)
 REPLICA_DRAINING = Gauge("gateway_replica_draining", "1 while a replica is drained by an operator", ["replica"],
                          registry=REGISTRY)
 REPLICA_IN_FLIGHT = Gauge("gateway_replica_in_flight", "engine requests this gateway has running on a replica",

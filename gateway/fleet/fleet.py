@@ -223,10 +223,13 @@ class Fleet:
             self._publish()
 
     def succeeded(self, replica: Replica) -> None:
+        was_proven = replica.health.proven
         if replica.health.succeeded():
             replica.prefix.forget()       # it may have restarted: its cache is cold
             log.info("replica %s re-admitted", replica.name)
-        self._publish()        # also its first good answer: proven, it may take callers now
+            self._publish()
+        elif not was_proven:
+            self._publish()    # its first good answer: proven, it may take callers now
 
     def set_draining(self, name: str, draining: bool) -> Replica:
         replica = self.by_name[name]

@@ -274,3 +274,25 @@ def test_the_routable_gauge_says_what_routing_does_a_replica_not_yet_proven_take
     assert gauges() == {"p": 1, "q": 1}
     fleet.set_draining("p", True)
     assert gauges() == {"p": 0, "q": 1}
+
+
+def test_the_gauges_are_published_when_what_a_caller_gets_changes_not_on_every_good_probe(monkeypatch):
+    fleet, _ = fleet_of({"p": simple_script("ok"), "q": simple_script("ok")})   # q: p may be ejected
+    fleet.golden = Golden()
+    fleet.succeeded(fleet.by_name["q"])
+    published = []
+    monkeypatch.setattr(fleet, "_publish", lambda: published.append(1))
+    p = fleet.by_name["p"]
+    fleet.succeeded(p)          # first good answer: proven, takes callers now
+    assert len(published) == 1
+    for _ in range(5):
+        fleet.succeeded(p)      # steady: nothing a caller gets changes
+    assert len(published) == 1
+    for _ in range(fleet.config.eject_after_failures):
+        fleet.failed(p, "probe", decisive=True)
+    ejected = len(published)
+    assert p.health.ejected and ejected >= 2
+    p.health.ejected_until = 0.0   # its back-off over
+    for _ in range(fleet.config.readmit_after_successes):
+        fleet.succeeded(p)
+    assert not p.health.ejected and len(published) == ejected + 1   # the re-admission
