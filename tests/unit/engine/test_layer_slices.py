@@ -93,7 +93,7 @@ def start_streams(h: Harness, n: int = 2) -> None:
 def slicer_with_unit_cost(unit_s: float = UNIT_S, layers: int = LAYERS) -> LayerSlicer:
     pacer = PrefillPacer(1.0)
     pacer.unit_s = unit_s
-    return LayerSlicer(pacer, layers, 512)
+    return LayerSlicer(pacer, layers)
 
 
 def test_plan_takes_the_biggest_chunk_that_moves_about_the_most_tokens_a_step() -> None:

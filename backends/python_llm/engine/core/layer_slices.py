@@ -53,31 +53,27 @@ class LayerTime:
     start: int
     tokens: int
     seconds: float
-    samples: int = 0
+    samples: int
 
 
 class LayerSlicer:
-    def __init__(self, pacer: PrefillPacer, num_layers: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, pacer: PrefillPacer, num_layers: int) -> None:
         self.pacer = pacer
         self.num_layers = num_layers
-        self.max_num_batched_tokens = max_num_batched_tokens
         self.slicing: Request | None = None      # the request with a chunk in slices
         self._chunk: LayerTime | None = None     # measured on its slices
         self._last: LayerTime | None = None      # the chunk before it
         self._rest_s: float | None = None        # a slice step's seconds less the slice's
-
-    @property
-    def enabled(self) -> bool:
-        return self.num_layers > 0 and self.pacer.enabled
 
     def next_slice(self, req: Request, start: int, available: int, units: float | None,
                    num_decodes: int, spent_units: float) -> tuple[LayerSlice | None, int]:
         """This step's slice of `req` and its chunk's tokens; (None, 0): a
         chunk through all layers. A chunk in flight always advances (at
         least one layer; all of them when nothing limits the step). A new
-        one is cut only for a long prompt under pacing while no other
-        request is in slices, when the budget does not let it finish the
-        prompt at full depth, and once the unit cost is known.
+        one (of a long prompt: the caller asks only for those) is cut only
+        under pacing while no other request is in slices, when the budget
+        does not let it finish the prompt at full depth, and once the unit
+        cost is known.
         `units`: the step's pacing units left; `spent_units`: spent on it."""
         layers = self.num_layers
         if req.slice_tokens:
@@ -85,8 +81,8 @@ class LayerSlicer:
             step = self._layers(start, req, self._budget_s(units, num_decodes, spent_units))
             return LayerSlice(req.request_id, done, done + step), req.slice_tokens
         pacer = self.pacer
-        if (not self.enabled or units is None or units <= 0 or pacer.unit_s is None or self.slicing is not None
-                or req.num_tokens <= self.max_num_batched_tokens or available <= pacer.max_tokens(start, units)):
+        if (not layers or units is None or units <= 0 or pacer.unit_s is None or self.slicing is not None
+                or available <= pacer.max_tokens(start, units)):
             return None, 0
         tokens, step = self.plan(start, available, self._budget_s(units, num_decodes, spent_units))
         if step >= layers:
@@ -141,7 +137,7 @@ class LayerSlicer:
     def scheduled(self, req: Request, layer_slice: LayerSlice, tokens: int) -> None:
         """`req`'s slice is in this step."""
         if layer_slice.first_layer == 0:
-            if self._chunk is not None and self._chunk.samples:
+            if self._chunk is not None:
                 self._last = self._chunk
             self._chunk = None
         self.slicing = req

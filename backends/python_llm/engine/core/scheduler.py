@@ -74,7 +74,7 @@ class Scheduler:
         self._last_num_sampled = 0
         # pacing of long prefills, a step at a time
         self.pacer = PrefillPacer(config.prefill_time_ratio if self.chunked else 0.0, attention_context)
-        self.slicer = LayerSlicer(self.pacer, num_layers, self.max_num_batched_tokens)
+        self.slicer = LayerSlicer(self.pacer, num_layers)
         self.pacing = StepPacing(self.pacer, self.slicer, self.max_num_batched_tokens)
 
     @property

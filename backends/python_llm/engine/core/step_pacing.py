@@ -28,32 +28,38 @@ class StepPacing:
         self.units = 0.0                        # spent by this step's chunks
         self.units_left: float | None = None    # None: no limit
         self.layer_slice: LayerSlice | None = None
-        self.slice_units = 0.0
+        self.num_chunks = 0                     # charged this step, the slice's included
         self._sent_at = 0.0
 
     def begin(self, num_decodes: int) -> None:
         pacer = self.pacer
         self.num_decodes = num_decodes
-        self.units = self.slice_units = 0.0
+        self.units = 0.0
         self.units_left = pacer.budget(num_decodes) if pacer.enabled else None
         self.layer_slice = None
+        self.num_chunks = 0
 
     def chunk(self, req: Request, start: int, available: int, scheduled_any: bool) -> tuple[LayerSlice | None, int]:
         """A running prefill's chunk this step, of at most `available` tokens
         from `start`: (its layer slice, the chunk's tokens) or (None, tokens
         through all layers); 0 tokens: paced out of this step."""
-        layer_slice, tokens = self.slicer.next_slice(req, start, available, self.units_left, self.num_decodes,
-                                                     self.units)
-        if layer_slice is not None:
-            return layer_slice, tokens
+        if self._long(req):   # a chunk in slices is a long prompt's too
+            layer_slice, tokens = self.slicer.next_slice(req, start, available, self.units_left, self.num_decodes,
+                                                         self.units)
+            if layer_slice is not None:
+                return layer_slice, tokens
         return None, self.paced(req, start, available, scheduled_any)
+
+    def _long(self, req: Request) -> bool:
+        """Only long prompts (more tokens than a step's budget) are paced."""
+        return req.num_tokens > self.max_num_batched_tokens
 
     def paced(self, req: Request, start: int, num_new: int, scheduled_any: bool) -> int:
         """`num_new` cut to what pacing allows for this request's chunk from
-        `start`: only long prompts (more than a step's token budget) are
-        paced, and the step's first prefill always gets MIN_CHUNK tokens."""
+        `start` (a long prompt's), the step's first prefill at least
+        MIN_CHUNK tokens."""
         units = self.units_left
-        if units is None or req.num_tokens <= self.max_num_batched_tokens:
+        if units is None or not self._long(req):
             return num_new
         allowed = self.pacer.max_tokens(start, max(units, 0.0))
         if not scheduled_any:
@@ -74,9 +80,9 @@ class StepPacing:
         self.units += cost
         if self.units_left is not None:
             self.units_left -= cost
+        self.num_chunks += 1
         if layer_slice is None:
             return start + num_new == req.num_tokens
-        self.slice_units = cost
         return layer_slice.end_layer == self.slicer.num_layers and start + num_new == req.num_tokens
 
     def sent(self) -> None:
@@ -91,5 +97,5 @@ class StepPacing:
         self.pacer.observe(step_s, self.num_decodes, self.units)
         layer_slice = self.layer_slice
         req = None if layer_slice is None else requests.get(layer_slice.request_id)
-        if req is not None and self.units == self.slice_units:
+        if req is not None and self.num_chunks == 1:
             self.slicer.observe(req, layer_slice, step_s, runner_output.slice_seconds)  # type: ignore[arg-type]

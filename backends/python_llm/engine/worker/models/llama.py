@@ -263,17 +263,22 @@ class LlamaForCausalLM(nn.Module):
         with `layer_slice`, its rows (the last ones) hold their states after
         its end layer, and it joins the batch only in its layers (one GEMM
         per projection for all rows there)."""
-        x = F.embedding(input_ids, self.embed_tokens)
         rope = self._rope(positions)
         if layer_slice is None:
+            x = F.embedding(input_ids, self.embed_tokens)
             for layer in self.layers:
                 x = layer(x, rope, meta, cache)
             return x
-        main = x.shape[0] - layer_slice.num_rows
-        held = x[main:] if layer_slice.hidden is None else layer_slice.hidden
-        x = x[:main]
+        main = input_ids.shape[0] - layer_slice.num_rows
+        held = layer_slice.hidden
+        if held is None:   # from layer 0: its rows start as embeddings too
+            x = F.embedding(input_ids, self.embed_tokens)
+            x, held = x[:main], x[main:]
+        else:
+            x = F.embedding(input_ids[:main], self.embed_tokens)
         main_rope = self._rope(positions[:main])
         first, end = layer_slice.first_layer, layer_slice.end_layer
+        through = end == len(self.layers)   # the chunk's rows stay in the batch to the last layer
         clock = time.perf_counter   # the pacer sizes slices by these (CPU: the ops are synchronous)
         inside = outside = 0.0
         for index, layer in enumerate(self.layers):
@@ -282,14 +287,14 @@ class LlamaForCausalLM(nn.Module):
                 x = torch.cat((x, held))
             if first <= index < end:
                 x = layer(x, rope, meta, cache)
-                if index == end - 1:
+                if index == end - 1 and not through:
                     x, held = x[:main], x[main:]
                 inside += clock() - started
             else:
                 x = layer(x, main_rope, layer_slice.main_meta, cache)
                 outside += clock() - started
         layer_slice.seconds_inside, layer_slice.seconds_outside = inside, outside
-        return torch.cat((x, held))
+        return x if through else torch.cat((x, held))
 
     def _rope(self, positions: torch.Tensor) -> StepRope:
         if self.kernels is None:
