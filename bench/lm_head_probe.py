@@ -1,12 +1,14 @@
-"""The LM head of greedy decoding on this machine: PyTorch's GEMM in
-vocabulary slices (the engine's unfused path) plus the native argmax, against
-the native LM head fused with its argmax (`kernels/lm_head_argmax.cpp`).
+"""The LM head of greedy decoding on this machine, three ways: PyTorch's
+GEMM in vocabulary slices (the path without packed weights), oneDNN on the
+packed weight (`PackedLinear`, what the engine runs for LM_HEAD_GEMM_MIN_ROWS
+rows or more), each plus the native argmax, against the native LM head fused
+with its argmax (`kernels/lm_head_argmax.cpp`, fewer rows).
 
-    python -m bench.lm_head_probe [--rows 1 8 64] [--repeats 15]
+    python -m bench.lm_head_probe [--rows 1 2 4 8 16 64] [--repeats 15]
 
 Shapes are the default model's (SmolLM2-135M: vocabulary 49,152, hidden 576),
-fp32, random weights; the two paths run interleaved so that the machine's
-drift hits both. Prints medians and whether both chose the same ids.
+fp32, random weights; the ways run interleaved so that the machine's drift
+hits all. Prints medians and whether all chose the same ids.
 """
 from __future__ import annotations
 
@@ -20,11 +22,12 @@ import torch
 
 from python_llm.engine.worker.kernels import cpu_kernels
 from python_llm.engine.worker.models.llama import sliced_lm_head
+from python_llm.engine.worker.models.packed_linear import PackedLinear
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64])
     parser.add_argument("--vocab", type=int, default=49152)
     parser.add_argument("--hidden", type=int, default=576)
     parser.add_argument("--repeats", type=int, default=15)
@@ -39,26 +42,25 @@ def main() -> int:
     weight = torch.randn(args.vocab, args.hidden, generator=gen) * 0.05
     print(f"# LM head probe, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
           f"{args.threads} threads, vocab {args.vocab}, hidden {args.hidden}, fp32")
-    print("| rows | GEMM slices | + argmax | fused LM head + argmax | same ids |")
-    print("|---:|---:|---:|---:|---|")
+    packed = PackedLinear(weight, None)
+    ways = {"GEMM slices + argmax": lambda h: kernels.argmax_rows(sliced_lm_head(h, weight)).tolist(),
+            "oneDNN packed + argmax": lambda h: kernels.argmax_rows(packed(h)).tolist(),
+            "fused LM head + argmax": lambda h: kernels.lm_head_argmax(h, weight)}
+    print("| rows | " + " | ".join(ways) + " | same ids |")
+    print("|---:|" + "---:|" * len(ways) + "---|")
     for rows in args.rows:
         hidden = torch.randn(rows, args.hidden, generator=gen)
-        gemm, argmax, fused = [], [], []
+        seconds: dict[str, list[float]] = {name: [] for name in ways}
         same = True
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            logits = sliced_lm_head(hidden, weight)
-            t1 = time.perf_counter()
-            ids = kernels.argmax_rows(logits).tolist()
-            t2 = time.perf_counter()
-            fused_ids = kernels.lm_head_argmax(hidden, weight)
-            t3 = time.perf_counter()
-            gemm.append(t1 - t0)
-            argmax.append(t2 - t1)
-            fused.append(t3 - t2)
-            same &= ids == fused_ids
-        ms = [statistics.median(x) * 1e3 for x in (gemm, argmax, fused)]
-        print(f"| {rows} | {ms[0]:.2f} ms | {ms[1]:.2f} ms | {ms[2]:.2f} ms | {'yes' if same else 'NO'} |")
+        for _ in range(args.repeats):   # interleaved, so that drift hits every way alike
+            answers = []
+            for name, way in ways.items():
+                started = time.perf_counter()
+                answers.append(way(hidden))
+                seconds[name].append(time.perf_counter() - started)
+            same &= all(answer == answers[0] for answer in answers)
+        cells = " | ".join(f"{statistics.median(s) * 1e3:.2f} ms" for s in seconds.values())
+        print(f"| {rows} | {cells} | {'yes' if same else 'NO'} |")
     return 0
 
 

@@ -13,6 +13,7 @@ from python_llm.engine.worker.attention import AttentionMetadata, PrefillChunk
 from python_llm.engine.worker.kernels import cpu_kernels
 from python_llm.engine.worker.kv_cache import KVCacheShape, PagedKVCache
 from python_llm.engine.worker.models import build_model
+from python_llm.engine.worker.models.llama import LM_HEAD_GEMM_MIN_ROWS
 from python_llm.engine.worker.models.packed_linear import PackedLinear, packed_linears_available
 
 from test_model_tiny import save_tiny
@@ -66,6 +67,30 @@ def test_packed_and_native_models_match_reference(tmp_path: Path, kind: str, ove
     expected = run(reference)
     for name, model in variants.items():
         torch.testing.assert_close(run(model), expected, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_greedy_tokens_take_the_packed_lm_head_from_its_row_threshold(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy steps of LM_HEAD_GEMM_MIN_ROWS rows or more run the packed LM
+    head + the native argmax, fewer rows the fused LM head + argmax; both
+    give the reference's argmax."""
+    folder = save_tiny(tmp_path / "llama", "llama", tie_word_embeddings=True)
+    cpu = torch.device("cpu")
+    kernels = cpu_kernels()
+    assert kernels is not None, "the CPU kernels did not build on this machine"
+    reference = build_model(folder, 64, torch.float32, cpu, linear_backend="torch", kernels=None)
+    model = build_model(folder, 64, torch.float32, cpu, linear_backend="auto", kernels=kernels)
+    assert reference.lm_head_gemm is None and model.lm_head_gemm is not None
+    fused = kernels.lm_head_argmax
+    fused_rows: list[int] = []
+    monkeypatch.setattr(kernels, "lm_head_argmax", lambda h, w: fused_rows.append(h.shape[0]) or fused(h, w))
+    g = torch.Generator().manual_seed(7)
+    for rows in (1, LM_HEAD_GEMM_MIN_ROWS - 1, LM_HEAD_GEMM_MIN_ROWS, 40):
+        hidden = torch.randn(rows, reference.spec.hidden_size, generator=g)
+        with torch.inference_mode():
+            expected = reference.compute_logits(hidden).argmax(dim=-1).tolist()
+            assert model.greedy_tokens(hidden) == expected, f"{rows} rows"
+    assert fused_rows == [1, LM_HEAD_GEMM_MIN_ROWS - 1]
 
 
 def test_native_elementwise_is_fp32_cpu_only(tmp_path: Path) -> None:

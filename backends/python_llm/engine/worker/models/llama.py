@@ -17,9 +17,17 @@ from ..attention import AttentionMetadata, LayerSliceRows, paged_attention
 from ..kernels import CpuKernels
 from ..kv_cache import PagedKVCache
 from ..model_info import ModelFolderError
-from .packed_linear import AMX_MIN_ROWS, AmxLinear, LayerProjections, PackedLinear, TorchLinear
+from .packed_linear import AmxLinear, LayerProjections, PackedLinear, TorchLinear
 
 LM_HEAD_CHUNK = 2048   # vocabulary rows per LM-head GEMM on the CPU
+
+# Greedy steps with at least this many rows run the packed LM head's GEMM
+# and a native argmax over its logits; fewer rows the fused LM head + argmax,
+# which reads the weights once and writes no logits but re-reads the hidden
+# rows for every four weight rows. Measured on the 2-core AVX-512 Intel
+# machine (`python -m bench.lm_head_probe`): 1 row fused 3.8 vs oneDNN 4.4 ms,
+# 4 rows 8.0 vs 6.0, 64 rows 35 vs 22.
+LM_HEAD_GEMM_MIN_ROWS = 4
 
 
 def sliced_lm_head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -254,8 +262,8 @@ class LlamaForCausalLM(nn.Module):
             spec.vocab_size, spec.hidden_size, dtype=dtype, device=device)
         self.rotary = RotaryTable(spec, max_positions, dtype).to(device)
         self.kernels: CpuKernels | None = None
-        # the LM head split for AMX tiles (pack_linears with amx), else None
-        self.lm_head_parts: torch.Tensor | None = None
+        # the LM head packed as the projections are (pack_linears), else None
+        self.lm_head_gemm: PackedLinear | AmxLinear | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 cache: PagedKVCache, layer_slice: LayerSliceRows | None = None) -> torch.Tensor:
@@ -304,13 +312,13 @@ class LlamaForCausalLM(nn.Module):
     def pack_linears(self, amx: CpuKernels | None = None) -> None:
         """Every decoder layer's projections into oneDNN's layout, and with
         `amx` AMX tiles' too (CPU fp32, see packed_linear.py). The LM head
-        stays as it is: it shares the embedding's storage when tied, and
-        greedy steps use the fused LM-head + argmax kernel on it; with `amx`
-        its AMX parts are added for steps of many rows."""
+        gets a packed copy of the same kind for steps of many rows; its
+        plain weight stays, as the embedding when tied, and for the fused
+        LM-head + argmax kernel of greedy steps of few rows."""
         for layer in self.layers:
             layer.pack(amx)
-        if amx is not None:
-            self.lm_head_parts = amx.amx_pack_weight(self.lm_head.detach().contiguous())
+        weight = self.lm_head.detach()
+        self.lm_head_gemm = PackedLinear(weight, None) if amx is None else AmxLinear(weight, None, amx)
 
     def use_kernels(self, kernels: CpuKernels) -> None:
         """The native elementwise steps (RMSNorm, rotary + K/V write, SiLU x
@@ -326,22 +334,21 @@ class LlamaForCausalLM(nn.Module):
         normed = self._final_norm(hidden)
         if normed.device.type != "cpu":
             return F.linear(normed, self.lm_head).float()
-        if self.lm_head_parts is not None and normed.shape[0] >= AMX_MIN_ROWS:
-            return self.kernels.amx_linear(normed, self.lm_head_parts,  # type: ignore[union-attr]
-                                           self.spec.vocab_size, self.spec.hidden_size, None)
+        if self.lm_head_gemm is not None:
+            return self.lm_head_gemm(normed)
         return sliced_lm_head(normed, self.lm_head).float()
 
     def greedy_tokens(self, hidden: torch.Tensor) -> list[int]:
         """argmax of final norm + LM head for the sampled rows, through the
-        native kernels (fp32 CPU models): on AMX tiles then a native argmax
-        for many rows, else the LM head fused with its argmax (no logits)."""
+        native kernels (fp32 CPU models): the packed LM head then a native
+        argmax for LM_HEAD_GEMM_MIN_ROWS rows or more, else the LM head fused
+        with its argmax (no logits)."""
         kernels = self.kernels
         if kernels is None:
             raise RuntimeError("greedy_tokens: the native kernels are not in use")
         normed = self._final_norm(hidden)
-        if self.lm_head_parts is not None and normed.shape[0] >= AMX_MIN_ROWS:
-            logits = kernels.amx_linear(normed, self.lm_head_parts, self.spec.vocab_size, self.spec.hidden_size, None)
-            return kernels.argmax_rows(logits).tolist()
+        if self.lm_head_gemm is not None and normed.shape[0] >= LM_HEAD_GEMM_MIN_ROWS:
+            return kernels.argmax_rows(self.lm_head_gemm(normed)).tolist()
         return kernels.lm_head_argmax(normed, self.lm_head)
 
     def _final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
