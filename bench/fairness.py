@@ -17,8 +17,7 @@ sweep). Writes build/bench/fairness.json; `--png` also draws the curve.
                              [--wait-quiet 40] [--png docs/fairness.png]
 
 A point is a token budget (`max_num_batched_tokens`, pacing off) or
-`default` (the engine's EngineConfig defaults: pacing steered by
-`paced_step_bound`) or `paced:<budget>:<ratio>` (a fixed ratio).
+`default` (the engine's EngineConfig defaults) or `paced:<budget>:<ratio>`.
 """
 from __future__ import annotations
 
@@ -46,7 +45,6 @@ from .workload import Vocabulary
 ITL_P99_LIMIT = 3.0        # x the ITL p50 before the long prompt
 TTFT_LIMIT = 2.0           # x the TTFT alone
 PACING_FIELD = "prefill_time_ratio"   # absent from engines before the pacer
-BOUND_FIELD = "paced_step_bound"      # absent from engines before the bound steered the ratio
 
 
 @dataclass
@@ -56,20 +54,15 @@ class Point:
 
 
 def parse_point(text: str) -> Point:
-    """`512` (fixed budget, pacing off), `default`, or `paced:<budget>:<ratio>`
-    (that ratio, fixed)."""
-    fields = {f.name for f in dataclasses.fields(EngineConfig)}
-    pacing = PACING_FIELD in fields
+    """`512` (fixed budget, pacing off), `default`, or `paced:<budget>:<ratio>`."""
+    pacing = PACING_FIELD in {f.name for f in dataclasses.fields(EngineConfig)}
     if text == "default":
         return Point("default", {})
     if text.startswith("paced:"):
         _, budget, ratio = text.split(":")
         if not pacing:
             raise SystemExit(f"{text}: this engine has no {PACING_FIELD}")
-        overrides = {"max_num_batched_tokens": int(budget), PACING_FIELD: float(ratio)}
-        if BOUND_FIELD in fields:
-            overrides[BOUND_FIELD] = 0.0
-        return Point(f"paced {budget} x{ratio}", overrides)
+        return Point(f"paced {budget} x{ratio}", {"max_num_batched_tokens": int(budget), PACING_FIELD: float(ratio)})
     overrides: dict[str, Any] = {"max_num_batched_tokens": int(text)}
     if pacing:
         overrides[PACING_FIELD] = 0.0
@@ -92,7 +85,6 @@ class Measurement:
     during_steps: list[tuple[int, int, float, int]] = field(default_factory=list)
     cores_used: float = 0.0
     num_layers: int = 0
-    ratios_during: list[float] = field(default_factory=list)   # the pacer's ratio after each step
 
     def summary(self, best_alone_s: float) -> dict[str, Any]:
         p50_before = statistics.median(self.itl_before_s)
@@ -112,9 +104,6 @@ class Measurement:
             "steps_during": len(self.during_steps), "steps_alone": len(self.alone_steps),
             "sliced_steps_during": sum(1 for *_, layers in self.during_steps if 0 < layers < self.num_layers),
             "alone_steps": self.alone_steps, "during_steps": self.during_steps,
-            "ratio_during": {"first": self.ratios_during[0], "last": self.ratios_during[-1],
-                             "min": min(self.ratios_during), "max": max(self.ratios_during)}
-            if self.ratios_during else None,
         }
         out["meets_itl"] = out["itl_p99_over_p50_before"] <= ITL_P99_LIMIT
         out["meets_ttft"] = out["ttft_over_alone"] <= TTFT_LIMIT
@@ -221,9 +210,6 @@ class Bench:
             outs = self._stream_step(engine, last, m.itl_during_s)
             start, tokens = self._prefill_of(engine, "long")
             m.during_steps.append((start, tokens, time.perf_counter() - t0, self._layers_of(engine, "long", tokens)))
-            pacer = getattr(engine.scheduler, "pacer", None)
-            if pacer is not None:
-                m.ratios_during.append(pacer.ratio)
             if any(o.request_id == "long" and o.new_token_ids for o in outs):
                 m.ttft_s = time.perf_counter() - arrived
             if any(o.finished and o.request_id != "long" for o in outs):
@@ -246,7 +232,7 @@ class Bench:
     def measure(self, point: Point) -> Measurement:
         engine = self.engine(point)
         config = {k: getattr(engine.config, k) for k in ("max_num_batched_tokens", "enable_chunked_context",
-                                                          PACING_FIELD, BOUND_FIELD) if hasattr(engine.config, k)}
+                                                          PACING_FIELD) if hasattr(engine.config, k)}
         m = Measurement(point.label, config, os.getloadavg()[0], self.long_tokens(engine),
                         num_layers=int(engine.model_info.num_layers))
         cpu0, wall0 = _cpu_seconds(), time.perf_counter()
@@ -402,9 +388,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"   TTFT alone {m.ttft_alone_s:.1f} s, TTFT {m.ttft_s:.1f} s, ITL p50 before "
               f"{1e3 * statistics.median(m.itl_before_s):.0f} ms, "
               f"p99 during {1e3 * percentile(m.itl_during_s, 99):.0f} ms "
-              + (f"ratio {m.ratios_during[0]:.2f} -> {m.ratios_during[-1]:.2f} "
-                 f"({min(m.ratios_during):.2f}-{max(m.ratios_during):.2f}) " if m.ratios_during else "")
-              + f"(load {m.load_before:.2f}, cores {m.cores_used:.2f})", flush=True)
+              f"(load {m.load_before:.2f}, cores {m.cores_used:.2f})", flush=True)
     best_alone = min(m.ttft_alone_s for m in measurements)
     rows = [m.summary(best_alone) for m in measurements]
     print(table(rows))

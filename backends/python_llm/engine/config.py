@@ -36,12 +36,6 @@ class EngineConfig:
     # same TTFT as 1.5 (which passed the bound in 6 of 9 runs): docs/
     # benchmarks.md, "Issue 18: layer slices for a long prompt under pacing".
     prefill_time_ratio: float = 1.25
-    # Steer that ratio from the paced steps themselves (core/step_bound.py):
-    # their tail (p95 of the last 64, aimed at 0.9 x this) stays within this
-    # many times the decode-only step before the prompt, whatever the
-    # machine's noise; prefill_time_ratio is where it starts. 0 = the ratio
-    # stays fixed. 3.0: issue 18's bound on the streams' ITL p99.
-    paced_step_bound: float = 3.0
     # Streaming under load (python_llm/response_pacing.py): answering every
     # stream at every step may take at most this share of the engine's time;
     # past it a stream's tokens are held (at most 0.25 s) and sent together,
@@ -86,8 +80,6 @@ class EngineConfig:
               "max_num_batched_tokens: must be >= max_num_seqs")
         check(self.max_queue_size >= 0, "max_queue_size: must be >= 0")
         check(self.prefill_time_ratio >= 0, "prefill_time_ratio: must be >= 0")
-        check(self.paced_step_bound == 0 or self.paced_step_bound > 1,
-              "paced_step_bound: 0 (off) or > 1 (a multiple of the decode step)")
         check(0.0 <= self.stream_response_share <= 1.0, "stream_response_share: must be in [0, 1]")
         check(self.default_max_tokens > 0, "default_max_tokens: must be > 0")
         check(self.default_token_timeout_ms >= 0, "default_token_timeout_ms: must be >= 0")

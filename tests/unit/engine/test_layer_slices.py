@@ -47,7 +47,7 @@ class Harness:
 
 
 def sliced(measured: bool = True, num_layers: int = LAYERS, **cfg: object) -> Harness:
-    cfg = {"max_num_batched_tokens": 64, "max_num_seqs": 8, "prefill_time_ratio": 1.0, "paced_step_bound": 0.0, **cfg}
+    cfg = {"max_num_batched_tokens": 64, "max_num_seqs": 8, "prefill_time_ratio": 1.0, **cfg}
     config = EngineConfig(model_dir="unused", block_size=4, max_tokens_in_paged_kv_cache=4096,
                           **cfg)  # type: ignore[arg-type]
     sched = Scheduler(config, 1024, 4096, num_layers=num_layers)

@@ -98,7 +98,7 @@ DECODE_S, UNIT_S = 0.010, 0.001   # a decode-only step; a unit of prefill
 
 
 def paced(attention_context: float = 0.0, **cfg: object) -> tuple[Scheduler, FakeRunner, Clock]:
-    cfg = {"max_num_batched_tokens": 64, "max_num_seqs": 8, "prefill_time_ratio": 1.0, "paced_step_bound": 0.0, **cfg}
+    cfg = {"max_num_batched_tokens": 64, "max_num_seqs": 8, "prefill_time_ratio": 1.0, **cfg}
     config = EngineConfig(model_dir="unused", block_size=4, max_tokens_in_paged_kv_cache=1024,
                           **cfg)  # type: ignore[arg-type]
     sched = Scheduler(config, 256, 4096, attention_context=attention_context)

@@ -29,8 +29,7 @@ ENGINE_VALUES = {
     "default_max_tokens": 77, "default_token_timeout_ms": 1500, "enable_kv_cache_reuse": False,
     "enable_chunked_context": False, "num_threads": 3, "attention_backend": "torch", "linear_backend": "torch",
     "debug_step_delay_ms": 5,
-    "debug_fail_after_steps": 11, "exit_on_engine_failure_s": -1.0, "prefill_time_ratio": 0.75, "paced_step_bound": 2.5,
-    "stream_response_share": 0.3,
+    "debug_fail_after_steps": 11, "exit_on_engine_failure_s": -1.0, "prefill_time_ratio": 0.75, "stream_response_share": 0.3,
 }
 TEXT_VALUES = {
     "default_system_prompt": 'Be "brief", \\ kind.', "max_messages": 10, "max_messages_depth": 4,

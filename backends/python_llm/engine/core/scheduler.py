@@ -12,8 +12,7 @@ Preemption is by recompute: its blocks are freed and it re-prefills prompt +
 generated tokens later (the prefix cache usually serves most of them).
 Long prompts (more tokens than one step's budget) are paced while decodes
 run (`prefill_pacer.py`): their chunks are cut so that a step's prefill
-takes at most `prefill_time_ratio` x a decode-only step (a ratio steered
-to keep the tail within `paced_step_bound`); a chunk that
+takes at most `prefill_time_ratio` x a decode-only step; a chunk that
 cannot finish the prompt then runs a few layers a step (`LayerSlice`).
 What the runner learns is a message (`scheduler_output.py`): a request whole
 when it is admitted, then per step only its new blocks and progress.
@@ -76,7 +75,7 @@ class Scheduler:
         # pacing of long prefills, a step at a time
         self.pacer = PrefillPacer(config.prefill_time_ratio if self.chunked else 0.0, attention_context)
         self.slicer = LayerSlicer(self.pacer, num_layers)
-        self.pacing = StepPacing(self.pacer, self.slicer, self.max_num_batched_tokens, config.paced_step_bound)
+        self.pacing = StepPacing(self.pacer, self.slicer, self.max_num_batched_tokens)
 
     @property
     def clock(self) -> Callable[[], float]:

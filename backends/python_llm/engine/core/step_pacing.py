@@ -1,8 +1,6 @@
 """One step's prefill pacing, for the scheduler: the units the step may
 spend on prompt chunks (`prefill_pacer.py`), what its chunks spent, its
-layer slice (`layer_slices.py`), and the step's time fed back once it ran:
-to the pacer's estimates, and for a step whose prefill was all paced, to
-the bound that steers the pacer's ratio (`step_bound.py`).
+layer slice (`layer_slices.py`), and the step's time fed back once it ran.
 
 `begin()` when the step's decodes are known, `chunk()` / `charge()` for each
 prompt chunk, `sent()` when the step leaves the scheduler, `observe()` with
@@ -18,16 +16,12 @@ from .layer_slices import LayerSlicer
 from .prefill_pacer import PrefillPacer
 from .request import Request
 from .scheduler_output import LayerSlice, RunnerOutput
-from .step_bound import StepBound
 
 
 class StepPacing:
-    def __init__(self, pacer: PrefillPacer, slicer: LayerSlicer, max_num_batched_tokens: int,
-                 paced_step_bound: float = 0.0) -> None:
+    def __init__(self, pacer: PrefillPacer, slicer: LayerSlicer, max_num_batched_tokens: int) -> None:
         self.pacer = pacer
         self.slicer = slicer
-        # None: the pacer's ratio stays as configured
-        self.bound = StepBound(paced_step_bound, pacer.ratio) if pacer.enabled and paced_step_bound else None
         self.max_num_batched_tokens = max_num_batched_tokens
         self.clock: Callable[[], float] = time.perf_counter
         self.num_decodes = 0
@@ -35,9 +29,6 @@ class StepPacing:
         self.units_left: float | None = None    # None: no limit
         self.layer_slice: LayerSlice | None = None
         self.num_chunks = 0                     # charged this step, the slice's included
-        self.paced_long = False                 # a long prompt's chunk was cut to the budget's measure
-        self.unpaced = False                    # a short prompt's chunk ran as it came
-        self._planned: tuple[float, float] | None = None   # (decode step s, s per unit) the budget came from
         self._sent_at = 0.0
 
     def begin(self, num_decodes: int) -> None:
@@ -47,18 +38,12 @@ class StepPacing:
         self.units_left = pacer.budget(num_decodes) if pacer.enabled else None
         self.layer_slice = None
         self.num_chunks = 0
-        self.paced_long = self.unpaced = False
-        decode_s = pacer.decode_step_s(num_decodes) if num_decodes else None
-        # None: no ratio behind the budget (none, or the probe before the unit cost is known)
-        self._planned = None if self.units_left is None or pacer.unit_s is None or not decode_s \
-            else (decode_s, pacer.unit_s)
 
     def chunk(self, req: Request, start: int, available: int, scheduled_any: bool) -> tuple[LayerSlice | None, int]:
         """A running prefill's chunk this step, of at most `available` tokens
         from `start`: (its layer slice, the chunk's tokens) or (None, tokens
         through all layers); 0 tokens: paced out of this step."""
         if self._long(req):   # a chunk in slices is a long prompt's too
-            self.paced_long |= self.units_left is not None
             layer_slice, tokens = self.slicer.next_slice(req, start, available, self.units_left, self.num_decodes,
                                                          self.units)
             if layer_slice is not None:
@@ -76,7 +61,6 @@ class StepPacing:
         units = self.units_left
         if units is None or not self._long(req):
             return num_new
-        self.paced_long = True
         allowed = self.pacer.max_tokens(start, max(units, 0.0))
         if not scheduled_any:
             allowed = max(allowed, self.pacer.min_tokens)
@@ -94,7 +78,6 @@ class StepPacing:
             share = (layer_slice.end_layer - layer_slice.first_layer) / layers
         cost = self.pacer.cost(start, num_new) * share
         self.units += cost
-        self.unpaced |= not self._long(req)
         if self.units_left is not None:
             self.units_left -= cost
         self.num_chunks += 1
@@ -111,11 +94,6 @@ class StepPacing:
         if not self.pacer.enabled:
             return
         step_s = self.clock() - self._sent_at
-        if self.bound is not None and self._planned is not None and self.paced_long and not self.unpaced \
-                and self.units > 0:
-            decode_s, unit_s = self._planned
-            planned_s = max((1.0 + self.pacer.ratio) * decode_s, decode_s + self.units * unit_s)
-            self.pacer.ratio = self.bound.observe(step_s / planned_s)
         self.pacer.observe(step_s, self.num_decodes, self.units)
         layer_slice = self.layer_slice
         req = None if layer_slice is None else requests.get(layer_slice.request_id)
