@@ -25,8 +25,8 @@ LM_HEAD_CHUNK = 2048   # vocabulary rows per LM-head GEMM on the CPU
 # and a native argmax over its logits; fewer rows the fused LM head + argmax,
 # which reads the weights once and writes no logits but re-reads the hidden
 # rows for every four weight rows. Measured on the 2-core AVX-512 Intel
-# machine (`python -m bench.lm_head_probe`): 1 row fused 3.8 vs oneDNN 4.4 ms,
-# 4 rows 8.0 vs 6.0, 64 rows 35 vs 22.
+# machine (`python -m bench.lm_head_probe`, docs/benchmarks.md): fused vs
+# oneDNN 1 row 7.7 vs 7.9 ms, 4 rows 10.0 vs 8.9, 64 rows 51.8 vs 30.6.
 LM_HEAD_GEMM_MIN_ROWS = 4
 
 
