@@ -47,8 +47,10 @@ class EngineConfig:
     attention_backend: str = "auto"
     # projections on the CPU in fp32 (worker/models/packed_linear.py):
     # "auto" = AMX tiles by three-way bf16 splitting (fp32 accuracy) where the
-    # CPU has AMX-BF16 and the native kernels build, else oneDNN with prepacked
-    # weights; "onednn" = oneDNN; "torch" = always F.linear, the reference
+    # CPU has AMX-BF16 and the native kernels build, else the native FMA GEMM
+    # where AVX2 is the CPU's widest vector unit, else oneDNN with prepacked
+    # weights; "fma" = the FMA GEMM on any AVX2 CPU; "onednn" = oneDNN;
+    # "torch" = always F.linear, the reference
     linear_backend: str = "auto"
     debug_step_delay_ms: int = 0              # test-only stall injected per step
     debug_fail_after_steps: int = 0           # test-only: the loop fails after N steps (0 = never)
@@ -66,8 +68,8 @@ class EngineConfig:
         check(self.dtype in ("float32", "bfloat16", "float16"), f"dtype: unsupported {self.dtype!r}")
         check(self.attention_backend in ("auto", "torch"),
               f"attention_backend: 'auto' or 'torch', got {self.attention_backend!r}")
-        check(self.linear_backend in ("auto", "onednn", "torch"),
-              f"linear_backend: 'auto', 'onednn' or 'torch', got {self.linear_backend!r}")
+        check(self.linear_backend in ("auto", "fma", "onednn", "torch"),
+              f"linear_backend: 'auto', 'fma', 'onednn' or 'torch', got {self.linear_backend!r}")
         check(self.device == "cpu" or self.device.startswith("cuda"), f"device: unsupported {self.device!r}")
         check(self.block_size > 0 and self.block_size & (self.block_size - 1) == 0,
               f"block_size: must be a power of two, got {self.block_size}")

@@ -47,6 +47,8 @@ def test_packed_and_native_models_match_reference(tmp_path: Path, kind: str, ove
                 "native elementwise": build_model(folder, 64, torch.float32, cpu, linear_backend="torch",
                                                   kernels=kernels),
                 "both": build_model(folder, 64, torch.float32, cpu, linear_backend="auto", kernels=kernels)}
+    if kernels.fma_gemm_supported():
+        variants["fma"] = build_model(folder, 64, torch.float32, cpu, linear_backend="fma", kernels=kernels)
     assert not reference.layers[0].projections.packed and reference.kernels is None
     assert variants["both"].layers[0].projections.packed and variants["both"].layers[0].kernels is kernels
     # packing moves the weights: the parameters no longer hold a copy

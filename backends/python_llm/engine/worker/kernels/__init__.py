@@ -4,7 +4,8 @@ prefill chunk over the paged cache (`paged_prefill_attention.cpp`), the greedy a
 over logit rows (`argmax_rows.cpp`), the LM head fused with that argmax
 for all-greedy steps (`lm_head_argmax.cpp`) and the decoder layer's
 elementwise steps, fp32 (`layer_elementwise.cpp`: RMSNorm, rotary + K/V
-cache write, SiLU x up).
+cache write, SiLU x up), and fp32 projections on AMX tiles (`amx_gemm.cpp`)
+or AVX2 / FMA lanes (`fma_gemm.cpp`).
 
 They are compiled on first use with the system C++ compiler (about 3 s) for the
 CPU it runs on (-march=native) and cached under `LLM_CACHE_DIR/kernels`; the
@@ -36,7 +37,8 @@ log = logging.getLogger(__name__)
 
 SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode_attention.cpp", "paged_prefill_attention.cpp",
                                                           "argmax_rows.cpp", "lm_head_argmax.cpp",
-                                                          "layer_elementwise.cpp", "amx_gemm.cpp")]
+                                                          "layer_elementwise.cpp", "amx_gemm.cpp",
+                                                          "fma_gemm.cpp")]
 HEADERS = [Path(__file__).with_name("fast_exp.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=gnu++20", "-shared", "-fPIC"]
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
@@ -134,6 +136,17 @@ class CpuKernels:
         self._amx_gemm = self._lib.amx_gemm_f32
         self._amx_gemm.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, ptr, i64, ptr, i64, ctypes.c_int]
         self._amx_gemm.restype = ctypes.c_int
+        self._fma_supported = self._lib.fma_gemm_supported
+        self._fma_supported.restype = ctypes.c_int
+        self._fma_elements = self._lib.fma_gemm_packed_elements
+        self._fma_elements.argtypes = [i64, i64]
+        self._fma_elements.restype = i64
+        self._fma_pack = self._lib.fma_gemm_pack_weight
+        self._fma_pack.argtypes = [ptr, i64, i64, i64, ptr, ctypes.c_int]
+        self._fma_pack.restype = None
+        self._fma_gemm = self._lib.fma_gemm_f32
+        self._fma_gemm.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, ptr, i64, ptr, i64, ctypes.c_int]
+        self._fma_gemm.restype = ctypes.c_int
         supported = self._lib.paged_prefill_attention_supported
         supported.argtypes = [i64]
         supported.restype = ctypes.c_int
@@ -282,6 +295,42 @@ class CpuKernels:
                                 torch.get_num_threads())
         if status != 0:
             raise RuntimeError("amx_linear: AMX is not available in this process")
+        return out
+
+    # -- fp32 projections on AVX2 / FMA lanes (fma_gemm.cpp) -----------------
+    def fma_gemm_supported(self) -> bool:
+        """Whether this build targets AVX2 + FMA."""
+        return bool(self._fma_supported())
+
+    def fma_pack_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        """weight [n, k] (fp32, CPU, contiguous rows) in panels of 16
+        columns (fma_gemm.cpp's layout; n rounded up to 16)."""
+        if weight.dim() != 2 or weight.dtype != torch.float32 or weight.stride(1) != 1 or weight.is_cuda:
+            raise ValueError("fma_pack_weight: an fp32 CPU weight [n, k] with contiguous rows expected")
+        n, k = weight.shape
+        packed = torch.empty(self._fma_elements(n, k), dtype=torch.float32)
+        if packed.data_ptr() % 32:   # the kernel's aligned loads; torch's CPU allocator gives 64
+            raise RuntimeError("fma_pack_weight: the packed weight is not 32-byte aligned")
+        self._fma_pack(weight.data_ptr(), weight.stride(0), n, k, packed.data_ptr(), torch.get_num_threads())
+        return packed
+
+    def fma_linear(self, x: torch.Tensor, packed: torch.Tensor, n: int, k: int, bias: torch.Tensor | None,
+                   residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x [m, k] @ weight.T (+ bias) (+ residual [m, n]) with the weight
+        from fma_pack_weight; fp32 CPU tensors with contiguous rows (the
+        projection checks its own tensors once, at load)."""
+        m = x.shape[0]
+        if x.stride(1) != 1 or x.shape[1] != k or (residual is not None and
+                                                    (residual.shape != (m, n) or residual.stride(1) != 1)):
+            raise ValueError(f"fma_linear: x [m, {k}] with contiguous rows (and residual [m, {n}]) expected")
+        out = x.new_empty(m, n)
+        status = self._fma_gemm(x.data_ptr(), x.stride(0), m, packed.data_ptr(), n, k,
+                                None if bias is None else bias.data_ptr(),
+                                None if residual is None else residual.data_ptr(),
+                                0 if residual is None else residual.stride(0), out.data_ptr(), n,
+                                torch.get_num_threads())
+        if status != 0:
+            raise RuntimeError("fma_linear: this build has no AVX2 / FMA")
         return out
 
     def argmax_rows(self, logits: torch.Tensor) -> torch.Tensor:

@@ -87,6 +87,19 @@ def amx_check(kernels) -> float | None:
     return ((result.double() - exact).abs().max() / (sgemm - exact).abs().max().clamp_min(1e-12)).item()
 
 
+def fma_check(kernels) -> float | None:
+    """The FMA projection's error against float64 over MKL's sgemm error
+    (about 1 for an fp32 GEMM); None where the build has no AVX2 / FMA."""
+    if not kernels.fma_gemm_supported():
+        return None
+    gen = torch.Generator().manual_seed(6)
+    weight, x, bias = torch.randn(100, 70, generator=gen) * 0.05, torch.randn(40, 70, generator=gen), torch.randn(100, generator=gen)
+    exact = x.double() @ weight.double().t() + bias.double()
+    result = kernels.fma_linear(x, kernels.fma_pack_weight(weight), 100, 70, bias)
+    sgemm = (x @ weight.t() + bias).double()
+    return ((result.double() - exact).abs().max() / (sgemm - exact).abs().max().clamp_min(1e-12)).item()
+
+
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     print(f"CPU kernels: {library_path()}")
@@ -100,15 +113,17 @@ def main() -> int:
     lm_head_ok = lm_head_agrees(kernels)
     elementwise_worst = elementwise_check(kernels)
     amx = amx_check(kernels)
+    fma = fma_check(kernels)
     print(f"built; decode attention's largest difference from SDPA: {worst:.2e}; prefill attention's "
           f"{prefill_worst:.2e}; "
           f"argmax {'equals' if argmax_ok else 'DIFFERS FROM'} torch.argmax; "
           f"fused LM head {'agrees' if lm_head_ok else 'DISAGREES'} with GEMM + argmax; "
           f"RMSNorm / SiLU x up within {elementwise_worst:.2e}; "
-          + ("no AMX here (projections on oneDNN)" if amx is None else
-             f"AMX projection error {amx:.2f}x an fp32 sgemm's"))
+          + ("no AMX here" if amx is None else f"AMX projection error {amx:.2f}x an fp32 sgemm's") + "; "
+          + ("no AVX2 / FMA GEMM in this build" if fma is None else
+             f"FMA projection error {fma:.2f}x an fp32 sgemm's"))
     return 0 if (worst < 1e-4 and prefill_worst < 1e-4 and argmax_ok and lm_head_ok and elementwise_worst < 1e-5
-                 and (amx is None or amx < 4.0)) else 1
+                 and (amx is None or amx < 4.0) and (fma is None or fma < 4.0)) else 1
 
 
 if __name__ == "__main__":

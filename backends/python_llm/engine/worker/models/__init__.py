@@ -10,7 +10,7 @@ from ..kernels import CpuKernels
 from ..model_info import ModelFolderError, read_json
 from .llama import LlamaForCausalLM, LlamaSpec
 from .loader import load_weights
-from .packed_linear import packed_linears_available
+from .packed_linear import packed_linears_available, projection_makers
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
@@ -20,7 +20,9 @@ def build_model(model_dir: str | Path, max_positions: int, dtype: torch.dtype,
     """Instantiate the model named by the folder's config.json and load its
     weights. Projections (CPU, fp32): linear_backend "auto" packs them for
     AMX tiles where the CPU has AMX-BF16 (with oneDNN for few rows), else for
-    oneDNN; "onednn" for oneDNN only; "torch" keeps `F.linear` (the
+    FMA lanes where AVX2 is its widest vector unit (with oneDNN for many
+    rows), else for oneDNN; "fma" and "onednn" for those alone (see
+    packed_linear.projection_makers); "torch" keeps `F.linear` (the
     reference), as does every other device or dtype. With native kernels,
     an fp32 CPU model runs its elementwise steps on them."""
     config = read_json(Path(model_dir) / "config.json")
@@ -31,9 +33,8 @@ def build_model(model_dir: str | Path, max_positions: int, dtype: torch.dtype,
     spec = LlamaSpec.from_hf_config(config)
     model = LlamaForCausalLM(spec, max_positions, dtype, device)
     load_weights(model, model_dir)
-    if linear_backend in ("auto", "onednn") and packed_linears_available(device, dtype):
-        amx = linear_backend == "auto" and kernels is not None and kernels.amx_gemm_supported()
-        model.pack_linears(kernels if amx else None)
+    if linear_backend != "torch" and packed_linears_available(device, dtype):
+        model.pack_linears(*projection_makers(linear_backend, kernels))
     if kernels is not None and device.type == "cpu" and dtype == torch.float32:
         model.use_kernels(kernels)
     return model.eval()

@@ -17,7 +17,7 @@ from ..attention import AttentionMetadata, LayerSliceRows, paged_attention
 from ..kernels import CpuKernels
 from ..kv_cache import PagedKVCache
 from ..model_info import ModelFolderError
-from .packed_linear import AmxLinear, LayerProjections, PackedLinear, TorchLinear
+from .packed_linear import LayerProjections, Linear, LinearMaker, TorchLinear
 
 LM_HEAD_CHUNK = 2048   # vocabulary rows per LM-head GEMM on the CPU
 
@@ -195,16 +195,14 @@ class DecoderLayer(nn.Module):
         # the native elementwise steps (fp32 CPU), None: the PyTorch ops
         self.kernels: CpuKernels | None = None
 
-    def pack(self, amx: CpuKernels | None = None) -> None:
-        """Move the projections into oneDNN's layout, and with `amx` also
-        into AMX tiles' (packed_linear.AmxLinear). The nn.Parameters are
+    def pack(self, make_linear: LinearMaker) -> None:
+        """Move the projections into a packed layout (packed_linear.py's
+        PackedLinear, AmxLinear or FmaLinear). The nn.Parameters are
         emptied: keeping them too would hold every weight once more."""
-        def packed(weight: torch.Tensor, bias: torch.Tensor | None) -> PackedLinear | AmxLinear:
-            return PackedLinear(weight, bias) if amx is None else AmxLinear(weight, bias, amx)
-
         self.projections = LayerProjections(
-            qkv=packed(self.qkv_weight, self.qkv_bias), o=packed(self.o_weight, self.o_bias),
-            gate_up=packed(self.gate_up_weight, self.gate_up_bias), down=packed(self.down_weight, self.down_bias))
+            qkv=make_linear(self.qkv_weight, self.qkv_bias), o=make_linear(self.o_weight, self.o_bias),
+            gate_up=make_linear(self.gate_up_weight, self.gate_up_bias),
+            down=make_linear(self.down_weight, self.down_bias))
         for name in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
             getattr(self, name).data = torch.empty(0, dtype=self.qkv_weight.dtype)
 
@@ -263,7 +261,7 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryTable(spec, max_positions, dtype).to(device)
         self.kernels: CpuKernels | None = None
         # the LM head packed as the projections are (pack_linears), else None
-        self.lm_head_gemm: PackedLinear | AmxLinear | None = None
+        self.lm_head_gemm: Linear | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 cache: PagedKVCache, layer_slice: LayerSliceRows | None = None) -> torch.Tensor:
@@ -309,16 +307,14 @@ class LlamaForCausalLM(nn.Module):
             return StepRope(positions, *self.rotary.lookup(positions))
         return StepRope(positions, self.rotary.cos, self.rotary.sin)
 
-    def pack_linears(self, amx: CpuKernels | None = None) -> None:
-        """Every decoder layer's projections into oneDNN's layout, and with
-        `amx` AMX tiles' too (CPU fp32, see packed_linear.py). The LM head
-        gets a packed copy of the same kind for steps of many rows; its
+    def pack_linears(self, make_linear: LinearMaker, make_lm_head: LinearMaker) -> None:
+        """Every decoder layer's projections packed by `make_linear`; the LM
+        head gets a packed copy by `make_lm_head` for steps of many rows; its
         plain weight stays, as the embedding when tied, and for the fused
         LM-head + argmax kernel of greedy steps of few rows."""
         for layer in self.layers:
-            layer.pack(amx)
-        weight = self.lm_head.detach()
-        self.lm_head_gemm = PackedLinear(weight, None) if amx is None else AmxLinear(weight, None, amx)
+            layer.pack(make_linear)
+        self.lm_head_gemm = make_lm_head(self.lm_head.detach(), None)
 
     def use_kernels(self, kernels: CpuKernels) -> None:
         """The native elementwise steps (RMSNorm, rotary + K/V write, SiLU x

@@ -1,8 +1,10 @@
-"""A decoder layer's projections, three ways behind one interface:
+"""A decoder layer's projections, four ways behind one interface:
 `TorchLinear` (`F.linear`, the reference); for fp32 on the CPU,
-`PackedLinear` (oneDNN with weights packed once); and where the CPU has
+`PackedLinear` (oneDNN with weights packed once); where the CPU has
 AMX-BF16, `AmxLinear` (kernels/amx_gemm.cpp: fp32 by three-way bf16
-splitting on AMX tiles, oneDNN below AMX_MIN_ROWS rows).
+splitting on AMX tiles, oneDNN below AMX_MIN_ROWS rows); and where its
+widest vectors are AVX2, `FmaLinear` (kernels/fma_gemm.cpp: fp32 on FMA
+lanes, oneDNN from FMA_MAX_ROWS rows).
 
 Why oneDNN: on the CPU `F.linear` calls MKL's sgemm, which re-packs the
 weight on every call; oneDNN takes the weight already in its blocked layout
@@ -17,6 +19,7 @@ ops up to fp32 rounding of the GEMM's summation order, as MKL's does.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -101,7 +104,68 @@ class AmxLinear:
         return self.kernels.amx_linear(x, self.parts, self.n, self.k, self.bias, other)
 
 
-Linear = TorchLinear | PackedLinear | AmxLinear
+# From this many rows oneDNN's fp32 GEMM runs instead. Measured on the 2-core
+# AVX2 machines (AMD EPYC, Zen 3; 30 distinct weights of each of the
+# decoder's shapes, GFLOP/s FMA / oneDNN): 64 rows 3072x576 111/89,
+# 576x1536 99/67, 960x576 109/73; 128 rows 113/103, 100/82, 111/91; 512 rows
+# 110/121, 106/102, 108/101, 576x576 105/110 (docs/benchmarks.md).
+FMA_MAX_ROWS = 256
+
+
+class FmaLinear:
+    """y = x @ weight.T + bias on AVX2 / FMA lanes (kernels/fma_gemm.cpp),
+    with oneDNN's packed weight for steps of many rows: both copies are
+    kept (2x the fp32 bytes)."""
+
+    __slots__ = ("packed", "bias", "n", "k", "kernels", "many_rows")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernels: CpuKernels) -> None:
+        weight = weight.detach().contiguous()
+        self.packed = kernels.fma_pack_weight(weight)
+        self.bias = None if bias is None else bias.detach().contiguous()
+        self.n, self.k = weight.shape
+        self.kernels = kernels
+        self.many_rows = PackedLinear(weight, bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] >= FMA_MAX_ROWS:
+            return self.many_rows(x)
+        return self.kernels.fma_linear(x, self.packed, self.n, self.k, self.bias)
+
+    def plus(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        """(x @ W.T + b) + other, the add done as the results are stored"""
+        if x.shape[0] >= FMA_MAX_ROWS:
+            return self.many_rows.plus(x, other)
+        return self.kernels.fma_linear(x, self.packed, self.n, self.k, self.bias, other)
+
+
+Linear = TorchLinear | PackedLinear | AmxLinear | FmaLinear
+LinearMaker = Callable[[torch.Tensor, "torch.Tensor | None"], Linear]   # (weight, bias) -> a projection
+
+
+def projection_makers(linear_backend: str, kernels: CpuKernels | None) -> tuple[LinearMaker, LinearMaker]:
+    """How the decoder's projections and the LM head's packed copy are made
+    for a `linear_backend` other than "torch" (fp32 CPU). "auto": AMX tiles
+    where the CPU has AMX-BF16; else FMA lanes where AVX2 is its widest
+    vector unit (as torch sees it: on AVX-512 CPUs oneDNN runs zmm kernels,
+    and the FMA GEMM was not measured there); else oneDNN. The LM head stays
+    on oneDNN beside FMA projections: at 49k columns oneDNN was faster from
+    16 rows (64 rows 37 vs 43 ms), and fewer rows take the fused kernel."""
+    onednn: LinearMaker = PackedLinear
+    if linear_backend == "onednn":
+        return onednn, onednn
+    if linear_backend == "auto" and kernels is not None and kernels.amx_gemm_supported():
+        def amx(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+            return AmxLinear(weight, bias, kernels)
+        return amx, amx
+    fma_capable = kernels is not None and kernels.fma_gemm_supported()
+    if linear_backend == "fma" and not fma_capable:
+        raise ValueError("linear_backend 'fma': the native kernels do not target AVX2 + FMA on this CPU")
+    if linear_backend == "fma" or (fma_capable and torch.backends.cpu.get_cpu_capability() == "AVX2"):
+        def fma(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+            return FmaLinear(weight, bias, kernels)   # type: ignore[arg-type]
+        return fma, onednn
+    return onednn, onednn
 
 
 @dataclass(frozen=True)

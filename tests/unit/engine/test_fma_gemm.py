@@ -1,0 +1,110 @@
+"""The FMA projection (fp32 on AVX2 / FMA lanes, kernels/fma_gemm.cpp)
+against float64: its error must be an fp32 GEMM's on every shape its blocks
+have to pad (rows past a block of 6, columns past a panel of 16, K past a
+pass of 192), with bias and residual; `FmaLinear` hands steps of many rows
+to oneDNN; and "auto" picks it only where AVX2 is the widest vector unit."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from python_llm.engine.worker.kernels import CpuKernels, cpu_kernels
+from python_llm.engine.worker.models import packed_linear
+from python_llm.engine.worker.models.packed_linear import FMA_MAX_ROWS, FmaLinear, PackedLinear, projection_makers
+
+
+@pytest.fixture(scope="module")
+def fma() -> CpuKernels:
+    kernels = cpu_kernels()
+    if kernels is None or not kernels.fma_gemm_supported():
+        pytest.skip("the native kernels do not target AVX2 + FMA on this CPU")
+    return kernels
+
+
+def _relative_error(result: torch.Tensor, exact: torch.Tensor) -> float:
+    return ((result.double() - exact).abs().max() / exact.abs().max()).item()
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 16, 1), (5, 17, 70), (6, 45, 192), (7, 100, 193), (13, 960, 576),
+                                   (64, 576, 1536), (97, 3072, 576), (200, 33, 400)])
+@pytest.mark.parametrize("bias,residual", [(False, False), (True, True)])
+def test_error_is_an_fp32_gemms(fma, m: int, n: int, k: int, bias: bool, residual: bool) -> None:
+    gen = torch.Generator().manual_seed(m * n + k)
+    weight = torch.randn(n, k, generator=gen) * 0.05
+    x = torch.randn(m, k, generator=gen)
+    b = torch.randn(n, generator=gen) if bias else None
+    r = torch.randn(m, n, generator=gen) if residual else None
+    exact = x.double() @ weight.double().T
+    fp32 = F.linear(x, weight, b)
+    if b is not None:
+        exact = exact + b.double()
+    if r is not None:
+        exact, fp32 = exact + r.double(), fp32 + r
+    result = fma.fma_linear(x, fma.fma_pack_weight(weight), n, k, b, r)
+    assert result.shape == (m, n)
+    # the same order as MKL's sgemm error (~1e-7 relative)
+    assert _relative_error(result, exact) <= 2 * _relative_error(fp32, exact) + 1e-7
+
+
+def test_rows_with_a_stride_and_a_zero_row_count(fma) -> None:
+    gen = torch.Generator().manual_seed(8)
+    weight = torch.randn(40, 24, generator=gen)
+    wide = torch.randn(9, 50, generator=gen)
+    x = wide[:, 3:27]   # rows 50 floats apart
+    torch.testing.assert_close(fma.fma_linear(x, fma.fma_pack_weight(weight), 40, 24, None), F.linear(x, weight),
+                               atol=1e-5, rtol=1e-5)
+    assert fma.fma_linear(torch.empty(0, 24), fma.fma_pack_weight(weight), 40, 24, None).shape == (0, 40)
+
+
+def test_many_rows_go_to_onednn_and_agree(fma) -> None:
+    gen = torch.Generator().manual_seed(3)
+    weight, bias = torch.randn(96, 64, generator=gen), torch.randn(96, generator=gen)
+    linear = FmaLinear(weight, bias, fma)
+    calls: list[int] = []
+
+    class Counting(PackedLinear):
+        __slots__ = ()
+
+        def __call__(self, x: torch.Tensor) -> torch.Tensor:
+            calls.append(x.shape[0])
+            return super().__call__(x)
+
+        def plus(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+            calls.append(x.shape[0])
+            return super().plus(x, other)
+
+    linear.many_rows = Counting(weight, bias)
+    for rows in (1, FMA_MAX_ROWS - 1, FMA_MAX_ROWS, FMA_MAX_ROWS + 40):
+        x, other = torch.randn(rows, 64, generator=gen), torch.randn(rows, 96, generator=gen)
+        torch.testing.assert_close(linear(x), F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(linear.plus(x, other), F.linear(x, weight, bias) + other, atol=1e-5, rtol=1e-5)
+    assert calls == [FMA_MAX_ROWS, FMA_MAX_ROWS, FMA_MAX_ROWS + 40, FMA_MAX_ROWS + 40]
+
+
+def test_refuses_what_it_cannot_read(fma) -> None:
+    with pytest.raises(ValueError, match="fma_pack_weight"):
+        fma.fma_pack_weight(torch.randn(4, 8, dtype=torch.float64))
+    packed = fma.fma_pack_weight(torch.randn(16, 32))
+    with pytest.raises(ValueError, match="fma_linear"):
+        fma.fma_linear(torch.randn(32, 4).t(), packed, 16, 32, None)
+    with pytest.raises(ValueError, match="fma_linear"):
+        fma.fma_linear(torch.randn(4, 32), packed, 16, 32, None, torch.randn(4, 8))
+
+
+@pytest.mark.parametrize("capability,expected", [("AVX2", FmaLinear), ("AVX512", PackedLinear)])
+def test_auto_takes_it_only_where_avx2_is_the_widest(fma, monkeypatch, capability: str, expected: type) -> None:
+    if fma.amx_gemm_supported():
+        pytest.skip("AMX is there: 'auto' takes the AMX tiles")
+    monkeypatch.setattr(packed_linear.torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    make_projection, make_lm_head = projection_makers("auto", fma)
+    weight = torch.randn(32, 16)
+    assert isinstance(make_projection(weight, None), expected)
+    assert isinstance(make_lm_head(weight, None), PackedLinear)   # the LM head stays on oneDNN
+    assert isinstance(projection_makers("fma", fma)[0](weight, None), FmaLinear)
+    assert isinstance(projection_makers("onednn", fma)[0](weight, None), PackedLinear)
+
+
+def test_fma_without_the_kernels_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="linear_backend 'fma'"):
+        projection_makers("fma", None)
