@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gemm_cases import GemmCase
 from python_llm.engine.worker.kernels import CpuKernels, cpu_kernels
 from python_llm.engine.worker.models.packed_linear import AMX_MIN_ROWS, AmxLinear
 
@@ -20,30 +21,16 @@ def amx() -> CpuKernels:
     return kernels
 
 
-def _relative_error(result: torch.Tensor, exact: torch.Tensor) -> float:
-    return ((result.double() - exact).abs().max() / exact.abs().max()).item()
-
-
 # rows: one tile, a partial pair, several pairs; columns and K off the tile sizes
 @pytest.mark.parametrize("m,n,k", [(1, 16, 32), (7, 50, 40), (16, 96, 64), (33, 960, 576), (64, 200, 1536),
                                    (130, 3072, 576), (512, 576, 100)])
 @pytest.mark.parametrize("bias,residual", [(False, False), (True, True)])
 def test_error_is_an_fp32_gemms(amx, m: int, n: int, k: int, bias: bool, residual: bool) -> None:
-    gen = torch.Generator().manual_seed(m * n + k)
-    weight = torch.randn(n, k, generator=gen) * 0.05
-    x = torch.randn(m, k, generator=gen)
-    b = torch.randn(n, generator=gen) if bias else None
-    r = torch.randn(m, n, generator=gen) if residual else None
-    exact = x.double() @ weight.double().T
-    fp32 = F.linear(x, weight, b)
-    if b is not None:
-        exact = exact + b.double()
-    if r is not None:
-        exact, fp32 = exact + r.double(), fp32 + r
-    result = amx.amx_linear(x, amx.amx_pack_weight(weight), n, k, b, r)
+    case = GemmCase.random(m, n, k, bias, residual)
+    result = amx.amx_linear(case.x, amx.amx_pack_weight(case.weight), n, k, case.bias, case.residual)
     assert result.shape == (m, n)
     # the same order as MKL's sgemm error (~1e-7 relative), not bf16's (~4e-3)
-    assert _relative_error(result, exact) <= 2 * _relative_error(fp32, exact) + 1e-7
+    assert case.within_fp32(result)
 
 
 def test_values_bf16_cannot_hold_survive(amx) -> None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gemm_cases import GemmCase
 from python_llm.engine.worker.kernels import CpuKernels, cpu_kernels
 from python_llm.engine.worker.models import packed_linear
 from python_llm.engine.worker.models.packed_linear import FMA_MAX_ROWS, FmaLinear, PackedLinear, projection_makers
@@ -22,29 +23,15 @@ def fma() -> CpuKernels:
     return kernels
 
 
-def _relative_error(result: torch.Tensor, exact: torch.Tensor) -> float:
-    return ((result.double() - exact).abs().max() / exact.abs().max()).item()
-
-
 @pytest.mark.parametrize("m,n,k", [(1, 16, 1), (5, 17, 70), (6, 45, 192), (7, 100, 193), (13, 960, 576),
                                    (64, 576, 1536), (97, 3072, 576), (200, 33, 400)])
 @pytest.mark.parametrize("bias,residual", [(False, False), (True, True)])
 def test_error_is_an_fp32_gemms(fma, m: int, n: int, k: int, bias: bool, residual: bool) -> None:
-    gen = torch.Generator().manual_seed(m * n + k)
-    weight = torch.randn(n, k, generator=gen) * 0.05
-    x = torch.randn(m, k, generator=gen)
-    b = torch.randn(n, generator=gen) if bias else None
-    r = torch.randn(m, n, generator=gen) if residual else None
-    exact = x.double() @ weight.double().T
-    fp32 = F.linear(x, weight, b)
-    if b is not None:
-        exact = exact + b.double()
-    if r is not None:
-        exact, fp32 = exact + r.double(), fp32 + r
-    result = fma.fma_linear(x, fma.fma_pack_weight(weight), n, k, b, r)
+    case = GemmCase.random(m, n, k, bias, residual)
+    result = fma.fma_linear(case.x, fma.fma_pack_weight(case.weight), n, k, case.bias, case.residual)
     assert result.shape == (m, n)
     # the same order as MKL's sgemm error (~1e-7 relative)
-    assert _relative_error(result, exact) <= 2 * _relative_error(fp32, exact) + 1e-7
+    assert case.within_fp32(result)
 
 
 def test_rows_with_a_stride_and_a_zero_row_count(fma) -> None:
