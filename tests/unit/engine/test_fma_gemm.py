@@ -1,8 +1,9 @@
 """The FMA projection (fp32 on AVX2 / FMA lanes, kernels/fma_gemm.cpp)
 against float64: its error must be an fp32 GEMM's on every shape its blocks
-have to pad (rows past a block of 6, columns past a panel of 16, K past a
-pass of 192), with bias and residual; `FmaLinear` hands steps of many rows
-to oneDNN; and "auto" picks it only where AVX2 is the widest vector unit."""
+have to pad (rows past a block of 6 or 8, columns past a panel of 16 or 32:
+AVX2 or AVX-512 registers; K past a pass of 192), with bias and residual;
+`FmaLinear` hands steps of many rows to oneDNN; and "auto" picks it only
+where AVX2 is the widest vector unit."""
 from __future__ import annotations
 
 import pytest

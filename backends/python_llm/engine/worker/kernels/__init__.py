@@ -303,14 +303,14 @@ class CpuKernels:
         return bool(self._fma_supported())
 
     def fma_pack_weight(self, weight: torch.Tensor) -> torch.Tensor:
-        """weight [n, k] (fp32, CPU, contiguous rows) in panels of 16
-        columns (fma_gemm.cpp's layout; n rounded up to 16)."""
+        """weight [n, k] (fp32, CPU, contiguous rows) in panels of two
+        registers' columns (fma_gemm.cpp's layout; n rounded up to them)."""
         if weight.dim() != 2 or weight.dtype != torch.float32 or weight.stride(1) != 1 or weight.is_cuda:
             raise ValueError("fma_pack_weight: an fp32 CPU weight [n, k] with contiguous rows expected")
         n, k = weight.shape
         packed = torch.empty(self._fma_elements(n, k), dtype=torch.float32)
-        if packed.data_ptr() % 32:   # the kernel's aligned loads; torch's CPU allocator gives 64
-            raise RuntimeError("fma_pack_weight: the packed weight is not 32-byte aligned")
+        if packed.data_ptr() % 64:   # the kernel's aligned loads; torch's CPU allocator gives 64
+            raise RuntimeError("fma_pack_weight: the packed weight is not 64-byte aligned")
         self._fma_pack(weight.data_ptr(), weight.stride(0), n, k, packed.data_ptr(), torch.get_num_threads())
         return packed
 

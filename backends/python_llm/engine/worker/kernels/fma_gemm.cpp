@@ -5,9 +5,10 @@
 // inner product reaches 55-80 GFLOP/s on the decoder's shapes at 64 rows and
 // ~100-120 at 512 (bench/step_profile.py, docs/benchmarks.md). This is the
 // classic BLIS structure for those shapes:
-//   - the weight [n, k] packed once into panels of NR = 16 columns, each panel
-//     k rows of 16 floats (zero columns past n), so a thread streams its own
-//     panels front to back and every weight byte comes from memory once;
+//   - the weight [n, k] packed once into panels of NR = two registers of
+//     columns (16 floats on AVX2), each panel k rows of NR floats (zero
+//     columns past n), so a thread streams its own panels front to back and
+//     every weight byte comes from memory once;
 //   - the activations packed per call into blocks of MR = 6 rows, k columns of
 //     6 floats, so the micro-kernel's broadcasts read one sequential stream;
 //   - a 6 x 16 micro-kernel: 12 ymm accumulators, per k two weight loads, six
@@ -16,6 +17,13 @@
 //   - the next panel's slice prefetched while the row blocks pass over this one
 //     (64 rows x 3072 columns: 81 -> 107 GFLOP/s).
 // Results are an fp32 GEMM's up to summation order (as oneDNN's against MKL's).
+//
+// Where the compiler targets AVX-512 the same code runs on zmm registers: an
+// 8 x 32 micro-kernel, 16 accumulators. On the 2-core Zen 5 machines (full
+// 512-bit FMA pipes, ~470 GFLOP/s peak measured) it reached 370-390 GFLOP/s
+// at 64 rows against oneDNN's 300-385, but fell behind it at 16 rows and from
+// 128, and the engine offline was no faster on it (docs/benchmarks.md), so
+// `linear_backend: auto` keeps oneDNN there; `fma` runs it.
 //
 // Built only where the compiler targets AVX2 + FMA (-march=native);
 // elsewhere `fma_gemm_supported` says 0.
@@ -33,12 +41,50 @@
 
 namespace {
 
-constexpr int64_t NR = 16;    // columns of a weight panel (two ymm)
-constexpr int64_t MR = 6;     // rows of an activation block
-// K of one pass: a panel's slice is 12 KiB (L1). 192 measured best of
-// 192 / 256 / 288 / 576 on the decoder's shapes (K = 576 and 1536).
+#if FMA_GEMM
+// One vector register of floats, the widest the build targets.
+#if defined(__AVX512F__)
+struct Lanes {
+  using V = __m512;
+  static constexpr int64_t W = 16;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V load(const float* p) { return _mm512_load_ps(p); }
+  static V loadu(const float* p) { return _mm512_loadu_ps(p); }
+  static V broadcast(const float* p) { return _mm512_set1_ps(*p); }
+  static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static void store(float* p, V v) { _mm512_store_ps(p, v); }
+  static void storeu(float* p, V v) { _mm512_storeu_ps(p, v); }
+};
+// rows of an activation block: 16 of the 32 zmm accumulate; 8 measured best
+// of 6 / 8 / 12 / 14 at 16-128 rows (Zen 5)
+constexpr int64_t MR = 8;
+#else
+struct Lanes {
+  using V = __m256;
+  static constexpr int64_t W = 8;
+  static V zero() { return _mm256_setzero_ps(); }
+  static V load(const float* p) { return _mm256_load_ps(p); }
+  static V loadu(const float* p) { return _mm256_loadu_ps(p); }
+  static V broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static V fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static void store(float* p, V v) { _mm256_store_ps(p, v); }
+  static void storeu(float* p, V v) { _mm256_storeu_ps(p, v); }
+};
+constexpr int64_t MR = 6;     // rows of an activation block: 12 of the 16 ymm accumulate
+#endif
+constexpr int64_t NR = 2 * Lanes::W;   // columns of a weight panel (two registers)
+#else
+constexpr int64_t NR = 16, MR = 6;
+#endif
+// K of one pass: a panel's slice is 12 KiB (ymm) or 24 KiB (zmm), in L1.
+// 192 measured best of 192 / 256 / 288 / 576 on the decoder's shapes
+// (K = 576 and 1536) on AVX2; on AVX-512 128 and 192 about equal, 288 and
+// 576 behind.
 constexpr int64_t KC = 192;
-constexpr int64_t MC = 96;    // rows of one pass: 96 x 192 floats = 72 KiB (L2); 96 measured best of 96 / 192 / 288
+// rows of one pass: 96 x 192 floats = 72 KiB (L2); 96 measured best of 96 / 192 / 288
+constexpr int64_t MC = 96;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -58,51 +104,53 @@ struct Tile {
 
 template <int ROWS>
 inline void micro_kernel(const float* a, const float* b, int64_t kc, const Tile& t) {
-  __m256 acc[ROWS][2];
-#pragma GCC unroll 6
-  for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  using L = Lanes;
+  constexpr int64_t W = L::W;
+  typename L::V acc[ROWS][2];
+#pragma GCC unroll 16
+  for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = L::zero();
   for (int64_t k = 0; k < kc; ++k) {
-    const __m256 b0 = _mm256_load_ps(b + k * NR), b1 = _mm256_load_ps(b + k * NR + 8);
-#pragma GCC unroll 6
+    const typename L::V b0 = L::load(b + k * NR), b1 = L::load(b + k * NR + W);
+#pragma GCC unroll 16
     for (int r = 0; r < ROWS; ++r) {
-      const __m256 x = _mm256_broadcast_ss(a + k * MR + r);
-      acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
+      const typename L::V x = L::broadcast(a + k * MR + r);
+      acc[r][0] = L::fmadd(x, b0, acc[r][0]);
+      acc[r][1] = L::fmadd(x, b1, acc[r][1]);
     }
   }
   // through a buffer: indexing the accumulators by the runtime row count
   // would make the compiler keep them in memory inside the loop above
-  alignas(32) float sums[ROWS][NR];
-#pragma GCC unroll 6
+  alignas(64) float sums[ROWS][NR];
+#pragma GCC unroll 16
   for (int r = 0; r < ROWS; ++r) {
-    _mm256_store_ps(sums[r], acc[r][0]);
-    _mm256_store_ps(sums[r] + 8, acc[r][1]);
+    L::store(sums[r], acc[r][0]);
+    L::store(sums[r] + W, acc[r][1]);
   }
   if (t.cols == NR) {
-    const __m256 bias0 = t.last && t.bias ? _mm256_loadu_ps(t.bias) : _mm256_setzero_ps();
-    const __m256 bias1 = t.last && t.bias ? _mm256_loadu_ps(t.bias + 8) : _mm256_setzero_ps();
+    const typename L::V bias0 = t.last && t.bias ? L::loadu(t.bias) : L::zero();
+    const typename L::V bias1 = t.last && t.bias ? L::loadu(t.bias + W) : L::zero();
     for (int64_t r = 0; r < t.rows; ++r) {
       float* row = t.out + r * t.out_stride;
-      __m256 v0 = _mm256_load_ps(sums[r]), v1 = _mm256_load_ps(sums[r] + 8);
+      typename L::V v0 = L::load(sums[r]), v1 = L::load(sums[r] + W);
       if (!t.first) {
-        v0 = _mm256_add_ps(_mm256_loadu_ps(row), v0);
-        v1 = _mm256_add_ps(_mm256_loadu_ps(row + 8), v1);
+        v0 = L::add(L::loadu(row), v0);
+        v1 = L::add(L::loadu(row + W), v1);
       }
       if (t.last) {
-        v0 = _mm256_add_ps(v0, bias0);
-        v1 = _mm256_add_ps(v1, bias1);
+        v0 = L::add(v0, bias0);
+        v1 = L::add(v1, bias1);
         if (t.residual) {
           const float* res = t.residual + r * t.residual_stride;
-          v0 = _mm256_add_ps(v0, _mm256_loadu_ps(res));
-          v1 = _mm256_add_ps(v1, _mm256_loadu_ps(res + 8));
+          v0 = L::add(v0, L::loadu(res));
+          v1 = L::add(v1, L::loadu(res + W));
         }
       }
-      _mm256_storeu_ps(row, v0);
-      _mm256_storeu_ps(row + 8, v1);
+      L::storeu(row, v0);
+      L::storeu(row + W, v1);
     }
     return;
   }
-  // the last panel of an n that is not a multiple of 16
+  // the last panel of an n that is not a multiple of NR
   for (int64_t r = 0; r < t.rows; ++r) {
     float* row = t.out + r * t.out_stride;
     for (int64_t c = 0; c < t.cols; ++c) {
@@ -117,18 +165,17 @@ inline void micro_kernel(const float* a, const float* b, int64_t kc, const Tile&
   }
 }
 
+template <int ROWS = MR>
 inline void micro_kernel_rows(int64_t rows, const float* a, const float* b, int64_t kc, const Tile& t) {
-  switch (rows) {
-    case 1: micro_kernel<1>(a, b, kc, t); break;
-    case 2: micro_kernel<2>(a, b, kc, t); break;
-    case 3: micro_kernel<3>(a, b, kc, t); break;
-    case 4: micro_kernel<4>(a, b, kc, t); break;
-    case 5: micro_kernel<5>(a, b, kc, t); break;
-    default: micro_kernel<6>(a, b, kc, t); break;
+  if constexpr (ROWS == 1) {
+    micro_kernel<1>(a, b, kc, t);
+  } else if (rows == ROWS) {
+    micro_kernel<ROWS>(a, b, kc, t);
+  } else {
+    micro_kernel_rows<ROWS - 1>(rows, a, b, kc, t);
   }
 }
 #endif
-
 }  // namespace
 
 extern "C" {
@@ -145,7 +192,7 @@ int fma_gemm_supported() {
 int64_t fma_gemm_packed_elements(int64_t n, int64_t k) { return ceil_div(n, NR) * NR * k; }
 
 // weight [n, k] (row stride in floats) into `packed` (fma_gemm_packed_elements):
-// panel j, row kk, column c at (j * k + kk) * 16 + c
+// panel j, row kk, column c at (j * k + kk) * NR + c
 void fma_gemm_pack_weight(const float* weight, int64_t weight_stride, int64_t n, int64_t k, float* packed,
                           int num_threads) {
   const int64_t panels = ceil_div(n, NR);
@@ -162,7 +209,7 @@ void fma_gemm_pack_weight(const float* weight, int64_t weight_stride, int64_t n,
 }
 
 // out[m, n] = x[m, k] @ weight.T (+ bias[n]) (+ residual[m, n]); bias and
-// residual may be null; `packed` must be 32-byte aligned. Returns 0, or 1
+// residual may be null; `packed` must be 64-byte aligned. Returns 0, or 1
 // when this build has no AVX2 / FMA.
 int fma_gemm_f32(const float* x, int64_t x_stride, int64_t m, const float* packed, int64_t n, int64_t k,
                  const float* bias, const float* residual, int64_t residual_stride, float* out, int64_t out_stride,
@@ -176,7 +223,7 @@ int fma_gemm_f32(const float* x, int64_t x_stride, int64_t m, const float* packe
   const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, panels)));
 #pragma omp parallel num_threads(threads)
   {
-    // block i, column kk, row r at (i * k + kk) * 6 + r (zero rows past m)
+    // block i, column kk, row r at (i * k + kk) * MR + r (zero rows past m)
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < blocks; ++i) {
       float* block = a + i * k * MR;
@@ -199,12 +246,14 @@ int fma_gemm_f32(const float* x, int64_t x_stride, int64_t m, const float* packe
         const int64_t kc = std::min(KC, k - k0);
         for (int64_t j = first; j < last; ++j) {
           const float* b = packed + (j * k + k0) * NR;
-          // the next panel's slice (kc lines of 64 bytes), spread over this
-          // panel's row blocks, so it is in cache when its first block starts
+          // the next panel's slice (kc x NR floats, in lines of 64 bytes),
+          // spread over this panel's row blocks, so it is in cache when its
+          // first block starts
           const char* next = reinterpret_cast<const char*>(b + k * NR);
-          const int64_t per_block = j + 1 < last ? ceil_div(kc, m_end - m0) : 0;
+          const int64_t lines = kc * NR * 4 / 64;
+          const int64_t per_block = j + 1 < last ? ceil_div(lines, m_end - m0) : 0;
           for (int64_t i = m0; i < m_end; ++i) {
-            for (int64_t line = (i - m0) * per_block; line < std::min(kc, (i - m0 + 1) * per_block); ++line) {
+            for (int64_t line = (i - m0) * per_block; line < std::min(lines, (i - m0 + 1) * per_block); ++line) {
               _mm_prefetch(next + line * 64, _MM_HINT_T0);
             }
             const int64_t rows = std::min(MR, m - i * MR);
