@@ -347,10 +347,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--long-tokens", type=int, default=0, help="0 = the model's context minus the one output token")
     p.add_argument("--streams", type=int, default=16)
     p.add_argument("--stream-prompt-tokens", type=int, default=128)
-    p.add_argument("--stream-tokens", type=int, default=1024, help="prompt + output room of each stream")
+    # room for the streams to keep decoding through the whole long prefill on
+    # the fastest machines (a Zen 5 ran past 1,024); they are cut when it ends
+    p.add_argument("--stream-tokens", type=int, default=2048, help="prompt + output room of each stream")
     p.add_argument("--steps-before", type=int, default=24)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--kv-tokens", type=int, default=32768)
+    p.add_argument("--kv-tokens", type=int, default=49152, help="16 streams x 2,048 + the 8k prompt fit")
     p.add_argument("--seed", type=int, default=20241201)
     p.add_argument("--model-dir", default=None)
     p.add_argument("--wait-quiet", type=float, default=0.0, help="minutes to wait for a quiet machine first")

@@ -32,6 +32,7 @@ class Harness:
     runner: FakeRunner
     clock: Clock
     measured: bool
+    reported_slice_s: float | None = None   # what the layer timers say, when not the fake's truth
     step_times: list[float] = field(default_factory=list)
     outputs: list[RequestOutput] = field(default_factory=list)
 
@@ -77,7 +78,8 @@ def run_step(h: Harness) -> list[tuple[str, int, int]]:
     h.step_times.append(seconds)
     result = runner.execute(out)
     if layer_slice is not None and h.measured:
-        result.slice_seconds = slice_s   # what the runner's layer timers report
+        # what the runner's layer timers report
+        result.slice_seconds = slice_s if h.reported_slice_s is None else h.reported_slice_s
     h.outputs += sched.update_from_output(out, result)
     return chunks
 
@@ -145,6 +147,20 @@ def test_a_long_prompt_advances_in_layer_slices_within_the_pacing_budget(measure
     # rounding of a chunk's last slice
     assert len(steps) <= (1 + (600 - 32) / 10) / PLAN_FILL + 4
     assert h.sched.slicer.slicing is None and not h.runner.slices
+
+
+def test_a_slice_timed_at_zero_seconds_teaches_nothing() -> None:
+    """The runner reports 0 s for a slice whose layers timed no slower than
+    the others (the fairness bench on a Zen 5): the slices keep their size
+    from the pacer's units, and no step divides by a zero cost (that step
+    raised ZeroDivisionError and the engine died)."""
+    h = sliced(True)
+    h.reported_slice_s = 0.0
+    start_streams(h)
+    h.sched.add_request(req("long", prompt_len=600, max_tokens=2, base=5000))
+    h.run_until_done("long")
+    assert h.runner.slice_history and h.sched.slicer.slicing is None
+    assert h.outputs[-1].error is None and any(o.request_id == "long" and o.new_token_ids for o in h.outputs)
 
 
 def test_the_whole_prompt_is_computed_once_and_sampled_after_its_last_layer() -> None:

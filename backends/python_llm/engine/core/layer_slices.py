@@ -146,7 +146,9 @@ class LayerSlicer:
     def observe(self, req: Request, layer_slice: LayerSlice, step_s: float, slice_s: float | None) -> None:
         """A step whose only prefill was this slice took `step_s`, the slice
         `slice_s` of it (None: not measured)."""
-        if slice_s is None:
+        if slice_s is None or slice_s <= 0.0:
+            # 0: its layers timed no slower than the others (the slice is
+            # small against the noise; seen on a Zen 5): no cost to learn
             return
         rest = step_s - slice_s
         self._rest_s = rest if self._rest_s is None else self._rest_s + self.pacer.smoothing * (rest - self._rest_s)
