@@ -213,7 +213,9 @@ class Bench:
             if any(o.request_id == "long" and o.new_token_ids for o in outs):
                 m.ttft_s = time.perf_counter() - arrived
             if any(o.finished and o.request_id != "long" for o in outs):
-                raise RuntimeError("a stream ended before the long prompt's first token: raise --stream-tokens")
+                reached = max((s0 + n for s0, n, _, _ in m.during_steps if n), default=0)
+                raise RuntimeError(f"a stream ended before the long prompt's first token ({len(m.during_steps)} "
+                                   f"steps, the prompt computed to ~{reached}): raise --stream-tokens")
         for rid in streams:
             engine.abort(rid)
         while engine.num_live_requests():

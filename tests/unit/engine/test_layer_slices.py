@@ -11,7 +11,7 @@ import pytest
 
 from engine_fakes import FakeRunner, expected_tokens
 from python_llm.engine.config import EngineConfig
-from python_llm.engine.core.layer_slices import PLAN_FILL, LayerSlicer
+from python_llm.engine.core.layer_slices import MIN_SLICE_SHARE, PLAN_FILL, LayerSlicer
 from python_llm.engine.core.outputs import RequestOutput
 from python_llm.engine.core.prefill_pacer import PrefillPacer
 from python_llm.engine.core.request import RequestStatus
@@ -33,6 +33,7 @@ class Harness:
     clock: Clock
     measured: bool
     reported_slice_s: float | None = None   # what the layer timers say, when not the fake's truth
+    decode_s: float = DECODE_S               # what a step's decodes cost now
     step_times: list[float] = field(default_factory=list)
     outputs: list[RequestOutput] = field(default_factory=list)
 
@@ -73,7 +74,7 @@ def run_step(h: Harness) -> list[tuple[str, int, int]]:
             slice_s = UNIT_S * cost * (layer_slice.end_layer - layer_slice.first_layer) / LAYERS
         else:
             units += cost
-    seconds = (DECODE_S if decodes else 0.0) + UNIT_S * units + slice_s
+    seconds = (h.decode_s if decodes else 0.0) + UNIT_S * units + slice_s
     clock.now += seconds
     h.step_times.append(seconds)
     result = runner.execute(out)
@@ -161,6 +162,23 @@ def test_a_slice_timed_at_zero_seconds_teaches_nothing() -> None:
     h.run_until_done("long")
     assert h.runner.slice_history and h.sched.slicer.slicing is None
     assert h.outputs[-1].error is None and any(o.request_id == "long" and o.new_token_ids for o in h.outputs)
+
+
+def test_a_long_prompt_still_advances_when_the_decodes_alone_fill_the_step() -> None:
+    """The streams' contexts grow while a long prompt prefills, until their
+    decodes alone take more than the (1 + ratio) x decode step the pacer
+    aims at (the fairness bench on a Zen 5: 1,900 steps and no first
+    token). The slice then keeps MIN_SLICE_SHARE of its share before: 5 ms
+    a step here, ~4.5 tokens (8 layers of 1 ms per 8 tokens), not 2 tokens
+    every 8 steps."""
+    h = sliced(True)
+    start_streams(h)
+    h.step()   # a decode-only step at DECODE_S: what the pacer aims from
+    h.decode_s = 2.5 * DECODE_S   # past the aim of (1 + 1.0) x DECODE_S
+    h.sched.add_request(req("long", prompt_len=600, max_tokens=2, base=5000))
+    first = len(h.step_times)
+    h.run_until_done("long", max_steps=400)
+    assert max(h.step_times[first + 2:]) <= h.decode_s + MIN_SLICE_SHARE * DECODE_S + 0.1 * UNIT_S * 64 + 1e-9
 
 
 def test_the_whole_prompt_is_computed_once_and_sampled_after_its_last_layer() -> None:

@@ -16,7 +16,12 @@ what its decodes cost now and what the slice cost. A step may take (1 +
 prefill_time_ratio) x the decode-only step measured before (what the
 streams' inter-token latency is judged against), so the slice gets that
 less the decodes' share now: decodes slow down as their contexts grow, and
-counting their growth as prefill would shrink every later chunk. A layer's
+counting their growth as prefill would shrink every later chunk. But never
+less than MIN_SLICE_SHARE of its share before: where the prompt takes
+thousands of steps (an 8k prompt beside 16 streams on a fast 2-core Zen 5)
+the streams' growth alone came to fill the step, the slices shrank to one
+layer of a few dozen tokens and the prompt starved (no first token after
+1,900 steps). A layer's
 seconds come from the chunk's own slices (each of its layers is the same
 work), else from the last chunk's, scaled by the cost model; before any
 slice ran, the pacer's units. The plan that moves the most tokens per step
@@ -40,6 +45,10 @@ from .scheduler_output import LayerSlice
 SLICE_SLACK = 0.1
 # a plan may move this part of the best plan's tokens per step, for a bigger chunk
 PLAN_TOLERANCE = 0.9
+# the least a slice's budget may be, as a part of ratio x the decode step
+# before: the prompt still advances when the decodes' own growth fills the
+# step (the streams' latency then grows by at most this part of its allowance)
+MIN_SLICE_SHARE = 0.5
 # a plan fills this part of the budget: a layer estimated 10% low still
 # leaves its slices their planned layers (one fewer would waste a share of
 # every step of the chunk)
@@ -125,7 +134,8 @@ class LayerSlicer:
         decode_s = pacer.decode_step_s(num_decodes)
         if self._rest_s is None or decode_s is None:
             return max(units, 0.0) * pacer.unit_s
-        return max((1.0 + pacer.ratio) * decode_s - self._rest_s - spent_units * pacer.unit_s, 0.0)
+        return max((1.0 + pacer.ratio) * decode_s - self._rest_s - spent_units * pacer.unit_s,
+                   MIN_SLICE_SHARE * pacer.ratio * decode_s)
 
     def _layers(self, start: int, req: Request, budget_s: float | None) -> int:
         left = self.num_layers - req.slice_layers_done
