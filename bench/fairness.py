@@ -7,6 +7,8 @@ the engine is driven offline in this process (no Triton in the numbers):
   itl_p99_during   their inter-token latency p99 while it prefills
   ttft             the long prompt's time to first token among the streams
   ttft_alone       its time to first token on an idle engine, same settings
+  itl_p99_control  the streams' ITL p99 over as many steps with no long prompt
+                   (their own growth: each step adds a token to every context)
 
 and the two targets: ITL p99 during <= 3x ITL p50 before, TTFT <= 2x TTFT
 alone (against the same settings alone and against the fastest alone of the
@@ -39,12 +41,10 @@ from python_llm.engine.config import EngineConfig
 from python_llm.engine.core.sampling_params import SamplingParams
 from python_llm.engine.engine import LLMEngine
 
+from .fairness_report import ITL_P99_LIMIT, PACING_FIELD, TTFT_LIMIT, merge, plot, table
 from .report import MachineInfo
 from .workload import Vocabulary
 
-ITL_P99_LIMIT = 3.0        # x the ITL p50 before the long prompt
-TTFT_LIMIT = 2.0           # x the TTFT alone
-PACING_FIELD = "prefill_time_ratio"   # absent from engines before the pacer
 
 
 @dataclass
@@ -79,6 +79,9 @@ class Measurement:
     alone_steps: list[tuple[int, int, float]] = field(default_factory=list)   # (start, tokens, seconds)
     itl_before_s: list[float] = field(default_factory=list)
     itl_during_s: list[float] = field(default_factory=list)
+    # the control: the same streams and steps without the long prompt
+    itl_control_before_s: list[float] = field(default_factory=list)
+    itl_control_s: list[float] = field(default_factory=list)
     ttft_s: float = 0.0
     # (long's start, its tokens, step s, the layers its chunk ran: fewer than
     # the model's in a layer slice)
@@ -98,6 +101,9 @@ class Measurement:
             "itl_p99_during_ms": 1e3 * p99_during,
             "itl_max_during_ms": 1e3 * max(self.itl_during_s),
             "itl_p99_over_p50_before": p99_during / p50_before,
+            "itl_p99_control_ms": 1e3 * percentile(self.itl_control_s, 99),
+            "itl_p99_control_over_p50_before": (percentile(self.itl_control_s, 99)
+                                                / statistics.median(self.itl_control_before_s)),
             "ttft_s": self.ttft_s, "ttft_alone_s": self.ttft_alone_s,
             "ttft_over_alone": self.ttft_s / self.ttft_alone_s,
             "ttft_over_best_alone": self.ttft_s / best_alone_s,
@@ -188,18 +194,30 @@ class Bench:
         if any(o.error for o in outs):
             raise RuntimeError(f"alone: {outs}")
 
-    def contended(self, engine: LLMEngine, m: Measurement) -> None:
+    def _start_streams(self, engine: LLMEngine) -> dict[str, float]:
+        """The streams, each prefilled and decoding: their last token's time."""
         a = self.args
         streams = [f"stream-{i}" for i in range(a.streams)]
         for rid in streams:
             engine.add_request(rid, self.prompt(a.stream_prompt_tokens),
                                _greedy(a.stream_tokens - a.stream_prompt_tokens))
         last: dict[str, float] = {}
-        while len(last) < len(streams):     # every stream prefilled and decoding
+        while len(last) < len(streams):
             for out in engine.step():
                 if out.new_token_ids:
                     last[out.request_id] = time.perf_counter()
-        for _ in range(a.steps_before):
+        return last
+
+    @staticmethod
+    def _end_streams(engine: LLMEngine, last: dict[str, float]) -> None:
+        for rid in last:
+            engine.abort(rid)
+        while engine.num_live_requests():
+            engine.step()
+
+    def contended(self, engine: LLMEngine, m: Measurement) -> None:
+        last = self._start_streams(engine)
+        for _ in range(self.args.steps_before):
             self._stream_step(engine, last, m.itl_before_s)
         engine.add_request("long", self.prompt(self.long_tokens(engine)), _greedy(1))
         arrived = time.perf_counter()
@@ -216,10 +234,19 @@ class Bench:
                 reached = max((s0 + n for s0, n, _, _ in m.during_steps if n), default=0)
                 raise RuntimeError(f"a stream ended before the long prompt's first token ({len(m.during_steps)} "
                                    f"steps, the prompt computed to ~{reached}): raise --stream-tokens")
-        for rid in streams:
-            engine.abort(rid)
-        while engine.num_live_requests():
-            engine.step()
+        self._end_streams(engine, last)
+
+    def control(self, engine: LLMEngine, m: Measurement) -> None:
+        """Fresh streams for as many steps as the long prompt took, and no long
+        prompt: what the streams' own growth does to their ITL (each step
+        lengthens every context by a token, so a decode step costs more the
+        longer the prompt takes; on a Zen 5 an 8k prompt took ~900 steps)."""
+        last = self._start_streams(engine)
+        for _ in range(self.args.steps_before):
+            self._stream_step(engine, last, m.itl_control_before_s)
+        for _ in range(len(m.during_steps)):
+            self._stream_step(engine, last, m.itl_control_s)
+        self._end_streams(engine, last)
 
     @staticmethod
     def _stream_step(engine: LLMEngine, last: dict[str, float], gaps: list[float]) -> list:
@@ -240,6 +267,7 @@ class Bench:
         cpu0, wall0 = _cpu_seconds(), time.perf_counter()
         self.alone(engine, m)
         self.contended(engine, m)
+        self.control(engine, m)
         m.cores_used = (_cpu_seconds() - cpu0) / (time.perf_counter() - wall0)
         del engine
         gc.collect()
@@ -261,85 +289,6 @@ def wait_quiet(minutes: float, max_load: float = 0.8) -> str:
         print(f"waiting for a quiet machine: load {load:.2f}, tritonserver {'running' if triton else 'absent'}",
               flush=True)
         time.sleep(60)
-
-
-def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| point | ITL p50 before | ITL p50 / p99 / max during | p99 / p50 before | TTFT | TTFT alone "
-            "| TTFT / alone (/ best alone) | steps | load / cores |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for r in rows:
-        mark_itl = "" if r["meets_itl"] else " ✗"
-        mark_ttft = "" if r["meets_ttft"] and r["meets_ttft_best"] else " ✗"
-        lines.append(
-            f"| {r['label']} | {r['itl_p50_before_ms']:.0f} ms | {r['itl_p50_during_ms']:.0f} / "
-            f"{r['itl_p99_during_ms']:.0f} / {r['itl_max_during_ms']:.0f} ms | {r['itl_p99_over_p50_before']:.1f}x"
-            f"{mark_itl} | {r['ttft_s']:.1f} s | {r['ttft_alone_s']:.1f} s | {r['ttft_over_alone']:.2f}x "
-            f"({r['ttft_over_best_alone']:.2f}x){mark_ttft} | {r['steps_during']} | {r['load_before']:.1f} / "
-            f"{r['cores_used']:.2f} |")
-    return "\n".join(lines)
-
-
-def plot(series: list[tuple[str, list[dict[str, Any]]]], path: Path, title: str) -> None:
-    """Two panels against the token budget (max_num_batched_tokens): the
-    streams' ITL p99 during the long prefill over their ITL p50 before, and
-    the long prompt's TTFT over the fastest TTFT alone of its series (fixed
-    budgets are lines, paced points are stars at their budget); a third
-    draws every point by both ratios, the targets' box in its lower left."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, (left, right, trade) = plt.subplots(1, 3, figsize=(15, 4.4))
-    for name, rows in series:
-        fixed = sorted((r for r in rows if not r["config"].get(PACING_FIELD)),
-                       key=lambda r: r["config"]["max_num_batched_tokens"])
-        paced = [r for r in rows if r["config"].get(PACING_FIELD)]
-        for ax, key in ((left, "itl_p99_over_p50_before"), (right, "ttft_over_best_alone")):
-            line, = ax.plot([r["config"]["max_num_batched_tokens"] for r in fixed], [r[key] for r in fixed],
-                            marker="o", label=f"{name}: fixed budget")
-            for r in paced:
-                ax.scatter([r["config"]["max_num_batched_tokens"]], [r[key]], marker="*", s=140, zorder=3,
-                           color=line.get_color(), edgecolors="black",
-                           label=f"{name}: paced x{r['config'][PACING_FIELD]:g}")
-        # the trade-off itself: every point of the series, both targets at once
-        trade.scatter([r["itl_p99_over_p50_before"] for r in rows], [r["ttft_over_alone"] for r in rows],
-                      label=name, s=30)
-        for r in rows:
-            trade.annotate(r["label"].replace("fixed ", "").replace("paced 512 ", "paced "),
-                           (r["itl_p99_over_p50_before"], r["ttft_over_alone"]), fontsize=6,
-                           xytext=(3, 3), textcoords="offset points")
-    left.axhline(ITL_P99_LIMIT, color="grey", ls="--", lw=0.8)
-    right.axhline(TTFT_LIMIT, color="grey", ls="--", lw=0.8)
-    trade.axvline(ITL_P99_LIMIT, color="grey", ls="--", lw=0.8)
-    trade.axhline(TTFT_LIMIT, color="grey", ls="--", lw=0.8)
-    trade.set_xscale("log")
-    trade.set_xlabel("streams' ITL p99 during / ITL p50 before")
-    trade.set_ylabel("long prompt's TTFT / its TTFT alone")
-    trade.set_title("both targets: the lower left box", fontsize=8)
-    trade.legend(fontsize=7)
-    for ax in (left, right):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("max_num_batched_tokens")
-    left.set_yscale("log")
-    left.set_ylabel("streams' ITL p99 during / ITL p50 before")
-    right.set_ylabel("long prompt's TTFT / fastest TTFT alone")
-    right.legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-
-
-def merge(paths: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Points of several result files (runs of single points, say) as one
-    sweep: TTFT ratios against the fastest alone among them. Returns the
-    first file's header and the points."""
-    files = [json.loads(Path(p).read_text()) for p in paths]
-    rows = [dict(r) for f in files for r in f["points"]]
-    best = min(r["ttft_alone_s"] for r in rows)
-    for r in rows:
-        r["ttft_over_best_alone"] = r["ttft_s"] / best
-        r["meets_ttft_best"] = r["ttft_over_best_alone"] <= TTFT_LIMIT
-    return files[0], rows
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
