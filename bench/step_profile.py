@@ -106,12 +106,13 @@ def main() -> None:
     parser.add_argument("--prefill-tokens", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--linear-backend", default="auto", choices=("auto", "fma", "onednn", "torch"))
     args = parser.parse_args()
     if args.model_dir is None:
         from serving.default_model import ensure_default_model
         args.model_dir = str(ensure_default_model())
     config = EngineConfig(model_dir=args.model_dir, dtype="float32", num_threads=args.threads,
-                          max_tokens_in_paged_kv_cache=args.seqs * (args.context + 80) + 1024)
+                          linear_backend=args.linear_backend, max_tokens_in_paged_kv_cache=args.seqs * (args.context + 80) + 1024)
     runner = ModelRunner(config)
     clock = CallClock()
     instrument(runner, clock)
