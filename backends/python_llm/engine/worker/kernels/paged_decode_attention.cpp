@@ -52,19 +52,30 @@ inline void softmax_rows(float* rows, int64_t group, int64_t ctx, const float* m
   }
 }
 
-// Blocks ahead are fetched into L2, not L1 (prefetcht1): a block is 64 lines
-// (16 fp32 rows of 64), and 4 blocks of L1 prefetches at once overrun the
-// core's outstanding-miss buffers (the likely cause), which then stall the
-// loads the kernel itself waits on; the L1 stream prefetcher pulls a block
-// from L2 as it is read. On a Zen 4 (30 layers, 64 x 200 / 16 x 768 / 16 x
-// 1500 tokens) 44 / 47 / 88 -> 33 / 31 / 58 ms, from ~57% to ~80% of a plain
-// read of the same blocks; T1 one or three blocks ahead, or T2, were slower.
+// Blocks ahead are fetched into L2, not L1 (prefetcht1), and the fetch of a
+// block is spread over the work on the one before it (a share at each query
+// head of the group) instead of issued in one burst of 128 lines: a burst
+// overruns the core's outstanding-miss buffers (the likely cause), which
+// then stall the loads the kernel itself waits on; the L1 stream prefetcher
+// pulls a block from L2 as it is read. On a Zen 4 (30 layers, 64 x 200 /
+// 16 x 768 / 16 x 1500 tokens, 2 threads): 44 / 47 / 88 ms with bursts into
+// L1, 33 / 29 / 62 with bursts into L2, 26 / 21 / 42 spread, against 23 / 22 /
+// 42 ms for a plain read of the same blocks; spread into L1 34 / 32 / 62, one
+// or three blocks ahead no better.
 #ifndef PREFETCH_BLOCKS
 #define PREFETCH_BLOCKS 2
 #endif
-inline void prefetch_row(const void* row, int64_t bytes) {
+inline void prefetch_lines(const void* row, int64_t begin, int64_t end) {
   const char* p = static_cast<const char*>(row);
-  for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(p + offset, 0, 2);
+  for (int64_t line = begin; line < end; ++line) __builtin_prefetch(p + line * 64, 0, 2);
+}
+
+// share `part` of `parts` of a K and a V block
+inline void prefetch_share(const void* k, const void* v, int64_t bytes, int64_t part, int64_t parts) {
+  const int64_t lines = (bytes + 63) / 64;
+  const int64_t begin = lines * part / parts, end = lines * (part + 1) / parts;
+  prefetch_lines(k, begin, end);
+  prefetch_lines(v, begin, end);
 }
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -100,25 +111,21 @@ void attend_avx2(const float* q, int64_t group, const T* const* k_blocks, const 
   constexpr int V = HD / 8;
   const int64_t num_blocks = (ctx + block_size - 1) / block_size;
   const int64_t block_bytes = block_size * HD * sizeof(T);
-  for (int64_t b = 0; b < std::min<int64_t>(PREFETCH_BLOCKS, num_blocks); ++b) {
-    prefetch_row(k_blocks[b], block_bytes);
-    prefetch_row(v_blocks[b], block_bytes);
-  }
+  for (int64_t b = 0; b < std::min<int64_t>(PREFETCH_BLOCKS, num_blocks); ++b)
+    prefetch_share(k_blocks[b], v_blocks[b], block_bytes, 0, 1);
   for (int64_t g = 0; g < group; ++g) {
     maxima[g] = -INFINITY;
     totals[g] = 0.f;
     for (int j = 0; j < V; ++j) _mm256_storeu_ps(acc + g * HD + j * 8, _mm256_setzero_ps());
   }
   for (int64_t b = 0; b < num_blocks; ++b) {
-    if (b + PREFETCH_BLOCKS < num_blocks) {
-      prefetch_row(k_blocks[b + PREFETCH_BLOCKS], block_bytes);
-      prefetch_row(v_blocks[b + PREFETCH_BLOCKS], block_bytes);
-    }
     const T* k = k_blocks[b];
     const T* v = v_blocks[b];
     const int64_t n = std::min(block_size, ctx - b * block_size);
     const int64_t padded = (n + 7) / 8 * 8;
     for (int64_t g = 0; g < group; ++g) {
+      if (b + PREFETCH_BLOCKS < num_blocks)
+        prefetch_share(k_blocks[b + PREFETCH_BLOCKS], v_blocks[b + PREFETCH_BLOCKS], block_bytes, g, group);
       __m256 qr[V];
       for (int j = 0; j < V; ++j) qr[j] = _mm256_loadu_ps(q + g * HD + j * 8);
       __m128 block_max = _mm_set1_ps(-INFINITY);
