@@ -248,13 +248,18 @@ int fma_gemm_f32(const float* x, int64_t x_stride, int64_t m, const float* packe
           const float* b = packed + (j * k + k0) * NR;
           // the next panel's slice (kc x NR floats, in lines of 64 bytes),
           // spread over this panel's row blocks, so it is in cache when its
-          // first block starts
+          // first block starts. Into L2 (T1), not L1: with one or two row
+          // blocks the spread is a burst of hundreds of lines, which overruns
+          // L1's miss buffers; on a Zen 4 (30 cold weights, ms T0 -> T1)
+          // 3072x576 at 8 rows 19.7 -> 11.8 on ymm, 13.3 -> 11.1 on zmm, at
+          // 64 rows 42.4 -> 41.9 and 47.2 -> 38.9; no shape or row count of
+          // 1-64 slower (docs/benchmarks.md)
           const char* next = reinterpret_cast<const char*>(b + k * NR);
           const int64_t lines = kc * NR * 4 / 64;
           const int64_t per_block = j + 1 < last ? ceil_div(lines, m_end - m0) : 0;
           for (int64_t i = m0; i < m_end; ++i) {
             for (int64_t line = (i - m0) * per_block; line < std::min(lines, (i - m0 + 1) * per_block); ++line) {
-              _mm_prefetch(next + line * 64, _MM_HINT_T0);
+              _mm_prefetch(next + line * 64, _MM_HINT_T1);
             }
             const int64_t rows = std::min(MR, m - i * MR);
             const Tile tile{out + i * MR * out_stride + j * NR, out_stride,
