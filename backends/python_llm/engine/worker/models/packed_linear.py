@@ -148,7 +148,8 @@ def projection_makers(linear_backend: str, kernels: CpuKernels | None) -> tuple[
     for a `linear_backend` other than "torch" (fp32 CPU). "auto": AMX tiles
     where the CPU has AMX-BF16; else FMA lanes where AVX2 is its widest
     vector unit (as torch sees it: on AVX-512 CPUs oneDNN runs zmm kernels,
-    and the FMA GEMM was not measured there); else oneDNN. The LM head stays
+    and the FMA GEMM measured no faster than them on a Zen 5 and a Zen 4,
+    docs/benchmarks.md); else oneDNN. The LM head stays
     on oneDNN beside FMA projections: at 49k columns oneDNN was faster from
     16 rows (64 rows 37 vs 43 ms), and fewer rows take the fused kernel."""
     onednn: LinearMaker = PackedLinear
