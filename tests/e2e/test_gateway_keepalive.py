@@ -24,11 +24,16 @@ pytestmark = pytest.mark.e2e
 
 KEEPALIVE_S = 1.0
 READ_TIMEOUT_S = 4.0
+# a floor under each engine step, so that the long request's 200 tokens take
+# >= 8 s (two read timeouts) on any machine: on a fast one they took 3.7 s
+# after its first token, and the queued request never waited long enough to
+# show anything
+STEP_DELAY_MS = 40
 
 
 @pytest.fixture(scope="module")
 def single_sequence(start_triton) -> TritonServer:
-    return start_triton(max_num_seqs=1)
+    return start_triton(max_num_seqs=1, debug_step_delay_ms=STEP_DELAY_MS)
 
 
 @pytest.fixture(scope="module")
