@@ -104,7 +104,7 @@ def test_no_compiler_falls_back(tmp_path: Path, monkeypatch, caplog) -> None:
 
 def test_library_name_follows_source_and_cpu(tmp_path: Path, monkeypatch) -> None:
     first = kernels.library_path(tmp_path)
-    monkeypatch.setattr(kernels, "_cpu_features", lambda: "another cpu")
+    monkeypatch.setattr(kernels.library, "cpu_features", lambda: "another cpu")
     assert kernels.library_path(tmp_path) != first
 
 

@@ -10,7 +10,8 @@ or AVX2 / FMA lanes (`fma_gemm.cpp`).
 They are compiled on first use with the system C++ compiler (about 3 s) for the
 CPU it runs on (-march=native) and cached under `LLM_CACHE_DIR/kernels`; the
 file name carries a digest of the source, the flags and the CPU's feature
-flags, so an edited source or another CPU never picks up a stale binary.
+flags, so an edited source or another CPU never picks up a stale binary
+(`library.py`).
 Without a compiler, or when the build fails, `cpu_kernels()` returns None
 (logged once) and the engine uses its PyTorch paths.
 `python -m python_llm.engine.worker.kernels` builds it ahead of time and checks it.
@@ -19,74 +20,23 @@ from __future__ import annotations
 
 import array
 import ctypes
-import hashlib
 import logging
-import os
-import platform
-import shutil
 import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
 import torch
 
 from ....cache import CACHE_DIR
+from .library import KernelBuildError, build, library_path
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode_attention.cpp", "paged_prefill_attention.cpp",
-                                                          "argmax_rows.cpp", "lm_head_argmax.cpp",
-                                                          "layer_elementwise.cpp", "amx_gemm.cpp",
-                                                          "fma_gemm.cpp")]
-HEADERS = [Path(__file__).with_name("fast_exp.h")]
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=gnu++20", "-shared", "-fPIC"]
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 _lock = threading.Lock()
 _loaded: dict[str, "CpuKernels | None"] = {}
 
-
-class KernelBuildError(RuntimeError):
-    pass
-
-
-def _cpu_features() -> str:
-    text = platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return text + line   # one core's line describes them all
-    except OSError:
-        pass
-    return text
-
-
-def library_path(cache_dir: Path = CACHE_DIR) -> Path:
-    digest = hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES + HEADERS) + " ".join(FLAGS).encode()
-                            + _cpu_features().encode())
-    return cache_dir / "kernels" / f"python_llm_cpu_kernels-{digest.hexdigest()[:16]}.so"
-
-
-def build(target: Path) -> Path:
-    """Compile the kernel into `target` (atomically: concurrent builders,
-    e.g. several Triton model instances starting at once, do not collide)."""
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        raise KernelBuildError("no C++ compiler (g++ / c++ / $CXX) on PATH")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(prefix=target.stem, suffix=".so.partial", dir=target.parent)
-    os.close(fd)
-    try:
-        result = subprocess.run([compiler, *FLAGS, "-o", partial, *map(str, SOURCES)],
-                                capture_output=True, text=True, timeout=300)
-        if result.returncode != 0:
-            raise KernelBuildError(f"{compiler} exited {result.returncode}: {result.stderr[-2000:]}")
-        os.replace(partial, target)
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
-    return target
 
 
 class CpuKernels:
