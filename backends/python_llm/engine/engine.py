@@ -17,10 +17,11 @@ from typing import Any, Callable, Sequence
 
 from .core import metrics as m
 from .config import EngineConfig
-from .core.errors import DuplicateRequestError, EngineDeadError, InvalidRequestError, OverloadedError
+from .core.errors import DuplicateRequestError, EngineDeadError, OverloadedError
 from .core.metrics import MetricsSink
 from .core.outputs import GenerateResult, RequestOutput
 from .core.request import FinishReason, OutputCallback, Request
+from .core.request_limits import RequestLimits
 from .core.sampling_params import SamplingParams
 from .core.scheduler import Scheduler
 
@@ -59,6 +60,11 @@ class LLMEngine:
             max_len = min(max_len, config.max_model_len)
         self.max_model_len = max_len
         self.kv_capacity_tokens = int(runner.num_blocks) * config.block_size
+        self.limits = RequestLimits(max_tokens_limit=config.max_tokens_limit,
+                                    vocab_size=int(self.model_info.vocab_size), max_model_len=max_len,
+                                    kv_capacity_tokens=self.kv_capacity_tokens,
+                                    max_num_batched_tokens=config.max_num_batched_tokens,
+                                    chunked_context=config.enable_chunked_context)
         self.scheduler = Scheduler(config, int(runner.num_blocks), max_len, self.metrics,
                                    float(getattr(self.model_info, "attention_parity_context", 0.0)),
                                    int(self.model_info.num_layers) if getattr(runner, "runs_layer_slices", False)
@@ -109,7 +115,7 @@ class LLMEngine:
         prompt = [int(t) for t in prompt_token_ids]
         continuation = [int(t) for t in continuation_ids]
         max_tokens = self.config.default_max_tokens if sampling.max_tokens is None else sampling.max_tokens
-        self._validate(prompt, continuation, sampling, max_tokens)
+        self.limits.check(prompt, continuation, sampling, max_tokens)
         # the engine's defaults where the request left them to it (None); an
         # explicit [] of stop ids stays: no stop token
         if sampling.max_tokens is None or sampling.stop_token_ids is None:
@@ -120,43 +126,6 @@ class LLMEngine:
             timeout_ms = self.config.default_token_timeout_ms
         return Request(request_id, prompt, sampling, priority=int(priority),
                        token_timeout_ms=timeout_ms, on_output=on_output, continuation_ids=continuation)
-
-    def _validate(self, prompt: list[int], continuation: list[int], sampling: SamplingParams,
-                  max_tokens: int) -> None:
-        """The request's own rules (SamplingParams.validate), then what depends
-        on this engine; `max_tokens` is the request's or the engine's default.
-        A continuation is output already generated: `max_tokens` covers it, and
-        so does the context check (prompt + max_tokens)."""
-        n = len(prompt)
-        if n == 0:
-            raise InvalidRequestError("input_ids: must not be empty")
-        sampling.validate()
-        limit = self.config.max_tokens_limit
-        if max_tokens > limit:
-            raise InvalidRequestError(f"max_tokens: must be <= {limit}, got {max_tokens}")
-        if len(continuation) >= max_tokens:
-            raise InvalidRequestError(f"continuation_ids: {len(continuation)} ids leave nothing to generate "
-                                      f"within max_tokens {max_tokens} (they count as output)")
-        vocab = int(self.model_info.vocab_size)
-        for name, ids in (("input_ids", prompt), ("continuation_ids", continuation)):
-            if ids and (min(ids) < 0 or max(ids) >= vocab):
-                raise InvalidRequestError(f"{name}: token ids must be in [0, {vocab})")
-        for name, words in (("stop_words_ids", sampling.stop_words_ids), ("bad_words_ids", sampling.bad_words_ids)):
-            if any(t < 0 or t >= vocab for word in words for t in word):
-                raise InvalidRequestError(f"{name}: token ids must be in [0, {vocab})")
-        if n >= self.max_model_len:
-            raise InvalidRequestError(f"input_ids: {n} tokens leave no room to generate (max_model_len "
-                                      f"{self.max_model_len})")
-        total = n + max_tokens
-        if total > self.max_model_len:
-            raise InvalidRequestError(f"max_tokens: prompt ({n} tokens) + max_tokens ({max_tokens}) "
-                                      f"exceeds max_model_len {self.max_model_len}")
-        if total > self.kv_capacity_tokens:
-            raise InvalidRequestError(f"max_tokens: prompt + max_tokens ({total} tokens) exceeds the KV cache "
-                                      f"({self.kv_capacity_tokens} tokens)")
-        if not self.config.enable_chunked_context and n > self.config.max_num_batched_tokens:
-            raise InvalidRequestError(f"input_ids: {n} tokens exceed max_num_batched_tokens "
-                                      f"{self.config.max_num_batched_tokens} (chunked context is off)")
 
     def _submit(self, req: Request, enforce_queue_limit: bool) -> None:
         limit = self.config.max_queue_size

@@ -1,0 +1,54 @@
+"""What a request may ask of this engine, checked before it is queued: the
+request's own rules (SamplingParams.validate), then what depends on the
+model, the context length and the KV cache. Each error names its field."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import InvalidRequestError
+from .sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    max_tokens_limit: int          # largest max_tokens a request may ask
+    vocab_size: int
+    max_model_len: int
+    kv_capacity_tokens: int
+    max_num_batched_tokens: int
+    chunked_context: bool          # a prompt may be longer than one step's token budget
+
+    def check(self, prompt: list[int], continuation: list[int], sampling: SamplingParams,
+              max_tokens: int) -> None:
+        """`max_tokens` is the request's or the engine's default. A
+        continuation is output already generated: `max_tokens` covers it, and
+        so does the context check (prompt + max_tokens)."""
+        n = len(prompt)
+        if n == 0:
+            raise InvalidRequestError("input_ids: must not be empty")
+        sampling.validate()
+        if max_tokens > self.max_tokens_limit:
+            raise InvalidRequestError(f"max_tokens: must be <= {self.max_tokens_limit}, got {max_tokens}")
+        if len(continuation) >= max_tokens:
+            raise InvalidRequestError(f"continuation_ids: {len(continuation)} ids leave nothing to generate "
+                                      f"within max_tokens {max_tokens} (they count as output)")
+        vocab = self.vocab_size
+        for name, ids in (("input_ids", prompt), ("continuation_ids", continuation)):
+            if ids and (min(ids) < 0 or max(ids) >= vocab):
+                raise InvalidRequestError(f"{name}: token ids must be in [0, {vocab})")
+        for name, words in (("stop_words_ids", sampling.stop_words_ids), ("bad_words_ids", sampling.bad_words_ids)):
+            if any(t < 0 or t >= vocab for word in words for t in word):
+                raise InvalidRequestError(f"{name}: token ids must be in [0, {vocab})")
+        if n >= self.max_model_len:
+            raise InvalidRequestError(f"input_ids: {n} tokens leave no room to generate (max_model_len "
+                                      f"{self.max_model_len})")
+        total = n + max_tokens
+        if total > self.max_model_len:
+            raise InvalidRequestError(f"max_tokens: prompt ({n} tokens) + max_tokens ({max_tokens}) "
+                                      f"exceeds max_model_len {self.max_model_len}")
+        if total > self.kv_capacity_tokens:
+            raise InvalidRequestError(f"max_tokens: prompt + max_tokens ({total} tokens) exceeds the KV cache "
+                                      f"({self.kv_capacity_tokens} tokens)")
+        if not self.chunked_context and n > self.max_num_batched_tokens:
+            raise InvalidRequestError(f"input_ids: {n} tokens exceed max_num_batched_tokens "
+                                      f"{self.max_num_batched_tokens} (chunked context is off)")
