@@ -39,7 +39,7 @@ import numpy as np
 from ensemble.inbound.word_lists import to_word_list
 from python_llm.config_params import engine_config_from_parameters
 from python_llm.engine.config import ConfigError, EngineConfig
-from python_llm.engine.core.sampling_params import InvalidRequestError
+from python_llm.engine.core.request_limits import RequestLimits
 from python_llm.engine.worker.model_info import ModelInfo
 from python_llm.request_inputs import LLMRequest, parse_llm_request
 
@@ -57,6 +57,12 @@ class BridgeSettings:
     model: ModelInfo
     engine_model: str
     max_live_requests: int             # requests held at once (one thread each)
+
+    @property
+    def limits(self) -> RequestLimits:
+        return RequestLimits(max_tokens_limit=self.engine.max_tokens_limit, vocab_size=self.model.vocab_size,
+                             max_model_len=self.model.max_model_len, kv_capacity_tokens=None,
+                             prompt_token_budget=None)
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, str]) -> "BridgeSettings":
@@ -86,33 +92,11 @@ class EngineCall:
 
 
 def _validate(request: LLMRequest, settings: BridgeSettings) -> int:
-    """python_llm's intake rules (engine.py `_validate`) that do not depend on the
-    KV cache; TensorRT-LLM checks that one itself. Returns max_tokens."""
-    sampling, engine, model = request.sampling, settings.engine, settings.model
-    prompt, continuation = request.prompt_token_ids, request.continuation_ids
-    if not prompt:
-        raise InvalidRequestError("input_ids: must not be empty")
-    sampling.validate()
-    max_tokens = engine.default_max_tokens if sampling.max_tokens is None else sampling.max_tokens
-    if max_tokens > engine.max_tokens_limit:
-        raise InvalidRequestError(f"max_tokens: must be <= {engine.max_tokens_limit}, got {max_tokens}")
-    if len(continuation) >= max_tokens:
-        raise InvalidRequestError(f"continuation_ids: {len(continuation)} ids leave nothing to generate "
-                                  f"within max_tokens {max_tokens} (they count as output)")
-    vocab = model.vocab_size
-    for name, ids in (("input_ids", prompt), ("continuation_ids", continuation)):
-        if ids and (min(ids) < 0 or max(ids) >= vocab):
-            raise InvalidRequestError(f"{name}: token ids must be in [0, {vocab})")
-    for name, words in (("stop_words_ids", sampling.stop_words_ids), ("bad_words_ids", sampling.bad_words_ids)):
-        if any(t < 0 or t >= vocab for word in words for t in word):
-            raise InvalidRequestError(f"{name}: token ids must be in [0, {vocab})")
-    n = len(prompt)
-    if n >= model.max_model_len:
-        raise InvalidRequestError(f"input_ids: {n} tokens leave no room to generate (max_model_len "
-                                  f"{model.max_model_len})")
-    if n + max_tokens > model.max_model_len:
-        raise InvalidRequestError(f"max_tokens: prompt ({n} tokens) + max_tokens ({max_tokens}) "
-                                  f"exceeds max_model_len {model.max_model_len}")
+    """python_llm's intake rules (core/request_limits.py) but the KV cache's,
+    which TensorRT-LLM checks itself. Returns max_tokens."""
+    sampling = request.sampling
+    max_tokens = settings.engine.default_max_tokens if sampling.max_tokens is None else sampling.max_tokens
+    settings.limits.check(request.prompt_token_ids, request.continuation_ids, sampling, max_tokens)
     return max_tokens
 
 

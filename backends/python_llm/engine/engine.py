@@ -63,8 +63,8 @@ class LLMEngine:
         self.limits = RequestLimits(max_tokens_limit=config.max_tokens_limit,
                                     vocab_size=int(self.model_info.vocab_size), max_model_len=max_len,
                                     kv_capacity_tokens=self.kv_capacity_tokens,
-                                    max_num_batched_tokens=config.max_num_batched_tokens,
-                                    chunked_context=config.enable_chunked_context)
+                                    prompt_token_budget=None if config.enable_chunked_context
+                                    else config.max_num_batched_tokens)
         self.scheduler = Scheduler(config, int(runner.num_blocks), max_len, self.metrics,
                                    float(getattr(self.model_info, "attention_parity_context", 0.0)),
                                    int(self.model_info.num_layers) if getattr(runner, "runs_layer_slices", False)

@@ -14,9 +14,8 @@ class RequestLimits:
     max_tokens_limit: int          # largest max_tokens a request may ask
     vocab_size: int
     max_model_len: int
-    kv_capacity_tokens: int
-    max_num_batched_tokens: int
-    chunked_context: bool          # a prompt may be longer than one step's token budget
+    kv_capacity_tokens: int | None     # None: the engine behind checks its KV cache itself (TensorRT-LLM)
+    prompt_token_budget: int | None    # longest prompt when chunked context is off; None: no limit
 
     def check(self, prompt: list[int], continuation: list[int], sampling: SamplingParams,
               max_tokens: int) -> None:
@@ -46,9 +45,9 @@ class RequestLimits:
         if total > self.max_model_len:
             raise InvalidRequestError(f"max_tokens: prompt ({n} tokens) + max_tokens ({max_tokens}) "
                                       f"exceeds max_model_len {self.max_model_len}")
-        if total > self.kv_capacity_tokens:
+        if self.kv_capacity_tokens is not None and total > self.kv_capacity_tokens:
             raise InvalidRequestError(f"max_tokens: prompt + max_tokens ({total} tokens) exceeds the KV cache "
                                       f"({self.kv_capacity_tokens} tokens)")
-        if not self.chunked_context and n > self.max_num_batched_tokens:
+        if self.prompt_token_budget is not None and n > self.prompt_token_budget:
             raise InvalidRequestError(f"input_ids: {n} tokens exceed max_num_batched_tokens "
-                                      f"{self.max_num_batched_tokens} (chunked context is off)")
+                                      f"{self.prompt_token_budget} (chunked context is off)")
