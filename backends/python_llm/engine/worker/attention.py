@@ -115,49 +115,47 @@ def paged_attention(layer: int, query: torch.Tensor, key: torch.Tensor, value: t
                     meta: AttentionMetadata, cache: PagedKVCache, scale: float) -> torch.Tensor:
     """Attention for one layer. query [T, heads, d], key/value [T, kv_heads, d]
     (already written to the cache). Returns [T, heads * d]."""
-    _, num_heads, d = query.shape
+    rows_total, num_heads, d = query.shape
     kv_heads = key.shape[1]
     group = num_heads // kv_heads
-    outputs: list[torch.Tensor] = []
+    # every part writes its rows of one output: the decodes' and chunks'
+    # results concatenated afterwards would copy [T, heads * d] once more
+    # in every layer of a mixed step
+    out = query.new_empty(rows_total, num_heads * d)
 
     batch = meta.decode_batch
     if batch is not None:
-        out = query.new_empty(batch.num_seqs, num_heads * d)
         # arguments are checked on the step's first layer; the others have
         # the same shapes (the checks cost ~20 µs a call)
-        outputs.append(batch.kernel.paged_decode_attention(
-            out, query[:batch.num_seqs], cache.keys[layer], cache.values[layer], batch.block_tables,
-            batch.context_lens, scale, check=layer == meta.check_layer, table_rows=batch.table_rows))
+        batch.kernel.paged_decode_attention(
+            out[:batch.num_seqs], query[:batch.num_seqs], cache.keys[layer], cache.values[layer], batch.block_tables,
+            batch.context_lens, scale, check=layer == meta.check_layer, table_rows=batch.table_rows)
 
     for decode in meta.decodes:
         n = decode.num_seqs
         k = _gather_blocks(cache.keys[layer], decode.block_ids, n)
         v = _gather_blocks(cache.values[layer], decode.block_ids, n)
         q = query[decode.row_start:decode.row_start + n].view(n, kv_heads, group, d)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=decode.mask, scale=scale)
-        outputs.append(out.reshape(n, num_heads * d))
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=decode.mask, scale=scale)
+        out[decode.row_start:decode.row_start + n] = attended.reshape(n, num_heads * d)
 
     for chunk in meta.prefills:
         rows = slice(chunk.token_offset, chunk.token_offset + chunk.num_tokens)
         if chunk.table is not None:
-            out = query.new_empty(chunk.num_tokens, num_heads * d)
-            outputs.append(meta.kernels.paged_prefill_attention(  # type: ignore[union-attr]
-                out, query[rows], cache.keys[layer], cache.values[layer], chunk.table,
-                chunk.context_len - chunk.num_tokens, scale, check=layer == meta.check_layer))
+            meta.kernels.paged_prefill_attention(  # type: ignore[union-attr]
+                out[rows], query[rows], cache.keys[layer], cache.values[layer], chunk.table,
+                chunk.context_len - chunk.num_tokens, scale, check=layer == meta.check_layer)
             continue
         q = query[rows].transpose(0, 1).unsqueeze(0)                  # [1, heads, t, d]
         if chunk.block_ids is None:
             k = key[rows].transpose(0, 1).unsqueeze(0)
             v = value[rows].transpose(0, 1).unsqueeze(0)
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
-                                                 enable_gqa=group > 1)
+            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                                      enable_gqa=group > 1)
         else:
             k = _gather_blocks(cache.keys[layer], chunk.block_ids, 1)[:, :, :chunk.context_len]
             v = _gather_blocks(cache.values[layer], chunk.block_ids, 1)[:, :, :chunk.context_len]
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=chunk.mask, scale=scale,
-                                                 enable_gqa=group > 1)
-        outputs.append(out.squeeze(0).transpose(0, 1).reshape(chunk.num_tokens, num_heads * d))
-
-    if len(outputs) == 1:
-        return outputs[0]
-    return torch.cat(outputs, dim=0)
+            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=chunk.mask, scale=scale,
+                                                      enable_gqa=group > 1)
+        out[rows] = attended.squeeze(0).transpose(0, 1).reshape(chunk.num_tokens, num_heads * d)
+    return out
