@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test test-unit test-e2e bench bench-vllm-venv venv model kernels tools clean
+.PHONY: serve test test-unit test-e2e bench bench-vllm-venv venv model kernels tools allocator clean
 
 venv: $(STAMP)
 
@@ -29,25 +29,41 @@ kernels: $(STAMP)
 
 # `make serve REPLICAS=3`: three tritonservers behind the gateway (ports +10 each)
 serve: $(STAMP) kernels
+	@# without TCMalloc the stack still serves, on the system allocator (the launcher says so)
+	-@$(MAKE) --no-print-directory allocator
 	$(PY) -m serving serve$(if $(REPLICAS), --replicas $(REPLICAS))
 
-# promtool (`promtool check config|rules` on deploy/prometheus/) from Debian's
-# prometheus package, unpacked into build/ without installing the service.
-# Pinned; no silent skip: without it the deployment tests fail and say why.
-PROMETHEUS_DEB := prometheus=2.42.0+ds-5+deb12u1
+# Tools from Debian's packages, unpacked into build/ (no install): the pinned
+# package, where its files go, who needs it. No silent skip: a failed download
+# says so and fails.
 TOOLS := build/tools
-PROMTOOL := $(TOOLS)/prometheus/usr/bin/promtool
+define unpack_deb
+	@mkdir -p $(TOOLS)/deb
+	@rm -f $(TOOLS)/deb/$(firstword $(subst =, ,$(1)))_*.deb
+	cd $(TOOLS)/deb && { apt-get download $(1) || { apt-get update -qq && apt-get download $(1); }; } \
+		|| { echo "error: apt-get download $(1) failed: $(3)" >&2; exit 1; }
+	rm -rf $(2)
+	dpkg -x $(TOOLS)/deb/$(firstword $(subst =, ,$(1)))_*.deb $(2)
+endef
 
-tools: $(PROMTOOL)
+# promtool (`promtool check config|rules` on deploy/prometheus/)
+PROMETHEUS_DEB := prometheus=2.42.0+ds-5+deb12u1
+PROMTOOL := $(TOOLS)/prometheus/usr/bin/promtool
+# TCMalloc, preloaded into tritonserver and its stubs (serving/allocator.py)
+TCMALLOC_DEB := libtcmalloc-minimal4=2.10-1
+TCMALLOC := $(TOOLS)/tcmalloc/.unpacked
+
+tools: $(PROMTOOL) $(TCMALLOC)
+
+allocator: $(TCMALLOC)
 
 $(PROMTOOL):
-	@mkdir -p $(TOOLS)/deb
-	@rm -f $(TOOLS)/deb/prometheus_*.deb
-	cd $(TOOLS)/deb && { apt-get download $(PROMETHEUS_DEB) || { apt-get update -qq && apt-get download $(PROMETHEUS_DEB); }; } \
-		|| { echo "error: apt-get download $(PROMETHEUS_DEB) failed: promtool is needed by tests/unit/deploy" >&2; exit 1; }
-	rm -rf $(TOOLS)/prometheus
-	dpkg -x $(TOOLS)/deb/prometheus_*.deb $(TOOLS)/prometheus
+	$(call unpack_deb,$(PROMETHEUS_DEB),$(TOOLS)/prometheus,promtool is needed by tests/unit/deploy)
 	$(PROMTOOL) --version
+	@touch $@
+
+$(TCMALLOC):
+	$(call unpack_deb,$(TCMALLOC_DEB),$(TOOLS)/tcmalloc,tritonserver would run on the system allocator)
 	@touch $@
 
 test: $(STAMP) kernels tools

@@ -22,9 +22,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     OMP_WAIT_POLICY=PASSIVE
 
 # g++: the engine compiles its native CPU kernels for the host's CPU at first start
-# (seconds; without a compiler it runs its slower PyTorch paths)
+# (seconds; without a compiler it runs its slower PyTorch paths). TCMalloc: the
+# launcher preloads it into tritonserver and its stubs (serving/allocator.py)
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends g++=4:12.2.0-3 \
+    && apt-get install -y --no-install-recommends g++=4:12.2.0-3 libtcmalloc-minimal4=2.10-1 \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 llm \
     && useradd --system --uid 10001 --gid llm --home-dir /var/lib/triton-llm --shell /usr/sbin/nologin llm \

@@ -18,6 +18,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     LLM_CACHE_DIR=/var/lib/triton-llm/cache \
     LLM_BUILD_DIR=/var/lib/triton-llm/build \
     LLM__ENGINE__DEVICE=cuda \
+    LLM__SERVER__ALLOCATOR=system \
     OMP_WAIT_POLICY=PASSIVE
 
 RUN groupadd --system --gid 10001 llm \

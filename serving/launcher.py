@@ -18,6 +18,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .allocator import preload_allocator
 from .openmp_env import apply_openmp_defaults
 from .paths import BUILD_DIR, REPO_ROOT
 from .repository import render_repository
@@ -220,12 +221,14 @@ class TritonServer:
         # site-packages through the first python on PATH.
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         apply_openmp_defaults(env)
+        allocator = preload_allocator(env, o.settings.server.allocator)
         libs = str(find_triton().libraries)
         env["LD_LIBRARY_PATH"] = libs + (os.pathsep + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_handle = open(self.log_path, "wb")
         cmd = self.command(repository, backends)
-        log.info("starting tritonserver", extra={"log": str(self.log_path), "http_port": o.http_port})
+        log.info("starting tritonserver", extra={"log": str(self.log_path), "http_port": o.http_port,
+                                                 "allocator": str(allocator) if allocator else "system"})
         self.process = subprocess.Popen(cmd, env=env, stdout=self._log_handle, stderr=subprocess.STDOUT,
                                         start_new_session=True)
         try:

@@ -29,6 +29,8 @@ from ensemble.stage_settings import TextStageConfig
 from gateway.config import GatewayConfig
 from python_llm.engine.config import EngineConfig
 
+from .allocator import Allocator
+
 ENV_PREFIX = "LLM__"
 
 
@@ -45,6 +47,8 @@ class ServerConfig:
     postprocessing_instances: int = 1
     # llm_bls serves each request on a thread of its own: the most at once
     bls_max_concurrent_requests: int = 256
+    # tritonserver's malloc, preloaded into it and its stubs (serving/allocator.py)
+    allocator: Allocator = "tcmalloc"
 
 
 SECTIONS: dict[str, type] = {"engine": EngineConfig, "text": TextStageConfig, "server": ServerConfig,

@@ -1,15 +1,18 @@
 """The real Triton stack end to end on the default model: streaming over SSE,
-gRPC and generate, batching, bad requests, metrics."""
+gRPC and generate, batching, bad requests, metrics, the server's allocator."""
 from __future__ import annotations
 
 import json
 import queue
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+
+from serving.allocator import find_tcmalloc
 
 from .triton_calls import (CHAT_PARIS, generate, grpc_stream, histogram_buckets, scrape_metrics,
                            sse_stream)
@@ -128,3 +131,32 @@ def test_engine_metrics_are_exported(triton_server):
                  "llm_generation_tokens_total", "llm_time_to_first_token_seconds_count"):
         assert name in values, name
     assert values["llm_kv_cache_blocks_capacity"] > 0
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process under `pid` (the Python stubs tritonserver starts)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                # the field after the parenthesised name (which may hold spaces): state, then ppid
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue   # a process that ended meanwhile
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def test_the_server_and_its_stubs_run_on_tcmalloc(triton_server):
+    library = find_tcmalloc()
+    assert library is not None, "tcmalloc: not unpacked (`make tools` unpacks it into build/tools)"
+    stubs = _descendants(triton_server.pid)
+    # preprocessing, python_llm, postprocessing, llm_bls: a stub each at least
+    assert len(stubs) >= 4, stubs
+    for pid in (triton_server.pid, *stubs):
+        mapped = Path(f"/proc/{pid}/maps").read_text()
+        assert str(library.resolve()) in mapped, f"pid {pid} does not map {library.resolve()}"

@@ -36,7 +36,7 @@ TEXT_VALUES = {
     "max_text_input_bytes": 5000, "max_messages_bytes": 20000, "content_filter_rules": "/etc/rules.json",
 }
 SERVER_VALUES = {"max_batch_size": 8, "llm_model_name": "tensorrt_llm", "preprocessing_instances": 2,
-                 "postprocessing_instances": 3, "bls_max_concurrent_requests": 5}
+                 "postprocessing_instances": 3, "bls_max_concurrent_requests": 5, "allocator": "system"}
 GATEWAY_VALUES = {
     "host": "127.0.0.2", "port": 9100, "public_grpc_port": 9101, "upstream_grpc_url": "10.0.0.5:8001", "keys_file": "/etc/keys.json",
     "redis_url": "redis://127.0.0.1:6390/0", "max_body_bytes": 2048, "max_json_depth": 6, "max_n": 2,
