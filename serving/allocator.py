@@ -2,11 +2,13 @@
 preloaded into the server and so into its Python stubs, or the system's.
 
 Measured on the 2-core Zen 4 (`python -m bench --only engine,triton
---served-rounds 3`, docs/benchmarks.md): the ensemble served 0.76x and
-0.xx of the engine offline on glibc's malloc, 0.89x and 0.xx on TCMalloc; the
-engine offline alone was no faster on it. The stubs allocate and free many
-small buffers per response (tensors, protobufs, Python objects) on several
-threads, which is what TCMalloc's per-thread caches are for. jemalloc was
+--served-rounds 3`, two runs each, docs/benchmarks.md): the ensemble served
+0.76x and 0.83x of the engine offline on glibc's malloc, 0.89x and 0.87x on
+TCMalloc (served tok/s, median of the six rounds: 126 -> 145); the engine
+offline alone was no faster on it. Most likely the gain is the stubs' and
+the server's many small allocations per response (tensors, protobufs,
+Python objects) on several threads: what TCMalloc's per-thread caches are
+for (not profiled further). jemalloc was
 slower than glibc there (the offline engine 4.8%, with the MALLOC_CONF
 PyTorch's CPU tuning guides give).
 
