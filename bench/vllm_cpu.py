@@ -10,7 +10,10 @@ itself:
 
   for each round: this engine offline, then vLLM offline (the same
   workload, every request submitted at once, greedy, EOS ignored);
-  then one request at a time on each (TTFT);
+  then one request at a time, alternating: a fresh prompt alone on this
+  engine, the same prompt alone on vLLM, the next prompt (TTFT; this
+  machine drifts by 10-20% over minutes, so a block of one engine's
+  prompts and then the other's compared two different machines);
   then, where the two outputs differ, both engines' and HF's log-probs of
   the two candidates at the first differing position.
 
@@ -57,7 +60,7 @@ log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parent.parent
 VLLM_VENV = REPO / "build" / "vllm-venv"
 RUNNER = Path(__file__).resolve().parent / "vllm_cpu_runner.py"
-# idle seconds before each engine's single requests (run_vllm_comparison)
+# idle seconds before each single request (run_vllm_comparison)
 SETTLE_S = 2.0
 
 class VllmUnavailable(RuntimeError):
@@ -232,6 +235,31 @@ def _measured(run):
     return value, {"load_1min_before": load, "cores_used_avg": round(cores, 2)}
 
 
+def _alternating_singles(engine: EngineStepper, vllm: VllmProcess, prompts: list[list[int]], max_tokens: int
+                         ) -> tuple[step_harness.SingleRequestSummary, dict[str, Any], dict[str, Any]]:
+    """Each prompt alone on this engine, then alone on vLLM, prompt by prompt.
+    Returns this engine's summary and CPU use, and vLLM's answer in the shape
+    of its `singles` command (summary, runs, cores used)."""
+    ours = step_harness.SingleRequestSummary()
+    theirs: list[dict[str, Any]] = []
+    ours_cores: list[float] = []
+    theirs_cores: list[float] = []
+    for i, prompt in enumerate(prompts):
+        # vLLM's processes stay busy for a moment after answering: a single
+        # request run right after one of its commands took ~1 s instead of ~0.1
+        time.sleep(SETTLE_S)
+        run, cpu = _measured(lambda: step_harness.run_single(engine, prompt, max_tokens, f"single-{i}"))
+        ours.runs.append(run)
+        ours_cores.append(cpu["cores_used_avg"])
+        time.sleep(SETTLE_S)
+        answer = vllm.command("singles", prompts=[prompt], max_tokens=max_tokens, prefix=f"single-{i}")
+        theirs += answer["runs"]
+        theirs_cores.append(answer["cores_used_avg"])
+    summary = step_harness.SingleRequestSummary([step_harness.SingleRequestRun(**r) for r in theirs])
+    return (ours, {"cores_used_avg": round(statistics.fmean(ours_cores), 2)},
+            {"summary": summary.as_dict(), "runs": theirs, "cores_used_avg": round(statistics.fmean(theirs_cores), 2)})
+
+
 def run_vllm_comparison(engine_settings: EngineBenchSettings, settings: VllmCpuSettings,
                         workload: list[BenchRequest], single_prompts: list[list[int]],
                         progress=print) -> tuple[list[MethodResult], dict[str, Any]]:
@@ -275,13 +303,8 @@ def run_vllm_comparison(engine_settings: EngineBenchSettings, settings: VllmCpuS
         ours_single = theirs_single = agreement = None
         ours_single_cpu: dict[str, Any] = {}
         try:
-            # vLLM's processes stay busy for a moment after answering: the first
-            # single request run right after its round took ~1 s instead of ~0.1
-            time.sleep(SETTLE_S)
-            ours_single, ours_single_cpu = _measured(
-                lambda: step_harness.run_singles(engine, single_prompts, settings.single_max_tokens))
-            time.sleep(SETTLE_S)
-            theirs_single = vllm.command("singles", prompts=single_prompts, max_tokens=settings.single_max_tokens)
+            ours_single, ours_single_cpu, theirs_single = _alternating_singles(
+                engine, vllm, single_prompts, settings.single_max_tokens)
         except Exception as exc:  # noqa: BLE001 -- recorded in the report
             errors["ttft"] = f"{type(exc).__name__}: {exc}"
         try:

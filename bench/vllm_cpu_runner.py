@@ -11,7 +11,7 @@ one answer a line on stdout, so the parent can interleave this engine's
 measured runs with its own on an otherwise idle machine:
 
   {"cmd": "offline"}                       the whole workload at once
-  {"cmd": "singles", "prompts": [...], "max_tokens": n}   one request at a time
+  {"cmd": "singles", "prompts": [...], "max_tokens": n[, "prefix": p]}   one request at a time
   {"cmd": "logprobs", "items": [{"context": [...], "candidates": [a, b]}]}
   {"cmd": "quit"}
 
@@ -161,7 +161,7 @@ def main(argv: list[str]) -> int:
                     "output_tokens": run.output_tokens, **cpu})
         elif cmd == "singles":
             summary, cpu = measured(clock, lambda: step_harness.run_singles(
-                engine, command["prompts"], command["max_tokens"], prefix=f"single{rounds}"))
+                engine, command["prompts"], command["max_tokens"], prefix=command.get("prefix", f"single{rounds}")))
             answer({"summary": summary.as_dict(), "runs": [asdict(r) for r in summary.runs], **cpu})
         elif cmd == "logprobs":
             answer({"items": [engine.logprobs_at(item["context"], item["candidates"])
