@@ -155,7 +155,7 @@ class Bench:
         return engine
 
     def long_tokens(self, engine: LLMEngine) -> int:
-        return self.args.long_tokens or engine.max_model_len - 1
+        return self.args.long_tokens or engine.limits.max_model_len - 1
 
     @staticmethod
     def _prefill_of(engine: LLMEngine, rid: str) -> tuple[int, int]:

@@ -59,10 +59,11 @@ def preload_allocator(env: MutableMapping[str, str], allocator: Allocator,
     library preloaded, or None (the system allocator)."""
     if allocator == "system":
         return None
-    library = find_tcmalloc(candidates)
+    looked = tcmalloc_candidates() if candidates is None else list(candidates)
+    library = find_tcmalloc(looked)
     if library is None:
         log.warning("tcmalloc not found (looked in %s; `make tools` unpacks it): tritonserver runs on the "
-                    "system allocator", ", ".join(str(p) for p in (candidates or tcmalloc_candidates())))
+                    "system allocator", ", ".join(str(p) for p in looked))
         return None
     preloaded = [p for p in env.get("LD_PRELOAD", "").split(os.pathsep) if p]
     env["LD_PRELOAD"] = os.pathsep.join([str(library), *preloaded])

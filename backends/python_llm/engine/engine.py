@@ -58,11 +58,9 @@ class LLMEngine:
         max_len = int(self.model_info.max_model_len)
         if config.max_model_len is not None:
             max_len = min(max_len, config.max_model_len)
-        self.max_model_len = max_len
-        self.kv_capacity_tokens = int(runner.num_blocks) * config.block_size
         self.limits = RequestLimits(max_tokens_limit=config.max_tokens_limit,
                                     vocab_size=int(self.model_info.vocab_size), max_model_len=max_len,
-                                    kv_capacity_tokens=self.kv_capacity_tokens,
+                                    kv_capacity_tokens=int(runner.num_blocks) * config.block_size,
                                     prompt_token_budget=None if config.enable_chunked_context
                                     else config.max_num_batched_tokens)
         self.scheduler = Scheduler(config, int(runner.num_blocks), max_len, self.metrics,
