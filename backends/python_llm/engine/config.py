@@ -52,6 +52,11 @@ class EngineConfig:
     # weights; "fma" = the FMA GEMM on any AVX2 CPU; "onednn" = oneDNN;
     # "torch" = always F.linear, the reference
     linear_backend: str = "auto"
+    # greedy rows' LM head (fp32 CPU models, worker/models/greedy_head.py):
+    # "auto" = in bf16 where the CPU has bf16 dot products (AVX512-BF16,
+    # AMX-BF16) and the native kernels build, its candidates dotted again so
+    # the token is the exact argmax; else, and with "fp32", fp32 logits
+    greedy_lm_head: str = "auto"
     debug_step_delay_ms: int = 0              # test-only stall injected per step
     debug_fail_after_steps: int = 0           # test-only: the loop fails after N steps (0 = never)
     # What a dead engine loop does to its server: after this grace period (so
@@ -70,6 +75,8 @@ class EngineConfig:
               f"attention_backend: 'auto' or 'torch', got {self.attention_backend!r}")
         check(self.linear_backend in ("auto", "fma", "onednn", "torch"),
               f"linear_backend: 'auto', 'fma', 'onednn' or 'torch', got {self.linear_backend!r}")
+        check(self.greedy_lm_head in ("auto", "fp32"),
+              f"greedy_lm_head: 'auto' or 'fp32', got {self.greedy_lm_head!r}")
         check(self.device == "cpu" or self.device.startswith("cuda"), f"device: unsupported {self.device!r}")
         check(self.block_size > 0 and self.block_size & (self.block_size - 1) == 0,
               f"block_size: must be a power of two, got {self.block_size}")

@@ -81,7 +81,8 @@ def test_greedy_tokens_take_the_packed_lm_head_from_its_row_threshold(tmp_path: 
     kernels = cpu_kernels()
     assert kernels is not None, "the CPU kernels did not build on this machine"
     reference = build_model(folder, 64, torch.float32, cpu, linear_backend="torch", kernels=None)
-    model = build_model(folder, 64, torch.float32, cpu, linear_backend="auto", kernels=kernels)
+    model = build_model(folder, 64, torch.float32, cpu, linear_backend="auto", kernels=kernels,
+                        greedy_lm_head="fp32")
     assert reference.lm_head_gemm is None and model.lm_head_gemm is not None
     fused = kernels.lm_head_argmax
     fused_rows: list[int] = []

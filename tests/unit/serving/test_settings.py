@@ -28,7 +28,7 @@ ENGINE_VALUES = {
     "max_num_batched_tokens": 256, "max_queue_size": 9, "max_model_len": 2048, "max_tokens_limit": 1000,
     "default_max_tokens": 77, "default_token_timeout_ms": 1500, "enable_kv_cache_reuse": False,
     "enable_chunked_context": False, "num_threads": 3, "attention_backend": "torch", "linear_backend": "torch",
-    "debug_step_delay_ms": 5,
+    "greedy_lm_head": "fp32", "debug_step_delay_ms": 5,
     "debug_fail_after_steps": 11, "exit_on_engine_failure_s": -1.0, "prefill_time_ratio": 0.75, "stream_response_share": 0.3,
 }
 TEXT_VALUES = {

@@ -70,7 +70,8 @@ class ModelRunner:
         self.kernels: CpuKernels | None = (
             cpu_kernels() if self.device.type == "cpu" and config.attention_backend == "auto" else None)
         self.model = build_model(config.model_dir, self.model_info.max_model_len, self.dtype, self.device,
-                                 linear_backend=config.linear_backend, kernels=self.kernels)
+                                 linear_backend=config.linear_backend, kernels=self.kernels,
+                                 greedy_lm_head=config.greedy_lm_head)
         self.num_blocks = self._kv_budget_blocks()
         info = self.model_info
         self.kv_cache = PagedKVCache(

@@ -2,7 +2,8 @@
 paged decode attention (`paged_decode_attention.cpp`), causal attention of a
 prefill chunk over the paged cache (`paged_prefill_attention.cpp`), the greedy argmax
 over logit rows (`argmax_rows.cpp`), the LM head fused with that argmax
-for all-greedy steps (`lm_head_argmax.cpp`) and the decoder layer's
+for all-greedy steps (`lm_head_argmax.cpp`), the exact argmax from bf16
+logits (`verified_argmax.cpp`; their bindings are `greedy.py`'s) and the decoder layer's
 elementwise steps, fp32 (`layer_elementwise.cpp`: RMSNorm, rotary + K/V
 cache write, SiLU x up), and fp32 projections on AMX tiles (`amx_gemm.cpp`)
 or AVX2 / FMA lanes (`fma_gemm.cpp`).
@@ -18,7 +19,6 @@ Without a compiler, or when the build fails, `cpu_kernels()` returns None
 """
 from __future__ import annotations
 
-import array
 import ctypes
 import logging
 import subprocess
@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from ....cache import CACHE_DIR
+from .greedy import GreedyKernels
 from .library import KernelBuildError, build, library_path
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ _loaded: dict[str, "CpuKernels | None"] = {}
 
 
 
-class CpuKernels:
+class CpuKernels(GreedyKernels):
     """ctypes binding of the compiled library, with the checks the C side
     leaves to its caller."""
 
@@ -47,20 +48,13 @@ class CpuKernels:
         # torch first: the library links libgomp.so.1, which must resolve to
         # the OpenMP runtime torch already loaded (one thread pool, not two)
         self._lib = ctypes.CDLL(str(path))
+        super().__init__(self._lib)
         fn = self._lib.paged_decode_attention
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         fn.argtypes = [ctypes.c_int, ptr, i64, ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, i64,
                        ctypes.c_float, ctypes.c_int]
         fn.restype = ctypes.c_int
         self._fn = fn
-        argmax = self._lib.argmax_rows_f32
-        argmax.argtypes = [ptr, i64, i64, i64, ptr, ctypes.c_int]
-        argmax.restype = None
-        self._argmax = argmax
-        fused = self._lib.lm_head_argmax_f32
-        fused.argtypes = [ptr, i64, i64, ptr, i64, i64, i64, ptr, ctypes.c_int]
-        fused.restype = ctypes.c_int
-        self._lm_head_argmax = fused
         prefill = self._lib.paged_prefill_attention
         prefill.argtypes = [ctypes.c_int, ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64,
                             ctypes.c_float, ctypes.c_int]
@@ -282,39 +276,6 @@ class CpuKernels:
         if status != 0:
             raise RuntimeError("fma_linear: this build has no AVX2 / FMA")
         return out
-
-    def argmax_rows(self, logits: torch.Tensor) -> torch.Tensor:
-        """logits.argmax(dim=-1) for fp32 [rows, vocab] on the CPU (same ties
-        and NaN rule as torch)."""
-        rows, vocab = logits.shape
-        if logits.dtype != torch.float32 or logits.stride(1) != 1 or logits.device.type != "cpu":
-            raise ValueError("argmax_rows: fp32 CPU logits with contiguous rows expected")
-        if not 0 < vocab < 2**31:
-            raise ValueError(f"argmax_rows: vocab must be in 1 .. 2^31-1, got {vocab}")
-        out = torch.empty(rows, dtype=torch.int64)
-        if rows:
-            self._argmax(logits.data_ptr(), rows, vocab, logits.stride(0), out.data_ptr(), torch.get_num_threads())
-        return out
-
-    def lm_head_argmax(self, hidden: torch.Tensor, weight: torch.Tensor) -> list[int]:
-        """(hidden @ weight.T).argmax(dim=-1).tolist() without the logits:
-        hidden [rows, dim], weight [vocab, dim], both fp32 on the CPU with
-        contiguous rows. Same ties and NaN rule as torch.argmax; a logit's
-        last bits may differ from a GEMM's (another summation order). The ids
-        land in an `array.array`, whose `tolist` is a fraction of a tensor's."""
-        if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
-            raise ValueError(f"lm_head_argmax: hidden [rows, dim] and weight [vocab, dim] expected, "
-                             f"got {tuple(hidden.shape)} and {tuple(weight.shape)}")
-        if any(t.dtype != torch.float32 or t.device.type != "cpu" or t.stride(1) != 1 for t in (hidden, weight)):
-            raise ValueError("lm_head_argmax: fp32 CPU tensors with contiguous rows expected")
-        rows, dim = hidden.shape
-        out = array.array("q", bytes(8 * rows))
-        status = self._lm_head_argmax(hidden.data_ptr(), rows, hidden.stride(0), weight.data_ptr(),
-                                      weight.shape[0], weight.stride(0), dim, out.buffer_info()[0],
-                                      torch.get_num_threads())
-        if status != 0:
-            raise ValueError(f"lm_head_argmax: arguments out of range (status {status})")
-        return out.tolist()
 
     def paged_decode_attention(self, out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
                                value_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,

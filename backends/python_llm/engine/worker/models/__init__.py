@@ -8,6 +8,7 @@ import torch
 
 from ..kernels import CpuKernels
 from ..model_info import ModelFolderError, read_json
+from .greedy_head import verified_greedy_available
 from .llama import LlamaForCausalLM, LlamaSpec
 from .loader import load_weights
 from .packed_linear import packed_linears_available, projection_makers
@@ -16,7 +17,8 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
 
 
 def build_model(model_dir: str | Path, max_positions: int, dtype: torch.dtype,
-                device: torch.device, *, linear_backend: str, kernels: CpuKernels | None) -> LlamaForCausalLM:
+                device: torch.device, *, linear_backend: str, kernels: CpuKernels | None,
+                greedy_lm_head: str = "auto") -> LlamaForCausalLM:
     """Instantiate the model named by the folder's config.json and load its
     weights. Projections (CPU, fp32): linear_backend "auto" packs them for
     AMX tiles where the CPU has AMX-BF16 (with oneDNN for few rows), else for
@@ -24,7 +26,9 @@ def build_model(model_dir: str | Path, max_positions: int, dtype: torch.dtype,
     rows), else for oneDNN; "fma" and "onednn" for those alone (see
     packed_linear.projection_makers); "torch" keeps `F.linear` (the
     reference), as does every other device or dtype. With native kernels,
-    an fp32 CPU model runs its elementwise steps on them."""
+    an fp32 CPU model runs its elementwise steps on them, and with
+    greedy_lm_head "auto" its greedy rows on the bf16 LM head with the exact
+    argmax (greedy_head.py) where the CPU has bf16 dot products."""
     config = read_json(Path(model_dir) / "config.json")
     architectures = config.get("architectures") or []
     if not any(arch in SUPPORTED_ARCHITECTURES for arch in architectures):
@@ -37,6 +41,8 @@ def build_model(model_dir: str | Path, max_positions: int, dtype: torch.dtype,
         model.pack_linears(*projection_makers(linear_backend, kernels))
     if kernels is not None and device.type == "cpu" and dtype == torch.float32:
         model.use_kernels(kernels)
+        if greedy_lm_head == "auto" and verified_greedy_available(kernels, device, dtype):
+            model.use_verified_greedy()
     return model.eval()
 
 

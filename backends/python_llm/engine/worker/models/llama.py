@@ -17,6 +17,7 @@ from ..attention import AttentionMetadata, LayerSliceRows, paged_attention
 from ..kernels import CpuKernels
 from ..kv_cache import PagedKVCache
 from ..model_info import ModelFolderError
+from .greedy_head import VerifiedGreedyHead
 from .packed_linear import LayerProjections, Linear, LinearMaker, TorchLinear
 
 LM_HEAD_CHUNK = 2048   # vocabulary rows per LM-head GEMM on the CPU
@@ -262,6 +263,8 @@ class LlamaForCausalLM(nn.Module):
         self.kernels: CpuKernels | None = None
         # the LM head packed as the projections are (pack_linears), else None
         self.lm_head_gemm: Linear | None = None
+        # greedy rows' bf16 LM head with its exact argmax (use_verified_greedy), else None
+        self.greedy_head: VerifiedGreedyHead | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 cache: PagedKVCache, layer_slice: LayerSliceRows | None = None) -> torch.Tensor:
@@ -334,15 +337,34 @@ class LlamaForCausalLM(nn.Module):
             return self.lm_head_gemm(normed)
         return sliced_lm_head(normed, self.lm_head).float()
 
+    def use_verified_greedy(self) -> None:
+        """Greedy rows take the bf16 LM head and the exact argmax over its
+        candidates (greedy_head.py); needs the native kernels."""
+        if self.kernels is None:
+            raise RuntimeError("use_verified_greedy: the native kernels are not in use")
+        self.greedy_head = VerifiedGreedyHead(self.lm_head, self.kernels)
+
     def greedy_tokens(self, hidden: torch.Tensor) -> list[int]:
         """argmax of final norm + LM head for the sampled rows, through the
-        native kernels (fp32 CPU models): the packed LM head then a native
-        argmax for LM_HEAD_GEMM_MIN_ROWS rows or more, else the LM head fused
-        with its argmax (no logits)."""
+        native kernels (fp32 CPU models): the bf16 LM head and its verified
+        argmax where it is in use (a row it cannot decide, not finite, goes
+        the fp32 way); else the packed LM head then a native argmax for
+        LM_HEAD_GEMM_MIN_ROWS rows or more, else the LM head fused with its
+        argmax (no logits)."""
         kernels = self.kernels
         if kernels is None:
             raise RuntimeError("greedy_tokens: the native kernels are not in use")
         normed = self._final_norm(hidden)
+        if self.greedy_head is None:
+            return self._fp32_greedy_tokens(normed, kernels)
+        tokens, _ = self.greedy_head(normed)
+        undecided = [row for row, token in enumerate(tokens) if token < 0]
+        if undecided:
+            for row, token in zip(undecided, self._fp32_greedy_tokens(normed[undecided], kernels)):
+                tokens[row] = token
+        return tokens
+
+    def _fp32_greedy_tokens(self, normed: torch.Tensor, kernels: CpuKernels) -> list[int]:
         if self.lm_head_gemm is not None and normed.shape[0] >= LM_HEAD_GEMM_MIN_ROWS:
             return kernels.argmax_rows(self.lm_head_gemm(normed)).tolist()
         return kernels.lm_head_argmax(normed, self.lm_head)

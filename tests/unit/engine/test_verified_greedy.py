@@ -1,0 +1,163 @@
+"""Greedy rows on the bf16 LM head with the exact argmax over its candidates
+(models/greedy_head.py, kernels/verified_argmax.cpp): the error bound against
+oneDNN's bf16 GEMM, the kernel against a float64 GEMM + argmax (near-ties the
+bf16 logits cannot separate, exact ties, vocabulary tails, rows that are not
+finite), and the model's greedy tokens on it against the reference. The bf16
+GEMM runs on any oneDNN CPU (emulated where bf16 dot products are missing),
+so these run everywhere; `auto` turns it on only where they are native."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from python_llm.engine.config import ConfigError, EngineConfig
+from python_llm.engine.worker.kernels import CpuKernels, cpu_kernels
+from python_llm.engine.worker.models import build_model
+from python_llm.engine.worker.models.greedy_head import VerifiedGreedyHead, bf16_logit_bound
+from python_llm.engine.worker.models.packed_linear import packed_linears_available
+
+from test_model_tiny import save_tiny
+
+pytestmark = pytest.mark.skipif(not packed_linears_available(torch.device("cpu"), torch.float32),
+                                reason="torch built without oneDNN")
+
+
+@pytest.fixture(scope="module")
+def native() -> CpuKernels:
+    built = cpu_kernels()
+    assert built is not None, "the CPU kernels did not build on this machine (see the warning log)"
+    return built
+
+
+@pytest.fixture
+def threads():
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def exact_argmax(hidden: torch.Tensor, weight: torch.Tensor) -> list[int]:
+    return (hidden.double() @ weight.double().t()).argmax(dim=-1).tolist()
+
+
+@pytest.mark.parametrize("dim", [8, 64, 576, 2048])
+@pytest.mark.parametrize("scale", [1e-3, 1.0, 1e3])
+def test_every_bf16_logit_is_within_the_bound(dim: int, scale: float) -> None:
+    gen = torch.Generator().manual_seed(dim)
+    weight = torch.randn(3001, dim, generator=gen) * scale
+    hidden = torch.randn(17, dim, generator=gen) * torch.logspace(-2, 2, 17).unsqueeze(1)
+    head = VerifiedGreedyHead(weight, kernels=None)   # type: ignore[arg-type]  # its bf16 GEMM alone
+    approx = head.packed(hidden.to(torch.bfloat16)).double()
+    exact = hidden.double() @ weight.double().t()
+    assert head.bound == bf16_logit_bound(dim)
+    allowed = head.bound * hidden.double().norm(dim=1, keepdim=True) * weight.double().norm(dim=1)
+    worst = ((approx - exact).abs() / allowed).max().item()
+    assert worst <= 1.0, f"a bf16 logit's error is {worst:.3f}x its bound"
+    # and the bound is not vacuous: errors reach a visible part of it
+    assert worst > 1e-3
+
+
+def decide(native: CpuKernels, hidden: torch.Tensor, weight: torch.Tensor) -> tuple[list[int], list[int]]:
+    head = VerifiedGreedyHead(weight, native)
+    return head(hidden)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64])
+@pytest.mark.parametrize("vocab,dim", [(4099, 64), (1007, 576), (37, 13), (1, 8)])
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_matches_the_exact_argmax(native, threads, rows: int, vocab: int, dim: int, num_threads: int) -> None:
+    threads(num_threads)
+    gen = torch.Generator().manual_seed(rows * 31 + vocab + dim)
+    hidden = torch.randn(rows, dim, generator=gen)
+    weight = torch.randn(vocab, dim, generator=gen)
+    tokens, candidates = decide(native, hidden, weight)
+    assert tokens == exact_argmax(hidden, weight)
+    assert all(count >= 1 for count in candidates)
+
+
+def test_near_ties_the_bf16_logits_cannot_separate_are_dotted_again(native) -> None:
+    """Weight rows that differ below bf16's resolution: their bf16 logits are
+    equal, so every one is a candidate, and the exact winner is found among
+    them (at the vocabulary's tail too, past the vector lanes)."""
+    gen = torch.Generator().manual_seed(3)
+    dim, vocab = 576, 1000
+    weight = torch.randn(vocab, dim, generator=gen) * 0.05
+    hidden = torch.randn(6, dim, generator=gen)
+    twins = [5, 500, 998, 999]
+    base = hidden[0] / hidden[0].norm() * 3.0
+    for i, row in enumerate(twins):
+        weight[row] = base * (1 + 1e-6 * (i + 1))   # the last twin is the exact winner for hidden[0]
+    tokens, candidates = decide(native, hidden, weight)
+    assert tokens == exact_argmax(hidden, weight)
+    assert tokens[0] == 999 and candidates[0] >= len(twins)
+
+
+def test_exact_ties_go_to_the_first_index(native) -> None:
+    gen = torch.Generator().manual_seed(4)
+    weight = torch.randn(300, 32, generator=gen)
+    hidden = torch.randn(2, 32, generator=gen)
+    weight[40] = weight[270] = hidden[0] * 10
+    tokens, candidates = decide(native, hidden, weight)
+    assert tokens[0] == 40 and candidates[0] >= 2
+    assert tokens == exact_argmax(hidden, weight)
+
+
+def test_rows_that_are_not_finite_are_left_undecided(native) -> None:
+    gen = torch.Generator().manual_seed(5)
+    weight = torch.randn(200, 16, generator=gen)
+    hidden = torch.randn(3, 16, generator=gen)
+    hidden[1, 4] = float("nan")
+    hidden[2, 0] = float("inf")
+    tokens, _ = decide(native, hidden, weight)
+    assert tokens[0] == exact_argmax(hidden[:1], weight)[0]
+    assert tokens[1:] == [-1, -1]
+
+
+def test_bad_arguments_are_refused(native) -> None:
+    head = VerifiedGreedyHead(torch.randn(50, 8), native)
+    with pytest.raises(ValueError, match="do not fit"):
+        native.verified_argmax(torch.zeros(2, 50, dtype=torch.bfloat16), torch.zeros(3, 8), head.weight,
+                               head.norms, head.bound)
+    with pytest.raises(ValueError, match="bf16 logits"):
+        native.verified_argmax(torch.zeros(2, 50), torch.zeros(2, 8), head.weight, head.norms, head.bound)
+    with pytest.raises(ValueError, match="non-finite"):
+        VerifiedGreedyHead(torch.full((4, 8), float("inf")), native)
+
+
+def test_the_model_takes_it_where_bf16_is_native_and_matches_the_reference(native, tmp_path: Path) -> None:
+    folder = save_tiny(tmp_path / "llama", "llama", tie_word_embeddings=True)
+    cpu = torch.device("cpu")
+    reference = build_model(folder, 64, torch.float32, cpu, linear_backend="torch", kernels=None)
+    auto = build_model(folder, 64, torch.float32, cpu, linear_backend="auto", kernels=native)
+    fp32 = build_model(folder, 64, torch.float32, cpu, linear_backend="auto", kernels=native, greedy_lm_head="fp32")
+    assert (auto.greedy_head is not None) == native.bf16_dot_supported()
+    assert fp32.greedy_head is None
+    auto.use_verified_greedy()   # on any CPU, so the path is checked here too
+    assert auto.greedy_head is not None and auto.greedy_head.weight.data_ptr() == auto.lm_head.data_ptr()
+    gen = torch.Generator().manual_seed(11)
+    for rows in (1, 3, 40):
+        hidden = torch.randn(rows, reference.spec.hidden_size, generator=gen)
+        with torch.inference_mode():
+            expected = reference.compute_logits(hidden).argmax(dim=-1).tolist()
+            assert auto.greedy_tokens(hidden) == expected, f"{rows} rows"
+            assert fp32.greedy_tokens(hidden) == expected, f"{rows} rows"
+
+
+def test_a_row_it_cannot_decide_goes_the_fp32_way(native, tmp_path: Path) -> None:
+    folder = save_tiny(tmp_path / "llama", "llama", tie_word_embeddings=True)
+    model = build_model(folder, 64, torch.float32, torch.device("cpu"), linear_backend="auto", kernels=native,
+                        greedy_lm_head="fp32")
+    gen = torch.Generator().manual_seed(12)
+    hidden = torch.randn(5, model.spec.hidden_size, generator=gen)
+    hidden[2, 1] = float("nan")
+    with torch.inference_mode():
+        expected = model.greedy_tokens(hidden)
+        model.use_verified_greedy()
+        assert model.greedy_tokens(hidden) == expected
+
+
+def test_config_names_the_field() -> None:
+    with pytest.raises(ConfigError, match="greedy_lm_head"):
+        EngineConfig(model_dir="/m", greedy_lm_head="bf16")
