@@ -101,11 +101,12 @@ def test_min_tokens_leaves_the_fused_greedy_path_only_before_it_is_reached(runne
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """The stop-token ban of `min_tokens` rewrites the logits while fewer than
     min_tokens are generated; from then on the step is plain greedy again and
-    its token comes from the fused LM head + argmax."""
+    its token comes from the model's greedy path (LM head + argmax, no
+    logits for the sampler)."""
     assert runner.kernels is not None, "the native kernels did not build here"
-    fused = runner.kernels.lm_head_argmax
+    greedy = runner.model.greedy_tokens
     calls: list[int] = []
-    monkeypatch.setattr(runner.kernels, "lm_head_argmax", lambda *a: calls.append(1) or fused(*a))
+    monkeypatch.setattr(runner.model, "greedy_tokens", lambda *a: calls.append(1) or greedy(*a))
     driver = RunnerDriver(runner)
     driver.add("min", [4, 5, 6, 7], 8, SamplingParams(min_tokens=3, stop_token_ids=[2]))
     tokens = driver.run()["min"]

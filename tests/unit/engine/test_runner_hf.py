@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from python_llm.engine.config import EngineConfig
+from python_llm.engine.worker.models.greedy_head import VerifiedGreedyHead
 from python_llm.engine.worker.runner import ModelRunner
 from python_llm.engine.core.sampling_params import SamplingParams
 
@@ -100,14 +101,23 @@ def hf_greedy_tokens(hf_model, prompt: list[int], n: int) -> list[int]:
     return tokens
 
 
-def test_fused_greedy_matches_hf(runner, hf_model, prompts, monkeypatch) -> None:
+@pytest.mark.parametrize("head", ["fp32 fused", "bf16 verified"])
+def test_fused_greedy_matches_hf(runner, hf_model, prompts, monkeypatch, head: str) -> None:
     """Plain greedy requests (no EOS ban, no log-probs) get their tokens from
-    the fused LM-head + argmax kernel, which sums each logit in another order
-    than MKL's GEMM: still token-identical to HF, run alone."""
+    the model's greedy path, both ways it has: the fused fp32 LM-head +
+    argmax kernel, which sums each logit in another order than MKL's GEMM,
+    and the bf16 LM head with the exact argmax over its candidates (where
+    `auto` takes it, CPUs with bf16 dot products; checked here on any CPU).
+    Either way token-identical to HF, run alone."""
     assert runner.kernels is not None, "the native kernels did not build here"
-    fused = runner.kernels.lm_head_argmax
     calls = []
-    monkeypatch.setattr(runner.kernels, "lm_head_argmax", lambda *a: calls.append(1) or fused(*a))
+    if head == "fp32 fused":
+        fused = runner.kernels.lm_head_argmax
+        monkeypatch.setattr(runner.model, "greedy_head", None)
+        monkeypatch.setattr(runner.kernels, "lm_head_argmax", lambda *a: calls.append(1) or fused(*a))
+    else:
+        verified = VerifiedGreedyHead(runner.model.lm_head, runner.kernels)
+        monkeypatch.setattr(runner.model, "greedy_head", lambda normed: calls.append(1) or verified(normed))
     for i, prompt in enumerate(prompts):
         driver = RunnerDriver(runner)
         driver.add(f"fused-{i}", prompt, NEW_TOKENS, SamplingParams())
