@@ -42,13 +42,16 @@ def test_packed_and_native_models_match_reference(tmp_path: Path, kind: str, ove
     cpu = torch.device("cpu")
     kernels = cpu_kernels()
     assert kernels is not None, "the CPU kernels did not build on this machine"
-    reference = build_model(folder, 64, torch.float32, cpu, linear_backend="torch", kernels=None)
-    variants = {"packed": build_model(folder, 64, torch.float32, cpu, linear_backend="onednn", kernels=None),
+    reference = build_model(folder, 64, torch.float32, cpu, linear_backend="torch", kernels=None, greedy_lm_head="fp32")
+    variants = {"packed": build_model(folder, 64, torch.float32, cpu, linear_backend="onednn", kernels=None,
+                                      greedy_lm_head="fp32"),
                 "native elementwise": build_model(folder, 64, torch.float32, cpu, linear_backend="torch",
-                                                  kernels=kernels),
-                "both": build_model(folder, 64, torch.float32, cpu, linear_backend="auto", kernels=kernels)}
+                                                  kernels=kernels, greedy_lm_head="fp32"),
+                "both": build_model(folder, 64, torch.float32, cpu, linear_backend="auto", kernels=kernels,
+                                    greedy_lm_head="auto")}
     if kernels.fma_gemm_supported():
-        variants["fma"] = build_model(folder, 64, torch.float32, cpu, linear_backend="fma", kernels=kernels)
+        variants["fma"] = build_model(folder, 64, torch.float32, cpu, linear_backend="fma", kernels=kernels,
+                                      greedy_lm_head="fp32")
     assert not reference.layers[0].projections.packed and reference.kernels is None
     assert variants["both"].layers[0].projections.packed and variants["both"].layers[0].kernels is kernels
     # packing moves the weights: the parameters no longer hold a copy
@@ -80,7 +83,7 @@ def test_greedy_tokens_take_the_packed_lm_head_from_its_row_threshold(tmp_path: 
     cpu = torch.device("cpu")
     kernels = cpu_kernels()
     assert kernels is not None, "the CPU kernels did not build on this machine"
-    reference = build_model(folder, 64, torch.float32, cpu, linear_backend="torch", kernels=None)
+    reference = build_model(folder, 64, torch.float32, cpu, linear_backend="torch", kernels=None, greedy_lm_head="fp32")
     model = build_model(folder, 64, torch.float32, cpu, linear_backend="auto", kernels=kernels,
                         greedy_lm_head="fp32")
     assert reference.lm_head_gemm is None and model.lm_head_gemm is not None
@@ -99,7 +102,7 @@ def test_greedy_tokens_take_the_packed_lm_head_from_its_row_threshold(tmp_path: 
 def test_native_elementwise_is_fp32_cpu_only(tmp_path: Path) -> None:
     folder = save_tiny(tmp_path / "llama", "llama")
     model = build_model(folder, 64, torch.bfloat16, torch.device("cpu"), linear_backend="auto",
-                        kernels=cpu_kernels())
+                        kernels=cpu_kernels(), greedy_lm_head="auto")
     assert model.kernels is None and not model.layers[0].projections.packed
     with pytest.raises(ValueError, match="fp32"):
         model.use_kernels(cpu_kernels())

@@ -129,8 +129,8 @@ def test_bad_arguments_are_refused(native) -> None:
 def test_the_model_takes_it_where_bf16_is_native_and_matches_the_reference(native, tmp_path: Path) -> None:
     folder = save_tiny(tmp_path / "llama", "llama", tie_word_embeddings=True)
     cpu = torch.device("cpu")
-    reference = build_model(folder, 64, torch.float32, cpu, linear_backend="torch", kernels=None)
-    auto = build_model(folder, 64, torch.float32, cpu, linear_backend="auto", kernels=native)
+    reference = build_model(folder, 64, torch.float32, cpu, linear_backend="torch", kernels=None, greedy_lm_head="fp32")
+    auto = build_model(folder, 64, torch.float32, cpu, linear_backend="auto", kernels=native, greedy_lm_head="auto")
     fp32 = build_model(folder, 64, torch.float32, cpu, linear_backend="auto", kernels=native, greedy_lm_head="fp32")
     assert (auto.greedy_head is not None) == native.bf16_dot_supported()
     assert fp32.greedy_head is None

@@ -18,7 +18,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
 
 def build_model(model_dir: str | Path, max_positions: int, dtype: torch.dtype,
                 device: torch.device, *, linear_backend: str, kernels: CpuKernels | None,
-                greedy_lm_head: str = "auto") -> LlamaForCausalLM:
+                greedy_lm_head: str) -> LlamaForCausalLM:
     """Instantiate the model named by the folder's config.json and load its
     weights. Projections (CPU, fp32): linear_backend "auto" packs them for
     AMX tiles where the CPU has AMX-BF16 (with oneDNN for few rows), else for
@@ -26,9 +26,10 @@ def build_model(model_dir: str | Path, max_positions: int, dtype: torch.dtype,
     rows), else for oneDNN; "fma" and "onednn" for those alone (see
     packed_linear.projection_makers); "torch" keeps `F.linear` (the
     reference), as does every other device or dtype. With native kernels,
-    an fp32 CPU model runs its elementwise steps on them, and with
-    greedy_lm_head "auto" its greedy rows on the bf16 LM head with the exact
-    argmax (greedy_head.py) where the CPU has bf16 dot products."""
+    an fp32 CPU model runs its elementwise steps on them and, as
+    greedy_lm_head asks (EngineConfig), its greedy rows on the bf16 LM head
+    with the exact argmax (greedy_head.py) where the CPU has bf16 dot
+    products."""
     config = read_json(Path(model_dir) / "config.json")
     architectures = config.get("architectures") or []
     if not any(arch in SUPPORTED_ARCHITECTURES for arch in architectures):
