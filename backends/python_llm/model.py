@@ -119,6 +119,7 @@ class TritonPythonModel:
             raise
 
     def _answer(self, out: RequestOutput) -> None:
+        started = time.perf_counter()
         stream = self.registry.get(out.request_id)
         if stream is None:
             return
@@ -136,6 +137,9 @@ class TritonPythonModel:
         reply = stream.assembly.respond(out, self.pacing.hold_ns(out) if stream.assembly.streaming else 0)
         if reply is not None:
             self._send(stream, self._response(stream, out, reply), FINAL if reply.final else 0)
+            # the engine thread's whole time for it (the cancel check, its
+            # tensors, the send's round trip), which the pacing budgets
+            self.pacing.record_response(time.perf_counter() - started)
 
     @staticmethod
     def _response(stream: LiveStream, out: RequestOutput, reply: Reply):
@@ -146,9 +150,7 @@ class TritonPythonModel:
 
     def _send(self, stream: LiveStream, response, flags: int) -> None:
         try:
-            started = time.perf_counter()
             stream.send(response, flags, final=bool(flags & FINAL))
-            self.pacing.record_send(time.perf_counter() - started)
         except Exception as exc:  # the client is gone: stop spending work on it
             log.info("send failed, aborting request: %s", {"request_id": stream.client_id,
                                                            "engine_id": stream.engine_id, "error": str(exc)})
