@@ -63,6 +63,18 @@ def lm_head_agrees(kernels) -> bool:
     return kernels.lm_head_argmax(hidden, weight) == (hidden.double() @ weight.double().t()).argmax(-1).tolist()
 
 
+def verified_argmax_agrees(kernels) -> bool:
+    """The bf16 LM head's verified argmax against a float64 GEMM + argmax,
+    with a near-tie bf16 cannot separate (rows 11 and 12 differ by 1e-6)."""
+    from ..models.greedy_head import VerifiedGreedyHead
+    gen = torch.Generator().manual_seed(3)
+    hidden, weight = torch.randn(5, 200, generator=gen), torch.randn(3001, 200, generator=gen) * 0.05
+    weight[11] = hidden[0] / hidden[0].norm()
+    weight[12] = weight[11] * (1 + 1e-6)
+    tokens, _ = VerifiedGreedyHead(weight, kernels)(hidden)
+    return tokens == (hidden.double() @ weight.double().t()).argmax(-1).tolist()
+
+
 def elementwise_check(kernels) -> float:
     """Largest difference of the native RMSNorm and SiLU x up from PyTorch's ops."""
     gen = torch.Generator().manual_seed(4)
@@ -111,6 +123,7 @@ def main() -> int:
     prefill_worst = prefill_check(kernels)
     argmax_ok = argmax_agrees(kernels)
     lm_head_ok = lm_head_agrees(kernels)
+    verified_ok = verified_argmax_agrees(kernels)
     elementwise_worst = elementwise_check(kernels)
     amx = amx_check(kernels)
     fma = fma_check(kernels)
@@ -118,11 +131,14 @@ def main() -> int:
           f"{prefill_worst:.2e}; "
           f"argmax {'equals' if argmax_ok else 'DIFFERS FROM'} torch.argmax; "
           f"fused LM head {'agrees' if lm_head_ok else 'DISAGREES'} with GEMM + argmax; "
+          f"bf16 LM head's verified argmax {'agrees' if verified_ok else 'DISAGREES'} "
+          f"(bf16 dot products {'native' if kernels.bf16_dot_supported() else 'emulated'}); "
           f"RMSNorm / SiLU x up within {elementwise_worst:.2e}; "
           + ("no AMX here" if amx is None else f"AMX projection error {amx:.2f}x an fp32 sgemm's") + "; "
           + ("no AVX2 / FMA GEMM in this build" if fma is None else
              f"FMA projection error {fma:.2f}x an fp32 sgemm's"))
-    return 0 if (worst < 1e-4 and prefill_worst < 1e-4 and argmax_ok and lm_head_ok and elementwise_worst < 1e-5
+    return 0 if (worst < 1e-4 and prefill_worst < 1e-4 and argmax_ok and lm_head_ok and verified_ok
+                 and elementwise_worst < 1e-5
                  and (amx is None or amx < 4.0) and (fma is None or fma < 4.0)) else 1
 
 
