@@ -15,6 +15,7 @@ import torch
 from python_llm.engine.config import ConfigError, EngineConfig
 from python_llm.engine.worker.kernels import CpuKernels, cpu_kernels
 from python_llm.engine.worker.models import build_model
+from python_llm.engine.worker.models import greedy_head
 from python_llm.engine.worker.models.greedy_head import VerifiedGreedyHead, bf16_logit_bound
 from python_llm.engine.worker.models.packed_linear import packed_linears_available
 
@@ -57,6 +58,22 @@ def test_every_bf16_logit_is_within_the_bound(dim: int, scale: float) -> None:
     assert worst <= 1.0, f"a bf16 logit's error is {worst:.3f}x its bound"
     # and the bound is not vacuous: errors reach a visible part of it
     assert worst > 1e-3
+
+
+def test_without_onednn_bf16_the_fp32_fallback_keeps_the_bound_and_the_answers(native, monkeypatch) -> None:
+    """On AVX2 CPUs oneDNN refuses bf16 GEMMs: the head then does the same
+    arithmetic in fp32 on bf16-rounded values (so these tests run there)."""
+    monkeypatch.setattr(greedy_head, "onednn_bf16_gemm", lambda: False)
+    gen = torch.Generator().manual_seed(9)
+    weight, hidden = torch.randn(2003, 576, generator=gen) * 0.05, torch.randn(9, 576, generator=gen)
+    head = VerifiedGreedyHead(weight, native)
+    assert isinstance(head.packed, greedy_head.Bf16RoundedLinear)
+    approx = head.packed(hidden.to(torch.bfloat16))
+    assert approx.dtype == torch.bfloat16
+    exact = hidden.double() @ weight.double().t()
+    allowed = head.bound * hidden.double().norm(dim=1, keepdim=True) * weight.double().norm(dim=1)
+    assert bool(((approx.double() - exact).abs() <= allowed).all())
+    assert head(hidden)[0] == exact_argmax(hidden, weight)
 
 
 def decide(native: CpuKernels, hidden: torch.Tensor, weight: torch.Tensor) -> tuple[list[int], list[int]]:

@@ -36,6 +36,38 @@ def bf16_logit_bound(dim: int) -> float:
     return 3 * u + 3 * u * u + gamma * (1 + u) ** 3 + _SLACK
 
 
+def onednn_bf16_gemm() -> bool:
+    """Whether oneDNN runs bf16 GEMMs on this CPU: natively, or emulated on
+    AVX-512 without bf16 instructions; it refuses them on AVX2 and older."""
+    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+class Bf16RoundedLinear:
+    """x @ weight.T in fp32 on bf16-rounded inputs and weights, rounded to
+    bf16: the arithmetic the bound assumes, where oneDNN has no bf16 GEMM.
+    `auto` never takes the verified head there (no bf16 dot products); the
+    tests and `use_verified_greedy` may."""
+
+    __slots__ = ("weight",)
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight.to(torch.bfloat16).float()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.float() @ self.weight.t()).to(torch.bfloat16)
+
+
+def _bf16_gemm(weight: torch.Tensor) -> PackedLinear | Bf16RoundedLinear:
+    if onednn_bf16_gemm():
+        try:   # a CPU torch's check passes may still be one oneDNN refuses when it runs
+            packed = PackedLinear(weight.to(torch.bfloat16), None)
+            packed(weight.new_zeros(1, weight.shape[1], dtype=torch.bfloat16))
+            return packed
+        except RuntimeError:
+            pass
+    return Bf16RoundedLinear(weight)
+
+
 class VerifiedGreedyHead:
     """The argmax of hidden @ weight.T per row from a bf16 copy of the
     weight (oneDNN-packed) and the fp32 one (the candidates' rows)."""
@@ -46,7 +78,7 @@ class VerifiedGreedyHead:
         if weight.dtype != torch.float32 or weight.dim() != 2:
             raise ValueError("VerifiedGreedyHead: an fp32 [vocab, dim] weight expected")
         self.weight = weight.detach().contiguous()   # the model's own (the embedding, when tied)
-        self.packed = PackedLinear(self.weight.to(torch.bfloat16), None)
+        self.packed = _bf16_gemm(self.weight)
         self.norms = self.weight.double().norm(dim=1).float()
         if not bool(torch.isfinite(self.norms).all()):
             raise ValueError("VerifiedGreedyHead: the LM head has non-finite weights")
