@@ -27,7 +27,7 @@
 
 #include <omp.h>
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
 #include <immintrin.h>
 #endif
 
@@ -43,7 +43,7 @@ inline float bf16_to_float(uint16_t bits) {
 double dot_fp64(const float* a, const float* b, int64_t n) {
   int64_t i = 0;
   double sum = 0.0;
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
   __m512d acc0 = _mm512_setzero_pd(), acc1 = _mm512_setzero_pd();
   for (; i + 16 <= n; i += 16) {
     acc0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(a + i)), _mm512_cvtps_pd(_mm256_loadu_ps(b + i)), acc0);
@@ -62,7 +62,7 @@ float largest_lower_end(const uint16_t* approx, const float* norms, float margin
   int64_t v = 0;
   float best = -std::numeric_limits<float>::infinity();
   bool finite = true;
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
   const __m512 m = _mm512_set1_ps(margin);
   __m512 best_lanes = _mm512_set1_ps(best);
   __mmask16 not_finite = 0;
@@ -109,7 +109,7 @@ int64_t decide_row(const uint16_t* approx, const float* hidden, const float* wei
     if (value > best_value) { best_value = value; best_index = v; }
   };
   int64_t v = 0;
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
   const __m512 m = _mm512_set1_ps(margin);
   const __m512 f = _mm512_set1_ps(floor);
   for (; v + 16 <= vocab; v += 16) {
