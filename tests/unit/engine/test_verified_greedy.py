@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from python_llm.engine.config import ConfigError, EngineConfig
-from python_llm.engine.worker.kernels import CpuKernels, cpu_kernels
+from python_llm.engine.worker.kernels import CpuKernels
 from python_llm.engine.worker.models import build_model
 from python_llm.engine.worker.models import greedy_head
 from python_llm.engine.worker.models.greedy_head import VerifiedGreedyHead, bf16_logit_bound
@@ -23,20 +23,6 @@ from test_model_tiny import save_tiny
 
 pytestmark = pytest.mark.skipif(not packed_linears_available(torch.device("cpu"), torch.float32),
                                 reason="torch built without oneDNN")
-
-
-@pytest.fixture(scope="module")
-def native() -> CpuKernels:
-    built = cpu_kernels()
-    assert built is not None, "the CPU kernels did not build on this machine (see the warning log)"
-    return built
-
-
-@pytest.fixture
-def threads():
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
 
 
 def exact_argmax(hidden: torch.Tensor, weight: torch.Tensor) -> list[int]:
