@@ -48,8 +48,9 @@ class EngineConfig:
     # projections on the CPU in fp32 (worker/models/packed_linear.py):
     # "auto" = AMX tiles by three-way bf16 splitting (fp32 accuracy) where the
     # CPU has AMX-BF16 and the native kernels build, else the native FMA GEMM
-    # where AVX2 is the CPU's widest vector unit, else oneDNN with prepacked
-    # weights; "fma" = the FMA GEMM on any AVX2 CPU; "onednn" = oneDNN;
+    # for steps of few rows (AVX2 or AVX-512; a second copy of the weights)
+    # beside oneDNN for many, else oneDNN with prepacked weights; "fma" = that
+    # where it builds; "onednn" = oneDNN alone (one copy of the weights);
     # "torch" = always F.linear, the reference
     linear_backend: str = "auto"
     # greedy rows' LM head (fp32 CPU models, worker/models/greedy_head.py):

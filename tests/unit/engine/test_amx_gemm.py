@@ -17,7 +17,7 @@ from python_llm.engine.worker.models.packed_linear import AMX_MIN_ROWS, AmxLinea
 def amx() -> CpuKernels:
     kernels = cpu_kernels()
     if kernels is None or not kernels.amx_gemm_supported():
-        pytest.skip("no AMX-BF16 on this CPU (the projections run on oneDNN)")
+        pytest.skip("no AMX-BF16 on this CPU (the projections run on the FMA GEMM or oneDNN)")
     return kernels
 
 

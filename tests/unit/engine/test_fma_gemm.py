@@ -2,8 +2,8 @@
 against float64: its error must be an fp32 GEMM's on every shape its blocks
 have to pad (rows past a block of 6 or 8, columns past a panel of 16 or 32:
 AVX2 or AVX-512 registers; K past a pass of 192), with bias and residual;
-`FmaLinear` hands steps of many rows to oneDNN; and "auto" picks it only
-where AVX2 is the widest vector unit."""
+`FmaLinear` hands steps of many rows (by the register width) to oneDNN;
+and "auto" picks it wherever it is built, unless AMX is there."""
 from __future__ import annotations
 
 import pytest
@@ -12,7 +12,6 @@ import torch.nn.functional as F
 
 from gemm_cases import GemmCase
 from python_llm.engine.worker.kernels import CpuKernels, cpu_kernels
-from python_llm.engine.worker.models import packed_linear
 from python_llm.engine.worker.models.packed_linear import FMA_MAX_ROWS, FmaLinear, PackedLinear, projection_makers
 
 
@@ -63,11 +62,12 @@ def test_many_rows_go_to_onednn_and_agree(fma) -> None:
             return super().plus(x, other)
 
     linear.many_rows = Counting(weight, bias)
-    for rows in (1, FMA_MAX_ROWS - 1, FMA_MAX_ROWS, FMA_MAX_ROWS + 40):
+    bound = linear.max_rows
+    for rows in (1, bound - 1, bound, bound + 40):
         x, other = torch.randn(rows, 64, generator=gen), torch.randn(rows, 96, generator=gen)
         torch.testing.assert_close(linear(x), F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(linear.plus(x, other), F.linear(x, weight, bias) + other, atol=1e-5, rtol=1e-5)
-    assert calls == [FMA_MAX_ROWS, FMA_MAX_ROWS, FMA_MAX_ROWS + 40, FMA_MAX_ROWS + 40]
+    assert calls == [bound, bound, bound + 40, bound + 40]
 
 
 def test_refuses_what_it_cannot_read(fma) -> None:
@@ -80,17 +80,29 @@ def test_refuses_what_it_cannot_read(fma) -> None:
         fma.fma_linear(torch.randn(4, 32), packed, 16, 32, None, torch.randn(4, 8))
 
 
-@pytest.mark.parametrize("capability,expected", [("AVX2", FmaLinear), ("AVX512", PackedLinear)])
-def test_auto_takes_it_only_where_avx2_is_the_widest(fma, monkeypatch, capability: str, expected: type) -> None:
+def test_the_bound_follows_the_register_width(fma) -> None:
+    floats = fma.fma_vector_floats()
+    assert floats in (8, 16)   # ymm or zmm: what -march=native gave this build
+    assert FmaLinear(torch.randn(32, 16), None, fma).max_rows == FMA_MAX_ROWS[floats]
+    assert FMA_MAX_ROWS[16] < FMA_MAX_ROWS[8]   # zmm: oneDNN caught up from fewer rows (measured)
+
+
+def test_auto_takes_it_wherever_it_is_built(fma) -> None:
     if fma.amx_gemm_supported():
         pytest.skip("AMX is there: 'auto' takes the AMX tiles")
-    monkeypatch.setattr(packed_linear.torch.backends.cpu, "get_cpu_capability", lambda: capability)
     make_projection, make_lm_head = projection_makers("auto", fma)
     weight = torch.randn(32, 16)
-    assert isinstance(make_projection(weight, None), expected)
+    assert isinstance(make_projection(weight, None), FmaLinear)
     assert isinstance(make_lm_head(weight, None), PackedLinear)   # the LM head stays on oneDNN
     assert isinstance(projection_makers("fma", fma)[0](weight, None), FmaLinear)
     assert isinstance(projection_makers("onednn", fma)[0](weight, None), PackedLinear)
+
+
+def test_auto_without_the_fma_build_is_onednn() -> None:
+    make_projection, make_lm_head = projection_makers("auto", None)
+    weight = torch.randn(32, 16)
+    assert isinstance(make_projection(weight, None), PackedLinear)
+    assert isinstance(make_lm_head(weight, None), PackedLinear)
 
 
 def test_fma_without_the_kernels_is_a_clear_error() -> None:

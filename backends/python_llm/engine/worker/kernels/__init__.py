@@ -82,6 +82,8 @@ class CpuKernels(GreedyKernels):
         self._amx_gemm.restype = ctypes.c_int
         self._fma_supported = self._lib.fma_gemm_supported
         self._fma_supported.restype = ctypes.c_int
+        self._fma_vector_floats = self._lib.fma_gemm_vector_floats
+        self._fma_vector_floats.restype = ctypes.c_int
         self._fma_elements = self._lib.fma_gemm_packed_elements
         self._fma_elements.argtypes = [i64, i64]
         self._fma_elements.restype = i64
@@ -245,6 +247,10 @@ class CpuKernels(GreedyKernels):
     def fma_gemm_supported(self) -> bool:
         """Whether this build targets AVX2 + FMA."""
         return bool(self._fma_supported())
+
+    def fma_vector_floats(self) -> int:
+        """Floats in one of the FMA GEMM's vector registers: 8 (ymm, AVX2) or 16 (zmm, AVX-512); 0 without it."""
+        return int(self._fma_vector_floats())
 
     def fma_pack_weight(self, weight: torch.Tensor) -> torch.Tensor:
         """weight [n, k] (fp32, CPU, contiguous rows) in panels of two

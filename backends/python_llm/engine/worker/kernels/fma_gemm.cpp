@@ -22,8 +22,11 @@
 // 8 x 32 micro-kernel, 16 accumulators. On the 2-core Zen 5 machines (full
 // 512-bit FMA pipes, ~470 GFLOP/s peak measured) it reached 370-390 GFLOP/s
 // at 64 rows against oneDNN's 300-385, but fell behind it at 16 rows and from
-// 128, and the engine offline was no faster on it (docs/benchmarks.md), so
-// `linear_backend: auto` keeps oneDNN there; `fma` runs it.
+// 128. On the Zen 4 (double-pumped zmm) a decode step of one sequence took
+// 22-26 ms on it against 30-36 on oneDNN, whose dispatch costs ~40-65 us a
+// call inside a step (120 calls), and the offline workload ran 1.09x; from 128
+// rows it was 2-7% behind (docs/benchmarks.md). So the caller runs it below
+// 128 rows on zmm (`fma_gemm_vector_floats`), below 256 on ymm.
 //
 // Built only where the compiler targets AVX2 + FMA (-march=native);
 // elsewhere `fma_gemm_supported` says 0.
@@ -183,6 +186,15 @@ extern "C" {
 int fma_gemm_supported() {
 #if FMA_GEMM
   return 1;
+#else
+  return 0;
+#endif
+}
+
+// floats in one of this build's vector registers: 8 (ymm), 16 (zmm); 0 without AVX2 / FMA
+int fma_gemm_vector_floats() {
+#if FMA_GEMM
+  return static_cast<int>(Lanes::W);
 #else
   return 0;
 #endif

@@ -2,9 +2,9 @@
 `TorchLinear` (`F.linear`, the reference); for fp32 on the CPU,
 `PackedLinear` (oneDNN with weights packed once); where the CPU has
 AMX-BF16, `AmxLinear` (kernels/amx_gemm.cpp: fp32 by three-way bf16
-splitting on AMX tiles, oneDNN below AMX_MIN_ROWS rows); and where its
-widest vectors are AVX2, `FmaLinear` (kernels/fma_gemm.cpp: fp32 on FMA
-lanes, oneDNN from FMA_MAX_ROWS rows).
+splitting on AMX tiles, oneDNN below AMX_MIN_ROWS rows); and where the
+kernels build the FMA GEMM (AVX2 or AVX-512), `FmaLinear`
+(kernels/fma_gemm.cpp: fp32 on FMA lanes, oneDNN from FMA_MAX_ROWS rows).
 
 Why oneDNN: on the CPU `F.linear` calls MKL's sgemm, which re-packs the
 weight on every call; oneDNN takes the weight already in its blocked layout
@@ -104,20 +104,25 @@ class AmxLinear:
         return self.kernels.amx_linear(x, self.parts, self.n, self.k, self.bias, other)
 
 
-# From this many rows oneDNN's fp32 GEMM runs instead. Measured on the 2-core
-# AVX2 machines (AMD EPYC, Zen 3; 30 distinct weights of each of the
-# decoder's shapes, GFLOP/s FMA / oneDNN): 64 rows 3072x576 111/89,
-# 576x1536 99/67, 960x576 109/73; 128 rows 113/103, 100/82, 111/91; 512 rows
-# 110/121, 106/102, 108/101, 576x576 105/110 (docs/benchmarks.md).
-FMA_MAX_ROWS = 256
+# From this many rows oneDNN's fp32 GEMM runs instead, by the FMA GEMM's
+# register width (floats). ymm, measured on the 2-core AVX2 machines (AMD
+# EPYC, Zen 3; 30 distinct weights of each of the decoder's shapes, GFLOP/s
+# FMA / oneDNN): 64 rows 3072x576 111/89, 576x1536 99/67, 960x576 109/73;
+# 128 rows 113/103, 100/82, 111/91; 512 rows 110/121, 106/102, 108/101,
+# 576x576 105/110. zmm, measured on a 2-core Zen 4 (whole runner steps, FMA
+# against oneDNN): decode of 1 sequence 0.72x, 8 0.94x, 57 0.97x; prefill of
+# 64 rows 0.95x, 128 1.02x, 192 1.06x, 250 1.07x; on a Zen 5 the GEMMs alone
+# fell behind oneDNN from 128 rows too (docs/benchmarks.md).
+FMA_MAX_ROWS = {8: 256, 16: 128}
 
 
 class FmaLinear:
-    """y = x @ weight.T + bias on AVX2 / FMA lanes (kernels/fma_gemm.cpp),
-    with oneDNN's packed weight for steps of many rows: both copies are
-    kept (2x the fp32 bytes)."""
+    """y = x @ weight.T + bias on FMA lanes (kernels/fma_gemm.cpp: ymm on
+    AVX2, zmm on AVX-512) for steps of fewer than `max_rows` rows, with
+    oneDNN's packed weight for bigger ones: both copies are kept (2x the
+    fp32 bytes)."""
 
-    __slots__ = ("packed", "bias", "n", "k", "kernels", "many_rows")
+    __slots__ = ("packed", "bias", "n", "k", "kernels", "many_rows", "max_rows")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernels: CpuKernels) -> None:
         weight = weight.detach().contiguous()
@@ -126,15 +131,16 @@ class FmaLinear:
         self.n, self.k = weight.shape
         self.kernels = kernels
         self.many_rows = PackedLinear(weight, bias)
+        self.max_rows = FMA_MAX_ROWS[kernels.fma_vector_floats()]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= FMA_MAX_ROWS:
+        if x.shape[0] >= self.max_rows:
             return self.many_rows(x)
         return self.kernels.fma_linear(x, self.packed, self.n, self.k, self.bias)
 
     def plus(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """(x @ W.T + b) + other, the add done as the results are stored"""
-        if x.shape[0] >= FMA_MAX_ROWS:
+        if x.shape[0] >= self.max_rows:
             return self.many_rows.plus(x, other)
         return self.kernels.fma_linear(x, self.packed, self.n, self.k, self.bias, other)
 
@@ -146,12 +152,16 @@ LinearMaker = Callable[[torch.Tensor, "torch.Tensor | None"], Linear]   # (weigh
 def projection_makers(linear_backend: str, kernels: CpuKernels | None) -> tuple[LinearMaker, LinearMaker]:
     """How the decoder's projections and the LM head's packed copy are made
     for a `linear_backend` other than "torch" (fp32 CPU). "auto": AMX tiles
-    where the CPU has AMX-BF16; else FMA lanes where AVX2 is its widest
-    vector unit (as torch sees it: on AVX-512 CPUs oneDNN runs zmm kernels,
-    and the FMA GEMM measured no faster than them on a Zen 5 and a Zen 4,
-    docs/benchmarks.md); else oneDNN. The LM head stays
-    on oneDNN beside FMA projections: at 49k columns oneDNN was faster from
-    16 rows (64 rows 37 vs 43 ms), and fewer rows take the fused kernel."""
+    where the CPU has AMX-BF16; else the FMA GEMM wherever the kernels build
+    it (AVX2 or AVX-512) for steps of few rows, oneDNN for the rest (FmaLinear).
+    On AVX-512 it was once left out (a Zen 5 and a Zen 4 measured the
+    offline workload no faster on it); measured again on the Zen 4, a decode
+    step of one sequence took 0.72x oneDNN's time and the offline workload
+    ran 1.07x and 1.09x (two A/Bs of 4 interleaved rounds, docs/benchmarks.md):
+    inside a step each oneDNN call costs ~40-65 us of dispatch, 120 calls a
+    step. The LM head stays on oneDNN beside FMA
+    projections: at 49k columns oneDNN was faster from 16 rows (64 rows 37
+    vs 43 ms), and fewer rows take the fused kernel."""
     onednn: LinearMaker = PackedLinear
     if linear_backend == "onednn":
         return onednn, onednn
@@ -162,7 +172,7 @@ def projection_makers(linear_backend: str, kernels: CpuKernels | None) -> tuple[
     fma_capable = kernels is not None and kernels.fma_gemm_supported()
     if linear_backend == "fma" and not fma_capable:
         raise ValueError("linear_backend 'fma': the native kernels do not target AVX2 + FMA on this CPU")
-    if linear_backend == "fma" or (fma_capable and torch.backends.cpu.get_cpu_capability() == "AVX2"):
+    if linear_backend == "fma" or fma_capable:
         def fma(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
             return FmaLinear(weight, bias, kernels)   # type: ignore[arg-type]
         return fma, onednn
