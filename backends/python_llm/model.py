@@ -48,7 +48,7 @@ class TritonPythonModel:
         self.metrics = TritonMetrics(pb_utils, args["model_name"], args["model_version"],
                                      max_num_seqs=self.config.max_num_seqs, tokens_per_block=self.config.block_size)
         self.registry = StreamRegistry()
-        self.pacing = ResponsePacing(self.config.stream_response_share)
+        self.pacing = ResponsePacing(self.config.stream_response_share, self.config.stream_max_hold_ms / 1000)
         # built on its own loop thread: one OpenMP team in this process (see launch)
         self.engine = LLMEngine.launch(self.config, metrics=self.metrics, on_dead=self._on_engine_dead)
         log.info("python_llm ready: %s", {"model_dir": self.config.model_dir, "device": self.config.device,

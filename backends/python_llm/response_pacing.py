@@ -11,7 +11,7 @@ step about a fifth of its time.
 
 So answering every stream at every step may take at most `share` of the
 engine's time: a stream's new tokens are held and sent together until
-`streams x answer time / share` seconds (at most MAX_HOLD_S) have passed
+`streams x answer time / share` seconds (at most `max_hold_s`) have passed
 since its last response, the engine thread's time per response measured as
 it runs. With few streams that is less than a step and every token goes out
 at once; at 64 streams on the 2-core machines a response carries ~2 tokens
@@ -28,15 +28,16 @@ from .engine.core.outputs import RequestOutput
 
 # weight of the newest send in the running mean: a few steps of 64 streams
 _SMOOTHING = 0.05
-# the longest a token waits for its stream's next response, whatever the
-# sends cost: well inside any client's per-token timeout
-MAX_HOLD_S = 0.25
 
 
 @dataclass
 class ResponsePacing:
     """Called on the engine loop thread only."""
     share: float                   # 0 = a response at every step, always
+    # the longest a token waits for its stream's next response, whatever the
+    # answers cost (EngineConfig.stream_max_hold_ms): well inside any
+    # client's per-token timeout
+    max_hold_s: float
     # running mean of the engine thread's time to answer one response: the
     # cancel check, building its tensors and the send's round trip
     response_seconds: float = 0.0
@@ -64,4 +65,4 @@ class ResponsePacing:
         if self.share <= 0.0:
             return 0
         streams = max(self._streams_now, self._streams_last_step)
-        return int(min(MAX_HOLD_S, streams * self.response_seconds / self.share) * 1e9)
+        return int(min(self.max_hold_s, streams * self.response_seconds / self.share) * 1e9)

@@ -38,9 +38,17 @@ class EngineConfig:
     prefill_time_ratio: float = 1.25
     # Streaming under load (python_llm/response_pacing.py): answering every
     # stream at every step may take at most this share of the engine's time;
-    # past it a stream's tokens are held (at most 0.25 s) and sent together,
-    # never its first token or its end. 0 = one response per step and stream.
+    # past it a stream's tokens are held (at most stream_max_hold_ms) and sent
+    # together, never its first token or its end. 0 = one response per step
+    # and stream.
     stream_response_share: float = 0.1
+    # The longest a token may be held for its stream's next response. 500:
+    # where a 64-stream decode step takes ~190 ms (2-core AVX2 machines) 250
+    # let the share merge ~1.5 tokens a response; 500 gave 2.1 and +5% served
+    # throughput, at response gaps p50 ~0.6 s instead of ~0.3 (docs/
+    # benchmarks.md, "Issue 18 on the Zen 3 again"). Where steps are shorter
+    # the share binds first and this changes nothing.
+    stream_max_hold_ms: int = 500
     num_threads: int = 0                      # torch threads, process-wide (torch has one pool); 0 leaves torch's default
     # decode attention: "auto" = the native CPU kernel on the CPU when it
     # builds (else PyTorch), "torch" = always the PyTorch path
@@ -91,6 +99,7 @@ class EngineConfig:
         check(self.max_queue_size >= 0, "max_queue_size: must be >= 0")
         check(self.prefill_time_ratio >= 0, "prefill_time_ratio: must be >= 0")
         check(0.0 <= self.stream_response_share <= 1.0, "stream_response_share: must be in [0, 1]")
+        check(self.stream_max_hold_ms >= 0, "stream_max_hold_ms: must be >= 0")
         check(self.default_max_tokens > 0, "default_max_tokens: must be > 0")
         check(self.default_token_timeout_ms >= 0, "default_token_timeout_ms: must be >= 0")
 

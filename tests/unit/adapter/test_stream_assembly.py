@@ -112,9 +112,9 @@ def test_held_tokens_follow_the_prompt_echo_and_no_hold_means_every_step() -> No
     assert [plain.respond(at([i], i), 0) for i in (1, 2, 3)] == [Reply([i], None, False) for i in (1, 2, 3)]
 
 
-def test_the_pacing_holds_streams_x_answer_time_over_the_share_at_most_a_quarter_second() -> None:
-    from python_llm.response_pacing import MAX_HOLD_S, ResponsePacing
-    pacing = ResponsePacing(share=0.1)
+def test_the_pacing_holds_streams_x_answer_time_over_the_share_at_most_the_max_hold() -> None:
+    from python_llm.response_pacing import ResponsePacing
+    pacing = ResponsePacing(share=0.1, max_hold_s=0.3)
     pacing.record_response(0.0004)
     step_1 = [pacing.hold_ns(at([1], 1000)) for _ in range(8)]
     assert step_1[-1] == int(8 * 0.0004 / 0.1 * 1e9), "8 streams answered in this step"
@@ -122,7 +122,7 @@ def test_the_pacing_holds_streams_x_answer_time_over_the_share_at_most_a_quarter
     assert pacing.hold_ns(at([], 2000, True)) == 0, "an end is never held"
     for _ in range(200):
         pacing.record_response(0.05)      # one stream x 50 ms / 0.1 = 0.5 s
-    assert pacing.hold_ns(at([1], 3000)) == int(MAX_HOLD_S * 1e9)
-    off = ResponsePacing(share=0.0)
+    assert pacing.hold_ns(at([1], 3000)) == int(0.3 * 1e9)
+    off = ResponsePacing(share=0.0, max_hold_s=0.3)
     off.record_response(0.01)
     assert off.hold_ns(at([1], 1000)) == 0

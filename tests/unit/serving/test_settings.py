@@ -30,6 +30,7 @@ ENGINE_VALUES = {
     "enable_chunked_context": False, "num_threads": 3, "attention_backend": "torch", "linear_backend": "torch",
     "greedy_lm_head": "fp32", "debug_step_delay_ms": 5,
     "debug_fail_after_steps": 11, "exit_on_engine_failure_s": -1.0, "prefill_time_ratio": 0.75, "stream_response_share": 0.3,
+    "stream_max_hold_ms": 120,
 }
 TEXT_VALUES = {
     "default_system_prompt": 'Be "brief", \\ kind.', "max_messages": 10, "max_messages_depth": 4,
