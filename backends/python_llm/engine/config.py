@@ -45,7 +45,7 @@ class EngineConfig:
     # The longest a token may be held for its stream's next response. 500:
     # where a 64-stream decode step takes ~190 ms (2-core AVX2 machines) 250
     # let the share merge ~1.5 tokens a response; 500 gave 2.1 and +5% served
-    # throughput, at response gaps p50 ~0.6 s instead of ~0.3 (docs/
+    # throughput, at response gaps p50 0.47-0.61 s instead of 0.29-0.36 (docs/
     # benchmarks.md, "Issue 18 on the Zen 3 again"). Where steps are shorter
     # the share binds first and this changes nothing.
     stream_max_hold_ms: int = 500
