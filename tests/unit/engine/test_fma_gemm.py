@@ -44,6 +44,26 @@ def test_rows_with_a_stride_and_a_zero_row_count(fma) -> None:
     assert fma.fma_linear(torch.empty(0, 24), fma.fma_pack_weight(weight), 40, 24, None).shape == (0, 40)
 
 
+@pytest.mark.parametrize("threads", [1, 3, 5])
+def test_the_panels_handed_out_to_any_threads_give_the_same_bits(fma, threads: int) -> None:
+    # the threads take runs of panels as they come free: which thread sums a
+    # tile may change from call to call, its arithmetic must not (greedy
+    # outputs are compared token for token)
+    case = GemmCase.random(50, 7 * 16 + 3, 400, True, True)
+    packed = fma.fma_pack_weight(case.weight)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = fma.fma_linear(case.x, packed, case.weight.shape[0], 400, case.bias, case.residual)
+        torch.set_num_threads(threads)
+        runs = [fma.fma_linear(case.x, packed, case.weight.shape[0], 400, case.bias, case.residual)
+                for _ in range(4)]
+    finally:
+        torch.set_num_threads(before)
+    for result in runs:
+        assert torch.equal(result, alone)
+
+
 def test_many_rows_go_to_onednn_and_agree(fma) -> None:
     gen = torch.Generator().manual_seed(3)
     weight, bias = torch.randn(96, 64, generator=gen), torch.randn(96, generator=gen)

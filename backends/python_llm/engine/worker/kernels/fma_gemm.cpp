@@ -88,6 +88,9 @@ constexpr int64_t NR = 16, MR = 6;
 constexpr int64_t KC = 192;
 // rows of one pass: 96 x 192 floats = 72 KiB (L2); 96 measured best of 96 / 192 / 288
 constexpr int64_t MC = 96;
+// runs of panels per thread, handed out dynamically (see fma_gemm_f32):
+// 2 measured best of 1 / 2 / 4 / 8 on the Zen 3
+constexpr int64_t ITEMS_PER_THREAD = 2;
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -249,36 +252,47 @@ int fma_gemm_f32(const float* x, int64_t x_stride, int64_t m, const float* packe
         }
       }
     }
-    // implicit barrier: the packed rows are all written before any is read
-    const int t = omp_get_thread_num();
-    const int64_t first = panels * t / threads, last = panels * (t + 1) / threads;
-    for (int64_t m0 = 0; m0 < blocks; m0 += MC / MR) {
-      const int64_t m_end = std::min(blocks, m0 + MC / MR);
-      for (int64_t k0 = 0; k0 < k; k0 += KC) {
-        const int64_t kc = std::min(KC, k - k0);
-        for (int64_t j = first; j < last; ++j) {
-          const float* b = packed + (j * k + k0) * NR;
-          // the next panel's slice (kc x NR floats, in lines of 64 bytes),
-          // spread over this panel's row blocks, so it is in cache when its
-          // first block starts. Into L2 (T1), not L1: with one or two row
-          // blocks the spread is a burst of hundreds of lines, which overruns
-          // L1's miss buffers; on a Zen 4 (30 cold weights, ms T0 -> T1)
-          // 3072x576 at 8 rows 19.7 -> 11.8 on ymm, 13.3 -> 11.1 on zmm, at
-          // 64 rows 42.4 -> 41.9 and 47.2 -> 38.9; no shape or row count of
-          // 1-64 slower (docs/benchmarks.md)
-          const char* next = reinterpret_cast<const char*>(b + k * NR);
-          const int64_t lines = kc * NR * 4 / 64;
-          const int64_t per_block = j + 1 < last ? ceil_div(lines, m_end - m0) : 0;
-          for (int64_t i = m0; i < m_end; ++i) {
-            for (int64_t line = (i - m0) * per_block; line < std::min(lines, (i - m0 + 1) * per_block); ++line) {
-              _mm_prefetch(next + line * 64, _MM_HINT_T1);
+    // implicit barrier: the packed rows are all written before any is read.
+    // The panels go out in ITEMS_PER_THREAD runs a thread, each to the first
+    // thread free. With half the panels owned by each thread (static), two
+    // threads lost 10-25% against two single-thread processes on a 2-core
+    // Zen 3; handed out so, 5-12% faster at 32-250 rows on the decoder's
+    // shapes, 576x576 unchanged (docs/benchmarks.md, "Issue 18 on the Zen 3
+    // again"; zmm builds unmeasured). A run keeps all its panels' K passes
+    // on one thread, so no tile of `out` is summed by two.
+    const int64_t per_item = std::max<int64_t>(1, panels / (threads * ITEMS_PER_THREAD));
+    const int64_t items = ceil_div(panels, per_item);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t first = item * per_item, last = std::min(panels, first + per_item);
+      for (int64_t m0 = 0; m0 < blocks; m0 += MC / MR) {
+        const int64_t m_end = std::min(blocks, m0 + MC / MR);
+        for (int64_t k0 = 0; k0 < k; k0 += KC) {
+          const int64_t kc = std::min(KC, k - k0);
+          for (int64_t j = first; j < last; ++j) {
+            const float* b = packed + (j * k + k0) * NR;
+            // the next panel's slice (kc x NR floats, in lines of 64 bytes),
+            // spread over this panel's row blocks, so it is in cache when its
+            // first block starts. Into L2 (T1), not L1: with one or two row
+            // blocks the spread is a burst of hundreds of lines, which overruns
+            // L1's miss buffers; on a Zen 4 (30 cold weights, ms T0 -> T1)
+            // 3072x576 at 8 rows 19.7 -> 11.8 on ymm, 13.3 -> 11.1 on zmm, at
+            // 64 rows 42.4 -> 41.9 and 47.2 -> 38.9; no shape or row count of
+            // 1-64 slower (docs/benchmarks.md)
+            const char* next = reinterpret_cast<const char*>(b + k * NR);
+            const int64_t lines = kc * NR * 4 / 64;
+            const int64_t per_block = j + 1 < last ? ceil_div(lines, m_end - m0) : 0;
+            for (int64_t i = m0; i < m_end; ++i) {
+              for (int64_t line = (i - m0) * per_block; line < std::min(lines, (i - m0 + 1) * per_block); ++line) {
+                _mm_prefetch(next + line * 64, _MM_HINT_T1);
+              }
+              const int64_t rows = std::min(MR, m - i * MR);
+              const Tile tile{out + i * MR * out_stride + j * NR, out_stride,
+                              bias ? bias + j * NR : nullptr,
+                              residual ? residual + i * MR * residual_stride + j * NR : nullptr, residual_stride,
+                              rows, std::min(NR, n - j * NR), k0 == 0, k0 + kc == k};
+              micro_kernel_rows(rows, a + (i * k + k0) * MR, b, kc, tile);
             }
-            const int64_t rows = std::min(MR, m - i * MR);
-            const Tile tile{out + i * MR * out_stride + j * NR, out_stride,
-                            bias ? bias + j * NR : nullptr,
-                            residual ? residual + i * MR * residual_stride + j * NR : nullptr, residual_stride,
-                            rows, std::min(NR, n - j * NR), k0 == 0, k0 + kc == k};
-            micro_kernel_rows(rows, a + (i * k + k0) * MR, b, kc, tile);
           }
         }
       }
