@@ -256,7 +256,7 @@ int fma_gemm_f32(const float* x, int64_t x_stride, int64_t m, const float* packe
     // The panels go out in ITEMS_PER_THREAD runs a thread, each to the first
     // thread free. With half the panels owned by each thread (static), two
     // threads lost 10-25% against two single-thread processes on a 2-core
-    // Zen 3; handed out so, 5-12% faster at 32-250 rows on the decoder's
+    // Zen 3; handed out so, 5-15% faster at 32-250 rows on the decoder's
     // shapes, 576x576 unchanged (docs/benchmarks.md, "Issue 18 on the Zen 3
     // again"; zmm builds unmeasured). A run keeps all its panels' K passes
     // on one thread, so no tile of `out` is summed by two.
