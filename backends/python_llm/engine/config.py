@@ -56,8 +56,8 @@ class EngineConfig:
     # projections on the CPU in fp32 (worker/models/packed_linear.py):
     # "auto" = AMX tiles by three-way bf16 splitting (fp32 accuracy) where the
     # CPU has AMX-BF16 and the native kernels build, else the native FMA GEMM
-    # for steps of few rows (AVX2 or AVX-512; a second copy of the weights)
-    # beside oneDNN for many, else oneDNN with prepacked weights; "fma" = that
+    # (AVX2: every step; AVX-512: steps of few rows, beside a second copy of
+    # the weights on oneDNN for many), else oneDNN with prepacked weights; "fma" = that
     # where it builds; "onednn" = oneDNN alone (one copy of the weights);
     # "torch" = always F.linear, the reference
     linear_backend: str = "auto"

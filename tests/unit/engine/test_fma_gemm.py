@@ -2,7 +2,7 @@
 against float64: its error must be an fp32 GEMM's on every shape its blocks
 have to pad (rows past a block of 6 or 8, columns past a panel of 16 or 32:
 AVX2 or AVX-512 registers; K past a pass of 192), with bias and residual;
-`FmaLinear` hands steps of many rows (by the register width) to oneDNN;
+`FmaLinear` hands steps of many rows to oneDNN where the register width has a bound (zmm);
 and "auto" picks it wherever it is built, unless AMX is there."""
 from __future__ import annotations
 
@@ -81,8 +81,8 @@ def test_many_rows_go_to_onednn_and_agree(fma) -> None:
             calls.append(x.shape[0])
             return super().plus(x, other)
 
-    linear.many_rows = Counting(weight, bias)
-    bound = linear.max_rows
+    bound = 40   # AVX-512's bound, or a bound set here where the build (AVX2) has none
+    linear.max_rows, linear.many_rows = bound, Counting(weight, bias)
     for rows in (1, bound - 1, bound, bound + 40):
         x, other = torch.randn(rows, 64, generator=gen), torch.randn(rows, 96, generator=gen)
         torch.testing.assert_close(linear(x), F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
@@ -103,8 +103,22 @@ def test_refuses_what_it_cannot_read(fma) -> None:
 def test_the_bound_follows_the_register_width(fma) -> None:
     floats = fma.fma_vector_floats()
     assert floats in (8, 16)   # ymm or zmm: what -march=native gave this build
-    assert FmaLinear(torch.randn(32, 16), None, fma).max_rows == FMA_MAX_ROWS[floats]
-    assert FMA_MAX_ROWS[16] < FMA_MAX_ROWS[8]   # zmm: oneDNN caught up from fewer rows (measured)
+    linear = FmaLinear(torch.randn(32, 16), None, fma)
+    assert linear.max_rows == FMA_MAX_ROWS[floats]
+    assert FMA_MAX_ROWS[8] is None       # ymm: as fast as oneDNN or faster at every size measured
+    assert FMA_MAX_ROWS[16] == 128       # zmm: oneDNN caught up from 128 rows (measured)
+    assert (linear.many_rows is None) == (FMA_MAX_ROWS[floats] is None)   # no unused second copy
+
+
+def test_without_a_bound_every_step_runs_on_it(fma) -> None:
+    gen = torch.Generator().manual_seed(5)
+    weight, bias = torch.randn(48, 64, generator=gen), torch.randn(48, generator=gen)
+    linear = FmaLinear(weight, bias, fma)
+    linear.max_rows, linear.many_rows = None, None
+    for rows in (1, 300, 700):
+        x, other = torch.randn(rows, 64, generator=gen), torch.randn(rows, 48, generator=gen)
+        torch.testing.assert_close(linear(x), F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(linear.plus(x, other), F.linear(x, weight, bias) + other, atol=1e-5, rtol=1e-5)
 
 
 def test_auto_takes_it_wherever_it_is_built(fma) -> None:

@@ -22,8 +22,8 @@ def build_model(model_dir: str | Path, max_positions: int, dtype: torch.dtype,
     """Instantiate the model named by the folder's config.json and load its
     weights. Projections (CPU, fp32): linear_backend "auto" packs them for
     AMX tiles where the CPU has AMX-BF16 (with oneDNN for few rows), else for
-    FMA lanes where the kernels build them, AVX2 or AVX-512 (with oneDNN for
-    many rows), else for oneDNN; "fma" and "onednn" for those alone (see
+    FMA lanes where the kernels build them, AVX2 or AVX-512 (on AVX-512
+    with oneDNN for many rows), else for oneDNN; "fma" and "onednn" for those alone (see
     packed_linear.projection_makers); "torch" keeps `F.linear` (the
     reference), as does every other device or dtype. With native kernels,
     an fp32 CPU model runs its elementwise steps on them and, as

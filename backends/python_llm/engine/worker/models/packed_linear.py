@@ -4,7 +4,8 @@
 AMX-BF16, `AmxLinear` (kernels/amx_gemm.cpp: fp32 by three-way bf16
 splitting on AMX tiles, oneDNN below AMX_MIN_ROWS rows); and where the
 kernels build the FMA GEMM (AVX2 or AVX-512), `FmaLinear`
-(kernels/fma_gemm.cpp: fp32 on FMA lanes, oneDNN from FMA_MAX_ROWS rows).
+(kernels/fma_gemm.cpp: fp32 on FMA lanes; on AVX-512, oneDNN from
+FMA_MAX_ROWS rows).
 
 Why oneDNN: on the CPU `F.linear` calls MKL's sgemm, which re-packs the
 weight on every call; oneDNN takes the weight already in its blocked layout
@@ -105,22 +106,24 @@ class AmxLinear:
 
 
 # From this many rows oneDNN's fp32 GEMM runs instead, by the FMA GEMM's
-# register width (floats). ymm, measured on the 2-core AVX2 machines (AMD
-# EPYC, Zen 3; 30 distinct weights of each of the decoder's shapes, GFLOP/s
-# FMA / oneDNN): 64 rows 3072x576 111/89, 576x1536 99/67, 960x576 109/73;
-# 128 rows 113/103, 100/82, 111/91; 512 rows 110/121, 106/102, 108/101,
-# 576x576 105/110. zmm, measured on a 2-core Zen 4 (whole runner steps, FMA
-# against oneDNN): decode of 1 sequence 0.72x, 8 0.94x, 57 0.97x; prefill of
-# 64 rows 0.95x, 128 1.02x, 192 1.06x, 250 1.07x; on a Zen 5 the GEMMs alone
-# fell behind oneDNN from 128 rows too (docs/benchmarks.md).
-FMA_MAX_ROWS = {8: 256, 16: 128}
+# register width (floats); None: never, and no oneDNN copy is kept.
+# ymm, measured on the 2-core AVX2 machines (AMD EPYC, Zen 3) once the
+# panels went to the first thread free: 30 distinct weights of each of the
+# decoder's shapes, GFLOP/s FMA / oneDNN, 64 rows 143-152 / 115-130, 512
+# rows 158-164 / 139-150, 2048 rows 150-161 / 148-153; a prefill step of 512
+# tokens 876 vs 951 ms (paired, one process). zmm, measured on a 2-core Zen 4
+# (whole runner steps, FMA against oneDNN, before that change): decode of 1
+# sequence 0.72x, 8 0.94x, 57 0.97x; prefill of 64 rows 0.95x, 128 1.02x,
+# 192 1.06x, 250 1.07x; on a Zen 5 the GEMMs alone fell behind oneDNN from
+# 128 rows too (docs/benchmarks.md).
+FMA_MAX_ROWS: dict[int, int | None] = {8: None, 16: 128}
 
 
 class FmaLinear:
     """y = x @ weight.T + bias on FMA lanes (kernels/fma_gemm.cpp: ymm on
-    AVX2, zmm on AVX-512) for steps of fewer than `max_rows` rows, with
-    oneDNN's packed weight for bigger ones: both copies are kept (2x the
-    fp32 bytes)."""
+    AVX2, zmm on AVX-512); where the register width has a `max_rows`, steps
+    of that many rows or more run on oneDNN's packed copy of the weight
+    (both copies kept: 2x the fp32 bytes)."""
 
     __slots__ = ("packed", "bias", "n", "k", "kernels", "many_rows", "max_rows")
 
@@ -130,17 +133,17 @@ class FmaLinear:
         self.bias = None if bias is None else bias.detach().contiguous()
         self.n, self.k = weight.shape
         self.kernels = kernels
-        self.many_rows = PackedLinear(weight, bias)
         self.max_rows = FMA_MAX_ROWS[kernels.fma_vector_floats()]
+        self.many_rows = None if self.max_rows is None else PackedLinear(weight, bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= self.max_rows:
+        if self.many_rows is not None and x.shape[0] >= self.max_rows:
             return self.many_rows(x)
         return self.kernels.fma_linear(x, self.packed, self.n, self.k, self.bias)
 
     def plus(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """(x @ W.T + b) + other, the add done as the results are stored"""
-        if x.shape[0] >= self.max_rows:
+        if self.many_rows is not None and x.shape[0] >= self.max_rows:
             return self.many_rows.plus(x, other)
         return self.kernels.fma_linear(x, self.packed, self.n, self.k, self.bias, other)
 
@@ -153,7 +156,8 @@ def projection_makers(linear_backend: str, kernels: CpuKernels | None) -> tuple[
     """How the decoder's projections and the LM head's packed copy are made
     for a `linear_backend` other than "torch" (fp32 CPU). "auto": AMX tiles
     where the CPU has AMX-BF16; else the FMA GEMM wherever the kernels build
-    it (AVX2 or AVX-512) for steps of few rows, oneDNN for the rest (FmaLinear).
+    it: for every step on AVX2, for steps of few rows on AVX-512 with oneDNN
+    for the rest (FmaLinear).
     On AVX-512 it was once left out (a Zen 5 and a Zen 4 measured the
     offline workload no faster on it); measured again on the Zen 4, a decode
     step of one sequence took 0.72x oneDNN's time and the offline workload
