@@ -27,7 +27,7 @@
 // call inside a step (120 calls), and the offline workload ran 1.09x; from 128
 // rows it was 2-7% behind (docs/benchmarks.md). So the caller runs it below
 // 128 rows on zmm (`fma_gemm_vector_floats`), and at every size on ymm:
-// on the Zen 3 it matched or beat oneDNN from 16 to 2048 rows once the
+// on the Zen 3 it matched or beat oneDNN from 64 to 2048 rows once the
 // panels went to the first thread free (a prefill step of 512 tokens 0.92x).
 //
 // Built only where the compiler targets AVX2 + FMA (-march=native);

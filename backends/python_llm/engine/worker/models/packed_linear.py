@@ -109,7 +109,7 @@ class AmxLinear:
 # register width (floats); None: never, and no oneDNN copy is kept.
 # ymm, measured on the 2-core AVX2 machines (AMD EPYC, Zen 3) once the
 # panels went to the first thread free: 30 distinct weights of each of the
-# decoder's shapes, GFLOP/s FMA / oneDNN, 64 rows 143-152 / 115-130, 512
+# decoder's shapes, GFLOP/s FMA / oneDNN, 64 rows 122-153 / 98-130, 512
 # rows 158-164 / 139-150, 2048 rows 150-161 / 148-153; a prefill step of 512
 # tokens 876 vs 951 ms (paired, one process). zmm, measured on a 2-core Zen 4
 # (whole runner steps, FMA against oneDNN, before that change): decode of 1
