@@ -267,52 +267,34 @@ int fma_gemm_f32(const float* x, int64_t x_stride, int64_t m, const float* packe
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t first = item * per_item, last = std::min(panels, first + per_item);
-      // one K pass of panel j over row blocks [m0, m_end), fetching `next`
-      // (a slice of kc x NR floats; null: none) spread over the blocks
-      auto pass = [&](int64_t j, int64_t k0, int64_t m0, int64_t m_end, const float* next) {
-        const int64_t kc = std::min(KC, k - k0);
-        const float* b = packed + (j * k + k0) * NR;
-        // Into L2 (T1), not L1: with one or two row blocks the spread is a
-        // burst of hundreds of lines, which overruns L1's miss buffers; on a
-        // Zen 4 (30 cold weights, ms T0 -> T1) 3072x576 at 8 rows 19.7 ->
-        // 11.8 on ymm, 13.3 -> 11.1 on zmm, at 64 rows 42.4 -> 41.9 and 47.2
-        // -> 38.9; no shape or row count of 1-64 slower (docs/benchmarks.md)
-        const char* ahead = reinterpret_cast<const char*>(next);
-        const int64_t lines = kc * NR * 4 / 64;
-        const int64_t per_block = next ? ceil_div(lines, m_end - m0) : 0;
-        for (int64_t i = m0; i < m_end; ++i) {
-          for (int64_t line = (i - m0) * per_block; line < std::min(lines, (i - m0 + 1) * per_block); ++line) {
-            _mm_prefetch(ahead + line * 64, _MM_HINT_T1);
-          }
-          const int64_t rows = std::min(MR, m - i * MR);
-          const Tile tile{out + i * MR * out_stride + j * NR, out_stride,
-                          bias ? bias + j * NR : nullptr,
-                          residual ? residual + i * MR * residual_stride + j * NR : nullptr, residual_stride,
-                          rows, std::min(NR, n - j * NR), k0 == 0, k0 + kc == k};
-          micro_kernel_rows(rows, a + (i * k + k0) * MR, b, kc, tile);
-        }
-      };
-      if (blocks <= MC / MR) {
-        // All rows in one pass: each panel's K passes in turn, so the run's
-        // weights are read as one sequential stream (a panel's passes lie
-        // one after another, and the next panel follows), and the slice
-        // fetched ahead is simply the next one in memory. On the Zen 3, 30
-        // distinct weights of each decoder shape: 1 / 4 / 8 rows 8-10% faster than
-        // panel after panel within each pass, 16-64 rows unchanged.
-        for (int64_t j = first; j < last; ++j) {
-          for (int64_t k0 = 0; k0 < k; k0 += KC) {
-            const bool more = k0 + KC < k || j + 1 < last;
-            pass(j, k0, 0, blocks, more ? packed + (j * k + k0) * NR + std::min(KC, k - k0) * NR : nullptr);
-          }
-        }
-        continue;
-      }
       for (int64_t m0 = 0; m0 < blocks; m0 += MC / MR) {
         const int64_t m_end = std::min(blocks, m0 + MC / MR);
         for (int64_t k0 = 0; k0 < k; k0 += KC) {
+          const int64_t kc = std::min(KC, k - k0);
           for (int64_t j = first; j < last; ++j) {
-            // the next panel's slice, so it is in cache when its first block starts
-            pass(j, k0, m0, m_end, j + 1 < last ? packed + ((j + 1) * k + k0) * NR : nullptr);
+            const float* b = packed + (j * k + k0) * NR;
+            // the next panel's slice (kc x NR floats, in lines of 64 bytes),
+            // spread over this panel's row blocks, so it is in cache when its
+            // first block starts. Into L2 (T1), not L1: with one or two row
+            // blocks the spread is a burst of hundreds of lines, which overruns
+            // L1's miss buffers; on a Zen 4 (30 cold weights, ms T0 -> T1)
+            // 3072x576 at 8 rows 19.7 -> 11.8 on ymm, 13.3 -> 11.1 on zmm, at
+            // 64 rows 42.4 -> 41.9 and 47.2 -> 38.9; no shape or row count of
+            // 1-64 slower (docs/benchmarks.md)
+            const char* next = reinterpret_cast<const char*>(b + k * NR);
+            const int64_t lines = kc * NR * 4 / 64;
+            const int64_t per_block = j + 1 < last ? ceil_div(lines, m_end - m0) : 0;
+            for (int64_t i = m0; i < m_end; ++i) {
+              for (int64_t line = (i - m0) * per_block; line < std::min(lines, (i - m0 + 1) * per_block); ++line) {
+                _mm_prefetch(next + line * 64, _MM_HINT_T1);
+              }
+              const int64_t rows = std::min(MR, m - i * MR);
+              const Tile tile{out + i * MR * out_stride + j * NR, out_stride,
+                              bias ? bias + j * NR : nullptr,
+                              residual ? residual + i * MR * residual_stride + j * NR : nullptr, residual_stride,
+                              rows, std::min(NR, n - j * NR), k0 == 0, k0 + kc == k};
+              micro_kernel_rows(rows, a + (i * k + k0) * MR, b, kc, tile);
+            }
           }
         }
       }
