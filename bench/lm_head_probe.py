@@ -1,11 +1,13 @@
-"""The LM head of greedy decoding on this machine, four ways: PyTorch's
+"""The LM head of greedy decoding on this machine, five ways: PyTorch's
 GEMM in vocabulary slices (the path without packed weights), oneDNN on the
-packed weight (`PackedLinear`, what the engine runs for LM_HEAD_GEMM_MIN_ROWS
-rows or more), each plus the native argmax, against the native LM head fused
-with its argmax (`kernels/lm_head_argmax.cpp`, fewer rows), and the bf16 LM
-head with the exact argmax over its candidates (`models/greedy_head.py`,
-what `greedy_lm_head: auto` runs where the CPU has bf16 dot products; on
-other CPUs oneDNN emulates bf16 and it is slow).
+packed weight (`PackedLinear`) and the FMA GEMM (`FmaLinear`, where the
+kernels build it), each plus the native argmax (the engine runs the packed
+copy `projection_makers` makes for the LM head from LM_HEAD_GEMM_MIN_ROWS
+rows), against the native LM head fused with its argmax
+(`kernels/lm_head_argmax.cpp`, fewer rows), and the bf16 LM head with the
+exact argmax over its candidates (`models/greedy_head.py`, what
+`greedy_lm_head: auto` runs where the CPU has bf16 dot products; on other
+CPUs oneDNN emulates bf16 and it is slow).
 
     python -m bench.lm_head_probe [--rows 1 2 4 8 16 64] [--repeats 15]
 
@@ -26,7 +28,7 @@ import torch
 from python_llm.engine.worker.kernels import cpu_kernels
 from python_llm.engine.worker.models.greedy_head import VerifiedGreedyHead
 from python_llm.engine.worker.models.llama import sliced_lm_head
-from python_llm.engine.worker.models.packed_linear import PackedLinear
+from python_llm.engine.worker.models.packed_linear import FmaLinear, PackedLinear
 
 
 def main() -> int:
@@ -48,9 +50,11 @@ def main() -> int:
           f"{args.threads} threads, vocab {args.vocab}, hidden {args.hidden}, fp32; "
           f"bf16 dot products native: {kernels.bf16_dot_supported()}")
     packed = PackedLinear(weight, None)
+    fma = FmaLinear(weight, None, kernels) if kernels.fma_gemm_supported() else None
     verified = VerifiedGreedyHead(weight, kernels)
     ways = {"GEMM slices + argmax": lambda h: kernels.argmax_rows(sliced_lm_head(h, weight)).tolist(),
             "oneDNN packed + argmax": lambda h: kernels.argmax_rows(packed(h)).tolist(),
+            **({"FMA GEMM + argmax": lambda h: kernels.argmax_rows(fma(h)).tolist()} if fma is not None else {}),
             "fused LM head + argmax": lambda h: kernels.lm_head_argmax(h, weight),
             "bf16 + verified argmax": lambda h: verified(h)[0]}
     print("| rows | " + " | ".join(ways) + " | same ids |")

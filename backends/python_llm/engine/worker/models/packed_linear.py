@@ -163,9 +163,11 @@ def projection_makers(linear_backend: str, kernels: CpuKernels | None) -> tuple[
     step of one sequence took 0.72x oneDNN's time and the offline workload
     ran 1.07x and 1.09x (two A/Bs of 4 interleaved rounds, docs/benchmarks.md):
     inside a step each oneDNN call costs ~40-65 us of dispatch, 120 calls a
-    step. The LM head stays on oneDNN beside FMA
-    projections: at 49k columns oneDNN was faster from 16 rows (64 rows 37
-    vs 43 ms), and fewer rows take the fused kernel."""
+    step. The LM head's packed copy: on ymm (no row bound) the FMA GEMM's
+    too, which reads few rows' weights as one stream (Zen 3, with the
+    argmax: 4 rows 4.9 vs 6.5 ms on oneDNN, 16 rows 8.5 vs 10.9, 64 rows
+    27.9 vs 30.7); on zmm oneDNN's, which was faster there from 16 rows at
+    49k columns (64 rows 37 vs 43 ms)."""
     onednn: LinearMaker = PackedLinear
     if linear_backend == "onednn":
         return onednn, onednn
@@ -179,7 +181,8 @@ def projection_makers(linear_backend: str, kernels: CpuKernels | None) -> tuple[
     if linear_backend == "fma" or fma_capable:
         def fma(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
             return FmaLinear(weight, bias, kernels)   # type: ignore[arg-type]
-        return fma, onednn
+        unbounded = FMA_MAX_ROWS[kernels.fma_vector_floats()] is None   # type: ignore[union-attr]
+        return fma, fma if unbounded else onednn
     return onednn, onednn
 
 
