@@ -23,8 +23,9 @@
 //     weights of each decoder shape, one process, interleaved with the old
 //     order; bits unchanged) a decode step's projections took 4 rows 19.6-21.1
 //     ms instead of 27.2-29.8, 8 rows 22.5-25.3 instead of 31.1-34.1, 16 rows
-//     31.8-39.4 instead of 36.0-48.2, 32 rows 55.8-66.4 instead of 63.6-72.4;
-//     at 48-96 rows the two orders were within the machine's noise.
+//     31.8-39.4 instead of 36.0-48.2, 32 rows 55.8-66.4 instead of 63.6-72.4,
+//     64 rows ahead in 5 of 6 runs (by 1-17%, behind by 3% once); at 48 and
+//     96 rows the two orders were within the machine's noise.
 // Results are an fp32 GEMM's up to summation order (as oneDNN's against MKL's).
 //
 // Where the compiler targets AVX-512 the same code runs on zmm registers: an
