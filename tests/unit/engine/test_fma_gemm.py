@@ -64,7 +64,6 @@ def test_the_panels_handed_out_to_any_threads_give_the_same_bits(fma, threads: i
         assert torch.equal(result, alone)
 
 
-
 def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(fma) -> None:
     # up to one pass of rows (96) the weight is read in another order (each
     # panel's K passes in turn, one stream) than with more rows; a tile's
@@ -78,6 +77,7 @@ def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(fma) -> None:
     for rows in (1, 4, 6, 7, 40, 95, 96, 97, 200):
         part = fma.fma_linear(case.x[:rows], packed, n, k, case.bias, case.residual[:rows])
         assert torch.equal(part, everything[:rows]), rows
+
 
 def test_many_rows_go_to_onednn_and_agree(fma) -> None:
     gen = torch.Generator().manual_seed(3)
