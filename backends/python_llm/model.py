@@ -125,7 +125,7 @@ class TritonPythonModel:
             return
         # The client's disconnect / gRPC cancel is checked here, on the engine
         # thread that also sends (and sets the metrics), at most every
-        # CANCEL_CHECK_INTERVAL_S of a running request: the stub crashed under
+        # cancel_check_interval() of a running request: the stub crashed under
         # load when another thread called into it concurrently (a thread of
         # its own for the sends crashed it too, with the metrics on this one).
         # A request still queued is noticed when it starts (its timeouts bound

@@ -18,10 +18,22 @@ from .stream_assembly import StreamAssembly
 
 # How often a running stream asks whether its client went away. The answer
 # is a round trip to tritonserver (python_backend's PbCancel::IsCancelled),
-# which per step and stream cost more than sending the token (a served run's
-# profile at 64 streams); a cancel is noticed within this, then the request
-# stops at its next step.
+# ~0.175 ms of the engine thread on the 2-core machines, which per step and
+# stream cost more than sending the token (a served run's profile at 64
+# streams). So all the streams' checks together may take CANCEL_CHECK_SHARE
+# of the caller's time: a stream asks every `live streams x check time /
+# share` seconds, the check's time measured as it runs, but at least every
+# CANCEL_CHECK_MAX_INTERVAL_S and at most every CANCEL_CHECK_INTERVAL_S. At
+# 64 streams that is ~1.1 s: with 0.25 s a stream asked every other ~190 ms
+# step, ~3% of the engine thread, now ~1%. A cancel is noticed within the
+# interval, then the request stops at its next step. (Requests from the
+# ensemble or llm_bls are never marked cancelled by Triton 2.51: they are
+# stopped by key at once.)
 CANCEL_CHECK_INTERVAL_S = 0.25
+CANCEL_CHECK_MAX_INTERVAL_S = 2.0
+CANCEL_CHECK_SHARE = 0.01
+# weight of the newest check in the running mean of its time
+_CHECK_SMOOTHING = 0.05
 
 
 @dataclass
@@ -57,6 +69,7 @@ class StreamRegistry:
         self._by_engine_id: dict[str, LiveStream] = {}
         self._by_client_id: dict[str, str] = {}
         self._by_key: dict[str, str] = {}
+        self.cancel_check_seconds = 0.0   # running mean of one is_cancelled() round trip
 
     def register(self, stream: LiveStream) -> None:
         with self._lock:
@@ -102,19 +115,34 @@ class StreamRegistry:
             return False
         return True
 
-    @staticmethod
-    def is_newly_cancelled(stream: LiveStream, now: float | None = None) -> bool:
+    def cancel_check_interval(self) -> float:
+        """Seconds between a stream's cancel checks now (see CANCEL_CHECK_SHARE)."""
+        with self._lock:
+            budgeted = len(self._by_engine_id) * self.cancel_check_seconds / CANCEL_CHECK_SHARE
+        return min(CANCEL_CHECK_MAX_INTERVAL_S, max(CANCEL_CHECK_INTERVAL_S, budgeted))
+
+    def is_newly_cancelled(self, stream: LiveStream, now: float | None = None) -> bool:
         """True once, when the stream's client has gone away; asks the sender
-        at most every CANCEL_CHECK_INTERVAL_S (the first call always asks)."""
+        at most every cancel_check_interval() (the first call always asks)."""
         now = time.monotonic() if now is None else now
         with stream.lock:
             if stream.closed or stream.cancel_requested or now < stream.next_cancel_check:
                 return False
-            stream.next_cancel_check = now + CANCEL_CHECK_INTERVAL_S
-            if not stream.sender.is_cancelled():
+            started = time.perf_counter()
+            cancelled = stream.sender.is_cancelled()
+            self._record_check(time.perf_counter() - started)
+            stream.next_cancel_check = now + self.cancel_check_interval()
+            if not cancelled:
                 return False
             stream.cancel_requested = True
             return True
+
+    def _record_check(self, seconds: float) -> None:
+        with self._lock:   # the tensorrt_llm adapter checks from several threads
+            if self.cancel_check_seconds == 0.0:
+                self.cancel_check_seconds = seconds
+            else:
+                self.cancel_check_seconds += _CHECK_SMOOTHING * (seconds - self.cancel_check_seconds)
 
     def __len__(self) -> int:
         with self._lock:

@@ -2,6 +2,8 @@
 stream bookkeeping."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,8 @@ from python_llm.engine.core.errors import DuplicateRequestError
 from python_llm.engine.core.sampling_params import InvalidRequestError
 from python_llm.request_inputs import parse_llm_request
 from python_llm.stream_assembly import StreamAssembly
-from python_llm.stream_registry import CANCEL_CHECK_INTERVAL_S, LiveStream, StreamRegistry
+from python_llm.stream_registry import (CANCEL_CHECK_INTERVAL_S, CANCEL_CHECK_MAX_INTERVAL_S, CANCEL_CHECK_SHARE,
+                                        LiveStream, StreamRegistry)
 
 KEY_1 = "k" * 32
 KEY_2 = "Zz_-" * 8
@@ -74,13 +77,16 @@ def test_a_malformed_request_key_is_refused_naming_it(key):
 
 
 class FakeSender:
-    def __init__(self) -> None:
+    def __init__(self, check_seconds: float = 0.0) -> None:
         self.cancelled = False
         self.cancel_checks = 0
+        self.check_seconds = check_seconds   # how long a check's round trip takes
         self.sent: list[tuple[object, int]] = []
 
     def is_cancelled(self) -> bool:
         self.cancel_checks += 1
+        if self.check_seconds:
+            time.sleep(self.check_seconds)
         return self.cancelled
 
     def send(self, response=None, flags: int = 0) -> None:
@@ -118,6 +124,35 @@ def test_registry_names_cancels_and_closes_streams():
     registry.remove("engine-1")
     assert registry.engine_id_for_key(KEY_1) is None and len(registry) == 0
     registry.register(LiveStream("engine-4", KEY_1, "client-1", FakeSender(), assembly()))  # both free again
+
+
+def test_cancel_checks_of_many_streams_are_spaced_to_their_share_of_the_callers_time():
+    registry = StreamRegistry()
+    slow = 0.002   # a round trip of 2 ms: sleep() lasts at least that
+    streams = [LiveStream(f"engine-{i}", f"{KEY_1[:-2]}{i:02d}", None, FakeSender(slow), assembly())
+               for i in range(5)]
+    for stream in streams:
+        registry.register(stream)
+    assert registry.cancel_check_interval() == CANCEL_CHECK_INTERVAL_S   # nothing measured yet
+    first = streams[0]
+    assert not registry.is_newly_cancelled(first, now=100.0)
+    assert registry.cancel_check_seconds >= slow
+    # 5 streams x >= 2 ms / share: at least a second between a stream's checks
+    spaced = min(CANCEL_CHECK_MAX_INTERVAL_S, 5 * slow / CANCEL_CHECK_SHARE)
+    assert spaced > 2 * CANCEL_CHECK_INTERVAL_S
+    assert registry.cancel_check_interval() >= spaced
+    first.sender.cancelled = True
+    assert not registry.is_newly_cancelled(first, now=100.0 + spaced / 2)
+    assert first.sender.cancel_checks == 1
+    # never longer than the cap, however many streams and however slow
+    assert registry.is_newly_cancelled(first, now=100.0 + CANCEL_CHECK_MAX_INTERVAL_S)
+    registry.cancel_check_seconds = 1.0
+    assert registry.cancel_check_interval() == CANCEL_CHECK_MAX_INTERVAL_S
+    # few streams, fast checks: every CANCEL_CHECK_INTERVAL_S, as before
+    for stream in streams[1:]:
+        registry.remove(stream.engine_id)
+    registry.cancel_check_seconds = 0.0002
+    assert registry.cancel_check_interval() == CANCEL_CHECK_INTERVAL_S
 
 
 def test_a_length_penalty_other_than_neutral_is_refused():
