@@ -69,6 +69,36 @@ def test_tiny_model_matches_hf(tmp_path: Path, case: str) -> None:
     assert torch.allclose(runner_logits(runner, ids), expected, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("backends", [dict(), dict(attention_backend="torch", linear_backend="torch")])
+def test_the_last_layer_computes_only_the_rows_that_are_read(tmp_path: Path, backends: dict) -> None:
+    """A step's sampled rows come out of a forward with `output_rows` as they
+    do out of the full one, and every row's K/V reaches the cache either way
+    (none sampled included: a prompt's chunk before its last)."""
+    folder = save_tiny(tmp_path / "llama", "llama")
+    runner = ModelRunner(EngineConfig(model_dir=str(folder), max_tokens_in_paged_kv_cache=1024, num_threads=2,
+                                      **backends))
+    ids = torch.randint(3, COMMON["vocab_size"], (40,), generator=torch.Generator().manual_seed(2)).tolist()
+    batch = runner._prepare([state("probe", ids, [0, 1, 2])], [len(ids)])
+    cache = runner.kv_cache
+    # the FMA GEMM's rows do not depend on the rows beside it; oneDNN, AMX
+    # and MKL may sum fewer rows in another order
+    exact = type(runner.model.layers[-1].projections.o).__name__ == "FmaLinear"
+    with torch.inference_mode():
+        full = runner.model(batch.input_ids, batch.positions, batch.meta, cache)
+        full_keys = [k.clone() for k in cache.keys]
+        for rows in ([39], [0, 17, 39], [5, 3], []):
+            for k in cache.keys:
+                k.zero_()
+            pruned = runner.model(batch.input_ids, batch.positions, batch.meta, cache,
+                                  output_rows=torch.tensor(rows, dtype=torch.int64))
+            assert pruned.shape == (len(rows), COMMON["hidden_size"])
+            if exact:
+                assert torch.equal(pruned, full[rows]), rows
+            else:
+                assert torch.allclose(pruned, full[rows], atol=1e-6, rtol=0), rows
+            assert all(torch.equal(k, expected) for k, expected in zip(cache.keys, full_keys))
+
+
 def test_tiny_model_bfloat16_close_to_fp32(tmp_path: Path) -> None:
     folder = save_tiny(tmp_path / "bf16", "llama")
     ids = list(range(5, 35))

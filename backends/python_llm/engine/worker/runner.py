@@ -121,14 +121,19 @@ class ModelRunner:
 
         fused_greedy = self._fuses_greedy(batch.sampled)
         started = time.perf_counter()
-        hidden = self.model(batch.input_ids, batch.positions, batch.meta, self.kv_cache, batch.layer_slice)
+        # a step with rows nobody reads (prompt tokens before a prompt's last)
+        # computes only the sampled rows' states in its last layer
+        pruned = batch.layer_slice is None and len(batch.sampled) < batch.input_ids.shape[0]
+        hidden = self.model(batch.input_ids, batch.positions, batch.meta, self.kv_cache, batch.layer_slice,
+                            output_rows=batch.sample_rows if pruned else None)
         if scheduled.layer_slice is not None:
             self._keep_slice_states(scheduled.layer_slice, hidden, batch.layer_slice)  # type: ignore[arg-type]
+        sampled_hidden = hidden if pruned else hidden[batch.sample_rows]
         logits = greedy = None
         if fused_greedy:
-            greedy = self.model.greedy_tokens(hidden[batch.sample_rows])
+            greedy = self.model.greedy_tokens(sampled_hidden)
         elif batch.sampled:
-            logits = self.model.compute_logits(hidden[batch.sample_rows])
+            logits = self.model.compute_logits(sampled_hidden)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         model_seconds = time.perf_counter() - started
