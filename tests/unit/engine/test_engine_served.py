@@ -1,6 +1,7 @@
 """LLMEngine with its loop thread: racing aborts, timeouts, death, shutdown."""
 from __future__ import annotations
 
+import gc
 import random
 import threading
 import time
@@ -189,6 +190,8 @@ def test_launch_builds_the_runner_on_the_loop_thread_and_serves() -> None:
     engine = LLMEngine.launch(cfg, make_runner=make_runner)
     try:
         assert built_on == ["llm-engine-loop"] and engine._thread is not threading.current_thread()
+        # the heap built so far is out of the collector's sight while it serves
+        assert gc.get_freeze_count() > 0
         collect = Collector()
         engine.add_request("a", [11, 12, 13], SamplingParams(max_tokens=5), on_output=collect)
         collect.wait_finished({"a"})
@@ -196,6 +199,7 @@ def test_launch_builds_the_runner_on_the_loop_thread_and_serves() -> None:
     finally:
         engine.shutdown(timeout=5)
     assert not engine._thread.is_alive()          # type: ignore[union-attr]
+    assert gc.get_freeze_count() == 0             # and collectable again once it stops
 
     def broken() -> FakeRunner:
         raise MemoryError("no room for a single KV block")
