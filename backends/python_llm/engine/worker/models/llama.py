@@ -221,7 +221,7 @@ class DecoderLayer(nn.Module):
         `mul`) the MLP took 201 ms instead of 112 at 64 rows over 30 layers,
         and 868 instead of 704 at 512. With `output_rows`, every row's K/V
         goes into the cache but only those rows (in that order) go on past
-        the attention; with none, the layer stops at the K/V write."""
+        the attention; with none, the native path stops at the K/V write."""
         p = self.projections
         kernels = self.kernels
         if kernels is None:
@@ -235,7 +235,7 @@ class DecoderLayer(nn.Module):
         kernels.rotary_cache_write(qkv, self.num_heads, self.num_kv_heads, rope.positions,
                                    rope.cos, rope.sin, meta.slot_mapping,  # type: ignore[arg-type]
                                    cache.keys[self.index], cache.values[self.index], check=self.index == meta.check_layer)
-        if output_rows is not None and output_rows.shape[0] == 0:   # a prompt's chunk before its last
+        if output_rows is not None and output_rows.shape[0] == 0:   # no row of the step is read
             return x[:0]
         attended, x = _rows(self._attend(qkv, meta, cache), x, output_rows)
         x = p.o.plus(attended, x)
