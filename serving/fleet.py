@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import random
 import signal
@@ -31,6 +32,10 @@ from .triton_binary import TritonSetupError
 
 PORT_STRIDE = 10            # replica i: base port + 10·i (interface.md)
 _ABORT_KILL_AFTER_S = 15.0  # a replica told to stop mid-start gets this long before SIGKILL
+# ... and SIGINT again this often meanwhile: one that lands between the
+# child's fork and its exec runs the parent's handler there and is lost
+# (tritonserver ignores a second SIGINT once it is exiting)
+_ABORT_RESIGNAL_S = 1.0
 
 
 class FleetStartError(RuntimeError):
@@ -190,7 +195,7 @@ class Fleet:
             thread.start()
         aborting_since: float | None = None
         causes: dict[str, BaseException] = {}     # the failures that made the others stop, not their echoes
-        signalled: set[int] = set()
+        signalled: dict[int, float] = {}          # pid -> when it was last sent SIGINT
         while any(t.is_alive() for t in threads):
             if aborting_since is None and (stop.is_set() or errors):
                 aborting_since = time.monotonic()
@@ -210,16 +215,20 @@ class Fleet:
                 raise FleetStartError("\n".join(f"replica {name}: {_message(exc)}" for name, exc in causes.items()))
             raise InterruptedError("stopped while starting")
 
-    def _abort_starting(self, signalled: set[int], kill: bool) -> None:
+    def _abort_starting(self, signalled: dict[int, float], kill: bool) -> None:
         """End the start of every replica still starting. Signalling its process
         (not `server.stop()`) makes its own `start()` see the exit, clean up
         and return; one not spawned yet is caught on a later round. SIGINT
-        once (Triton's graceful exit), SIGKILL to the group once `kill`."""
+        (Triton's graceful exit) every _ABORT_RESIGNAL_S, SIGKILL to the group
+        once `kill` is set."""
+        now = time.monotonic()
         for server in self.servers:
             process = server.process
-            if process is None or process.poll() is not None or (process.pid in signalled and not kill):
+            if process is None or process.poll() is not None:
                 continue
-            signalled.add(process.pid)
+            if not kill and now - signalled.get(process.pid, -math.inf) < _ABORT_RESIGNAL_S:
+                continue
+            signalled[process.pid] = now
             try:
                 if kill:
                     os.killpg(process.pid, signal.SIGKILL)

@@ -126,6 +126,15 @@ def test_serve_refuses_a_bad_layout_before_starting_anything(model_dir: Path, ca
 # -- start, abort, watch, stop with stand-in servers ------------------------------
 
 IGNORE_SIGINT = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"
+# as a SIGINT lost between fork and exec looks to the fleet: the first does nothing
+SWALLOW_FIRST_SIGINT = ("import signal, sys, time\n"
+                        "seen = []\n"
+                        "def on_sigint(*_):\n"
+                        "    seen.append(1)\n"
+                        "    if len(seen) > 1:\n"
+                        "        sys.exit(130)\n"
+                        "signal.signal(signal.SIGINT, on_sigint)\n"
+                        "time.sleep(60)\n")
 
 
 class StandIn:
@@ -133,17 +142,18 @@ class StandIn:
     a child and waits like `wait_ready` (an exit is a start error), or fails."""
 
     def __init__(self, tmp_path: Path, name: str, *, ready_after_s: float | None = 0.1,
-                 fail_after_s: float | None = None, ignore_sigint: bool = False) -> None:
+                 fail_after_s: float | None = None, ignore_sigint: bool = False,
+                 swallow_first_sigint: bool = False) -> None:
         self.ready_after_s = ready_after_s
         self.fail_after_s = fail_after_s
-        self.ignore_sigint = ignore_sigint
+        self.code = (IGNORE_SIGINT if ignore_sigint else SWALLOW_FIRST_SIGINT if swallow_first_sigint
+                     else "import time; time.sleep(60)")
         self.process: subprocess.Popen[bytes] | None = None
         self.pids: list[int] = []
         self.log_path = tmp_path / f"{name}.log"
 
     def start(self) -> None:
-        code = IGNORE_SIGINT if self.ignore_sigint else "import time; time.sleep(60)"
-        self.process = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+        self.process = subprocess.Popen([sys.executable, "-c", self.code], start_new_session=True)
         self.pids.append(self.process.pid)
         t0 = time.monotonic()
         try:
@@ -201,6 +211,20 @@ def test_a_failed_replica_stops_the_others_and_is_named(tmp_path: Path):
         _fleet(*servers).start(threading.Event())
     assert time.monotonic() - t0 < 5
     assert str(caught.value) == "replica r1: model failed to load"      # r0's exit is its echo, not a cause
+    assert not any(_running(pid) for s in servers for pid in s.pids)
+
+
+def test_a_sigint_lost_while_a_replica_spawns_is_sent_again(tmp_path: Path):
+    """A SIGINT that lands between a child's fork and its exec runs the
+    parent's handler there and is lost; the abort sends it again every
+    _ABORT_RESIGNAL_S, long before the SIGKILL (15 s). Replica b fails after
+    a second, when a's stand-in has long set its handler."""
+    servers = [StandIn(tmp_path, "a", ready_after_s=None, swallow_first_sigint=True),
+               StandIn(tmp_path, "b", ready_after_s=None, fail_after_s=1.0)]
+    t0 = time.monotonic()
+    with pytest.raises(FleetStartError, match="^replica r1: model failed to load$"):
+        _fleet(*servers).start(threading.Event())
+    assert time.monotonic() - t0 < 5
     assert not any(_running(pid) for s in servers for pid in s.pids)
 
 
