@@ -32,9 +32,10 @@ from .triton_binary import TritonSetupError
 
 PORT_STRIDE = 10            # replica i: base port + 10·i (interface.md)
 _ABORT_KILL_AFTER_S = 15.0  # a replica told to stop mid-start gets this long before SIGKILL
-# ... and SIGINT again this often meanwhile: one that lands between the
-# child's fork and its exec runs the parent's handler there and is lost
-# (tritonserver ignores a second SIGINT once it is exiting)
+# ... and SIGINT again this often meanwhile: tritonserver sets its handler
+# only once its models are loaded, and until then a SIGINT is lost where the
+# fleet was started with SIGINT ignored (a background job of a
+# non-interactive shell); it ignores a second one once it is exiting
 _ABORT_RESIGNAL_S = 1.0
 
 

@@ -125,8 +125,12 @@ def test_serve_refuses_a_bad_layout_before_starting_anything(model_dir: Path, ca
 
 # -- start, abort, watch, stop with stand-in servers ------------------------------
 
+# a server that exits on SIGINT, whatever it inherited (a test run in the
+# background of a non-interactive shell inherits SIGINT ignored)
+EXIT_ON_SIGINT = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_DFL); time.sleep(60)"
 IGNORE_SIGINT = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"
-# as a SIGINT lost between fork and exec looks to the fleet: the first does nothing
+# a server still loading its models where SIGINT was inherited ignored: the
+# first one is lost
 SWALLOW_FIRST_SIGINT = ("import signal, sys, time\n"
                         "seen = []\n"
                         "def on_sigint(*_):\n"
@@ -147,7 +151,7 @@ class StandIn:
         self.ready_after_s = ready_after_s
         self.fail_after_s = fail_after_s
         self.code = (IGNORE_SIGINT if ignore_sigint else SWALLOW_FIRST_SIGINT if swallow_first_sigint
-                     else "import time; time.sleep(60)")
+                     else EXIT_ON_SIGINT)
         self.process: subprocess.Popen[bytes] | None = None
         self.pids: list[int] = []
         self.log_path = tmp_path / f"{name}.log"
@@ -215,10 +219,11 @@ def test_a_failed_replica_stops_the_others_and_is_named(tmp_path: Path):
 
 
 def test_a_sigint_lost_while_a_replica_spawns_is_sent_again(tmp_path: Path):
-    """A SIGINT that lands between a child's fork and its exec runs the
-    parent's handler there and is lost; the abort sends it again every
-    _ABORT_RESIGNAL_S, long before the SIGKILL (15 s). Replica b fails after
-    a second, when a's stand-in has long set its handler."""
+    """tritonserver sets its SIGINT handler only once its models are loaded;
+    where SIGINT was inherited ignored, one sent before is lost. The abort
+    sends it again every _ABORT_RESIGNAL_S, long before the SIGKILL (15 s).
+    Replica b fails after a second, when a's stand-in has long set its
+    handler."""
     servers = [StandIn(tmp_path, "a", ready_after_s=None, swallow_first_sigint=True),
                StandIn(tmp_path, "b", ready_after_s=None, fail_after_s=1.0)]
     t0 = time.monotonic()
