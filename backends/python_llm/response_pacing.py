@@ -25,9 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .engine.core.outputs import RequestOutput
-
-# weight of the newest send in the running mean: a few steps of 64 streams
-_SMOOTHING = 0.05
+from .running_mean import running_mean
 
 
 @dataclass
@@ -48,10 +46,7 @@ class ResponsePacing:
     _streams_last_step: int = 0
 
     def record_response(self, seconds: float) -> None:
-        if self.response_seconds == 0.0:
-            self.response_seconds = seconds
-        else:
-            self.response_seconds += _SMOOTHING * (seconds - self.response_seconds)
+        self.response_seconds = running_mean(self.response_seconds, seconds)
 
     def hold_ns(self, out: RequestOutput) -> int:
         """How long after its last response a streaming request's new tokens

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .engine.core.errors import DuplicateRequestError
+from .running_mean import running_mean
 from .stream_assembly import StreamAssembly
 
 # How often a running stream asks whether its client went away. The answer
@@ -32,8 +33,6 @@ from .stream_assembly import StreamAssembly
 CANCEL_CHECK_INTERVAL_S = 0.25
 CANCEL_CHECK_MAX_INTERVAL_S = 2.0
 CANCEL_CHECK_SHARE = 0.01
-# weight of the newest check in the running mean of its time
-_CHECK_SMOOTHING = 0.05
 
 
 @dataclass
@@ -139,10 +138,7 @@ class StreamRegistry:
 
     def _record_check(self, seconds: float) -> None:
         with self._lock:   # the tensorrt_llm adapter checks from several threads
-            if self.cancel_check_seconds == 0.0:
-                self.cancel_check_seconds = seconds
-            else:
-                self.cancel_check_seconds += _CHECK_SMOOTHING * (seconds - self.cancel_check_seconds)
+            self.cancel_check_seconds = running_mean(self.cancel_check_seconds, seconds)
 
     def __len__(self) -> int:
         with self._lock:

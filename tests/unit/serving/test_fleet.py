@@ -218,7 +218,7 @@ def test_a_failed_replica_stops_the_others_and_is_named(tmp_path: Path):
     assert not any(_running(pid) for s in servers for pid in s.pids)
 
 
-def test_a_sigint_lost_while_a_replica_spawns_is_sent_again(tmp_path: Path):
+def test_a_sigint_lost_while_a_replica_loads_is_sent_again(tmp_path: Path):
     """tritonserver sets its SIGINT handler only once its models are loaded;
     where SIGINT was inherited ignored, one sent before is lost. The abort
     sends it again every _ABORT_RESIGNAL_S, long before the SIGKILL (15 s).
