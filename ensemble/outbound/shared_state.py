@@ -54,15 +54,29 @@ class InProcessStateStore:
 
 class SqliteStateStore:
     POLL_S = 0.0005
+    OPEN_TIMEOUT_S = 30.0
 
     def __init__(self, path: str) -> None:
-        self._conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        self._conn = sqlite3.connect(path, timeout=self.OPEN_TIMEOUT_S, isolation_level=None,
+                                     check_same_thread=False)
         self._lock = threading.Lock()
-        with self._lock:
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=OFF")
-            self._conn.execute("CREATE TABLE IF NOT EXISTS stream_state ("
-                               "key TEXT PRIMARY KEY, next_start INTEGER, blob BLOB)")
+        # The instances start together. Switching a new file to WAL while
+        # another connection does the same is answered "database is locked"
+        # at once, without the busy timeout (3 processes opening one new file:
+        # 25 failures in 60 tries); once the other is done it succeeds.
+        deadline = time.monotonic() + self.OPEN_TIMEOUT_S
+        while True:
+            try:
+                with self._lock:
+                    self._conn.execute("PRAGMA journal_mode=WAL")
+                    self._conn.execute("PRAGMA synchronous=OFF")
+                    self._conn.execute("CREATE TABLE IF NOT EXISTS stream_state ("
+                                       "key TEXT PRIMARY KEY, next_start INTEGER, blob BLOB)")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
     def load(self, key: str, start: int, timeout_s: float) -> bytes | None:
         deadline = time.monotonic() + timeout_s

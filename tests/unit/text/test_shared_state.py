@@ -2,6 +2,7 @@
 a delta's state is loaded only once the previous delta stored it."""
 from __future__ import annotations
 
+import multiprocessing
 import sqlite3
 from pathlib import Path
 
@@ -30,6 +31,32 @@ def test_sqlite_store_hands_state_from_one_instance_to_the_next(tmp_path: Path) 
     assert second.load(KEY, 3, timeout_s=0) == b"after three tokens"
     second.delete(KEY)
     assert first.load(KEY, 0, timeout_s=0) is None
+
+
+def _open_store(path: str, barrier, errors) -> None:
+    barrier.wait()
+    try:
+        SqliteStateStore(path)
+    except Exception as exc:
+        errors.put(repr(exc))
+
+
+def test_instances_opening_a_new_store_at_once_all_open_it(tmp_path: Path) -> None:
+    """postprocessing's instances start together; without the retry, 3
+    processes opening one new file failed 'database is locked' in 25 of 60
+    tries."""
+    context = multiprocessing.get_context("fork")
+    errors = context.Queue()
+    for attempt in range(20):
+        barrier = context.Barrier(3)
+        path = str(tmp_path / f"state-{attempt}.sqlite")
+        processes = [context.Process(target=_open_store, args=(path, barrier, errors)) for _ in range(3)]
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.join(60)
+            assert process.exitcode == 0
+    assert errors.empty(), errors.get()
 
 
 def test_a_delta_whose_predecessor_never_stored_its_state_is_an_error_without_the_key(tmp_path: Path) -> None:
