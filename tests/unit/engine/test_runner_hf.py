@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from python_llm.engine.config import EngineConfig
-from python_llm.engine.worker.models.greedy_head import VerifiedGreedyHead
+from python_llm.engine.worker.models.greedy_head import GreedyHeads
 from python_llm.engine.worker.runner import ModelRunner
 from python_llm.engine.core.sampling_params import SamplingParams
 
@@ -101,14 +101,15 @@ def hf_greedy_tokens(hf_model, prompt: list[int], n: int) -> list[int]:
     return tokens
 
 
-@pytest.mark.parametrize("head", ["fp32 fused", "bf16 verified"])
+@pytest.mark.parametrize("head", ["fp32 fused", "bf16", "int16"])
 def test_fused_greedy_matches_hf(runner, hf_model, prompts, monkeypatch, head: str) -> None:
     """Plain greedy requests (no EOS ban, no log-probs) get their tokens from
-    the model's greedy path, both ways it has: the fused fp32 LM-head +
+    the model's greedy path, every way it has: the fused fp32 LM-head +
     argmax kernel, which sums each logit in another order than MKL's GEMM,
-    and the bf16 LM head with the exact argmax over its candidates (where
-    `auto` takes it, CPUs with bf16 dot products; checked here on any CPU).
-    Either way token-identical to HF, run alone."""
+    and the bf16 or int16 LM head with the exact argmax over its candidates
+    (`auto` takes bf16 on CPUs with bf16 dot products, int16 on other AVX2
+    CPUs; both checked here on any CPU). Each way token-identical to HF,
+    run alone."""
     assert runner.kernels is not None, "the native kernels did not build here"
     calls = []
     if head == "fp32 fused":
@@ -116,7 +117,7 @@ def test_fused_greedy_matches_hf(runner, hf_model, prompts, monkeypatch, head: s
         monkeypatch.setattr(runner.model, "greedy_head", None)
         monkeypatch.setattr(runner.kernels, "lm_head_argmax", lambda *a: calls.append(1) or fused(*a))
     else:
-        verified = VerifiedGreedyHead(runner.model.lm_head, runner.kernels)
+        verified = GreedyHeads[head](runner.model.lm_head, runner.kernels)
         monkeypatch.setattr(runner.model, "greedy_head", lambda normed: calls.append(1) or verified(normed))
     for i, prompt in enumerate(prompts):
         driver = RunnerDriver(runner)

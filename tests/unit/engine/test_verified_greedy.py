@@ -129,13 +129,13 @@ def test_bad_arguments_are_refused(native) -> None:
         VerifiedGreedyHead(torch.full((4, 8), float("inf")), native)
 
 
-def test_the_model_takes_it_where_bf16_is_native_and_matches_the_reference(native, tmp_path: Path) -> None:
+def test_auto_takes_it_where_bf16_is_native_and_it_matches_the_reference(native, tmp_path: Path) -> None:
     folder = save_tiny(tmp_path / "llama", "llama", tie_word_embeddings=True)
     cpu = torch.device("cpu")
     reference = build_model(folder, 64, torch.float32, cpu, linear_backend="torch", kernels=None, greedy_lm_head="fp32")
     auto = build_model(folder, 64, torch.float32, cpu, linear_backend="auto", kernels=native, greedy_lm_head="auto")
     fp32 = build_model(folder, 64, torch.float32, cpu, linear_backend="auto", kernels=native, greedy_lm_head="fp32")
-    assert (auto.greedy_head is not None) == native.bf16_dot_supported()
+    assert isinstance(auto.greedy_head, VerifiedGreedyHead) == native.bf16_dot_supported()
     assert fp32.greedy_head is None
     auto.use_verified_greedy()   # on any CPU, so the path is checked here too
     assert auto.greedy_head is not None and auto.greedy_head.weight.data_ptr() == auto.lm_head.data_ptr()

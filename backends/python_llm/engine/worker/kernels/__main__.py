@@ -63,15 +63,16 @@ def lm_head_agrees(kernels) -> bool:
     return kernels.lm_head_argmax(hidden, weight) == (hidden.double() @ weight.double().t()).argmax(-1).tolist()
 
 
-def verified_argmax_agrees(kernels) -> bool:
-    """The bf16 LM head's verified argmax against a float64 GEMM + argmax,
-    with a near-tie bf16 cannot separate (rows 11 and 12 differ by 1e-6)."""
-    from ..models.greedy_head import VerifiedGreedyHead
+def verified_argmax_agrees(kernels, precision: str) -> bool:
+    """The bf16 or int16 LM head's verified argmax against a float64 GEMM +
+    argmax, with a near-tie neither can separate (rows 11 and 12 differ by
+    1e-6)."""
+    from ..models.greedy_head import GreedyHeads
     gen = torch.Generator().manual_seed(3)
     hidden, weight = torch.randn(5, 200, generator=gen), torch.randn(3001, 200, generator=gen) * 0.05
     weight[11] = hidden[0] / hidden[0].norm()
     weight[12] = weight[11] * (1 + 1e-6)
-    tokens, _ = VerifiedGreedyHead(weight, kernels)(hidden)
+    tokens, _ = GreedyHeads[precision](weight, kernels)(hidden)
     return tokens == (hidden.double() @ weight.double().t()).argmax(-1).tolist()
 
 
@@ -123,7 +124,8 @@ def main() -> int:
     prefill_worst = prefill_check(kernels)
     argmax_ok = argmax_agrees(kernels)
     lm_head_ok = lm_head_agrees(kernels)
-    verified_ok = verified_argmax_agrees(kernels)
+    verified_ok = verified_argmax_agrees(kernels, "bf16")
+    int16_ok = verified_argmax_agrees(kernels, "int16")
     elementwise_worst = elementwise_check(kernels)
     amx = amx_check(kernels)
     fma = fma_check(kernels)
@@ -133,11 +135,13 @@ def main() -> int:
           f"fused LM head {'agrees' if lm_head_ok else 'DISAGREES'} with GEMM + argmax; "
           f"bf16 LM head's verified argmax {'agrees' if verified_ok else 'DISAGREES'} "
           f"(bf16 dot products {'native' if kernels.bf16_dot_supported() else 'emulated'}); "
+          f"int16 LM head's {'agrees' if int16_ok else 'DISAGREES'} "
+          f"({'AVX2' if kernels.int16_lm_head_supported() else 'scalar'}); "
           f"RMSNorm / SiLU x up within {elementwise_worst:.2e}; "
           + ("no AMX here" if amx is None else f"AMX projection error {amx:.2f}x an fp32 sgemm's") + "; "
           + ("no AVX2 / FMA GEMM in this build" if fma is None else
              f"FMA projection error {fma:.2f}x an fp32 sgemm's"))
-    return 0 if (worst < 1e-4 and prefill_worst < 1e-4 and argmax_ok and lm_head_ok and verified_ok
+    return 0 if (worst < 1e-4 and prefill_worst < 1e-4 and argmax_ok and lm_head_ok and verified_ok and int16_ok
                  and elementwise_worst < 1e-5
                  and (amx is None or amx < 4.0) and (fma is None or fma < 4.0)) else 1
 

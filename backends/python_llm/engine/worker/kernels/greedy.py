@@ -7,7 +7,23 @@ from __future__ import annotations
 import array
 import ctypes
 
+from dataclasses import dataclass
+
 import torch
+
+INT16_TILE_VOCAB = 16   # int16_lm_head.cpp's TILE_VOCAB: the per-row arrays cover the vocabulary rounded up to it
+
+
+@dataclass(frozen=True)
+class Int16PackedHead:
+    """An LM head quantized for `int16_lm_head_argmax`: the fp32 weight (the
+    candidates' rows), its int16 copy in the kernel's tiles, and per padded
+    row its scale and the two factors of the error bound."""
+    weight: torch.Tensor
+    packed: torch.Tensor
+    scales: torch.Tensor
+    p_factor: torch.Tensor
+    q_factor: torch.Tensor
 
 
 class GreedyKernels:
@@ -25,6 +41,18 @@ class GreedyKernels:
         self._verified_argmax.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64, ptr, i64, ctypes.c_float, ptr, ptr,
                                           ctypes.c_int]
         self._verified_argmax.restype = None
+        self._int16_supported = lib.int16_lm_head_supported
+        self._int16_supported.restype = ctypes.c_int
+        self._int16_elements = lib.int16_lm_head_packed_elements
+        self._int16_elements.argtypes = [i64, i64]
+        self._int16_elements.restype = i64
+        self._int16_pack = lib.int16_lm_head_pack
+        self._int16_pack.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int]
+        self._int16_pack.restype = ctypes.c_int
+        self._int16_argmax = lib.int16_lm_head_argmax
+        self._int16_argmax.argtypes = [ptr, i64, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, ptr, ptr, ptr,
+                                       ctypes.c_int]
+        self._int16_argmax.restype = ctypes.c_int
 
     def argmax_rows(self, logits: torch.Tensor) -> torch.Tensor:
         """logits.argmax(dim=-1) for fp32 [rows, vocab] on the CPU (same ties
@@ -86,4 +114,46 @@ class GreedyKernels:
             self._verified_argmax(approx.data_ptr(), rows, vocab, approx.stride(0), hidden.data_ptr(),
                                   hidden.stride(0), weight.data_ptr(), weight.stride(0), norms.data_ptr(), dim,
                                   bound, out.buffer_info()[0], candidates.buffer_info()[0], torch.get_num_threads())
+        return out.tolist(), candidates.tolist()
+
+    def int16_lm_head_supported(self) -> bool:
+        """Whether this build multiplies int16 on AVX2 lanes, where the int16
+        LM head runs at ~1.6x the fp32 one's speed (Zen 3, 64 rows)."""
+        return bool(self._int16_supported())
+
+    def int16_pack_lm_head(self, weight: torch.Tensor) -> Int16PackedHead:
+        """weight [vocab, dim] fp32 quantized for `int16_lm_head_argmax`."""
+        if weight.dim() != 2 or weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.stride(1) != 1:
+            raise ValueError("int16_pack_lm_head: an fp32 CPU [vocab, dim] weight with contiguous rows expected")
+        vocab, dim = weight.shape
+        padded = -(-vocab // INT16_TILE_VOCAB) * INT16_TILE_VOCAB
+        packed = torch.empty(self._int16_elements(vocab, dim), dtype=torch.int16)
+        scales, p_factor, q_factor = (torch.empty(padded) for _ in range(3))
+        if self._int16_pack(weight.data_ptr(), vocab, dim, weight.stride(0), packed.data_ptr(), scales.data_ptr(),
+                            p_factor.data_ptr(), q_factor.data_ptr(), torch.get_num_threads()):
+            raise ValueError("int16_pack_lm_head: the LM head has non-finite weights")
+        return Int16PackedHead(weight, packed, scales, p_factor, q_factor)
+
+    def int16_lm_head_argmax(self, hidden: torch.Tensor, head: Int16PackedHead,
+                             scratch: torch.Tensor) -> tuple[list[int], list[int]]:
+        """The exact argmax of hidden @ head.weight.T per row (-1 for a row
+        that is not finite), and how many candidates each row dotted again.
+        scratch: fp32, at least [rows, padded vocab] (the approximate logits)."""
+        rows, dim = hidden.shape
+        vocab = head.weight.shape[0]
+        if hidden.dtype != torch.float32 or hidden.device.type != "cpu" or hidden.stride(1) != 1:
+            raise ValueError("int16_lm_head_argmax: fp32 CPU hidden rows, contiguous, expected")
+        if dim != head.weight.shape[1]:
+            raise ValueError(f"int16_lm_head_argmax: hidden {tuple(hidden.shape)} and weight "
+                             f"{tuple(head.weight.shape)} do not fit")
+        if scratch.dtype != torch.float32 or not scratch.is_contiguous() or \
+                scratch.numel() < rows * head.scales.shape[0]:
+            raise ValueError("int16_lm_head_argmax: the scratch is too small")
+        out = array.array("q", bytes(8 * rows))
+        candidates = array.array("q", bytes(8 * rows))
+        if self._int16_argmax(hidden.data_ptr(), rows, hidden.stride(0), head.packed.data_ptr(),
+                              head.scales.data_ptr(), head.p_factor.data_ptr(), head.q_factor.data_ptr(),
+                              head.weight.data_ptr(), head.weight.stride(0), vocab, dim, scratch.data_ptr(),
+                              out.buffer_info()[0], candidates.buffer_info()[0], torch.get_num_threads()):
+            raise ValueError(f"int16_lm_head_argmax: arguments out of range (dim {dim})")
         return out.tolist(), candidates.tolist()

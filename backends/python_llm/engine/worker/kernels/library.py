@@ -16,7 +16,8 @@ from ....cache import CACHE_DIR
 SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode_attention.cpp", "paged_prefill_attention.cpp",
                                                           "argmax_rows.cpp", "lm_head_argmax.cpp",
                                                           "layer_elementwise.cpp", "amx_gemm.cpp",
-                                                          "fma_gemm.cpp", "verified_argmax.cpp")]
+                                                          "fma_gemm.cpp", "verified_argmax.cpp",
+                                                          "int16_lm_head.cpp")]
 HEADERS = [Path(__file__).with_name("fast_exp.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=gnu++20", "-shared", "-fPIC"]
 

@@ -8,7 +8,7 @@ import torch
 
 from ..kernels import CpuKernels
 from ..model_info import ModelFolderError, read_json
-from .greedy_head import verified_greedy_available
+from .greedy_head import verified_greedy_precision
 from .llama import LlamaForCausalLM, LlamaSpec
 from .loader import load_weights
 from .packed_linear import packed_linears_available, projection_makers
@@ -27,9 +27,9 @@ def build_model(model_dir: str | Path, max_positions: int, dtype: torch.dtype,
     packed_linear.projection_makers); "torch" keeps `F.linear` (the
     reference), as does every other device or dtype. With native kernels,
     an fp32 CPU model runs its elementwise steps on them and, as
-    greedy_lm_head asks (EngineConfig), its greedy rows on the bf16 LM head
-    with the exact argmax (greedy_head.py) where the CPU has bf16 dot
-    products."""
+    greedy_lm_head asks (EngineConfig), its greedy rows on an LM head in
+    lower precision with the exact argmax: bf16 where the CPU has bf16 dot
+    products (greedy_head.py), else int16 on AVX2 (int16_greedy_head.py)."""
     config = read_json(Path(model_dir) / "config.json")
     architectures = config.get("architectures") or []
     if not any(arch in SUPPORTED_ARCHITECTURES for arch in architectures):
@@ -42,8 +42,9 @@ def build_model(model_dir: str | Path, max_positions: int, dtype: torch.dtype,
         model.pack_linears(*projection_makers(linear_backend, kernels))
     if kernels is not None and device.type == "cpu" and dtype == torch.float32:
         model.use_kernels(kernels)
-        if greedy_lm_head == "auto" and verified_greedy_available(kernels, device, dtype):
-            model.use_verified_greedy()
+        precision = verified_greedy_precision(kernels, device, dtype) if greedy_lm_head == "auto" else None
+        if precision is not None:
+            model.use_verified_greedy(precision)
     return model.eval()
 
 

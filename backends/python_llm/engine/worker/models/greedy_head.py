@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels import CpuKernels
+from .int16_greedy_head import Int16GreedyHead
 from .packed_linear import PackedLinear
 
 BF16_UNIT_ROUNDOFF = 2.0 ** -8
@@ -91,7 +92,15 @@ class VerifiedGreedyHead:
         return self.kernels.verified_argmax(approx, normed, self.weight, self.norms, self.bound)
 
 
-def verified_greedy_available(kernels: CpuKernels | None, device: torch.device, dtype: torch.dtype) -> bool:
-    """fp32 models on a CPU with bf16 dot products, with the native kernels."""
-    return (kernels is not None and device.type == "cpu" and dtype == torch.float32
-            and torch.backends.mkldnn.is_available() and kernels.bf16_dot_supported())
+GreedyHeads = {"bf16": VerifiedGreedyHead, "int16": Int16GreedyHead}
+
+
+def verified_greedy_precision(kernels: CpuKernels | None, device: torch.device, dtype: torch.dtype) -> str | None:
+    """The verified head `auto` takes for fp32 CPU models with the native
+    kernels: bf16 where the CPU has bf16 dot products, else int16 where the
+    kernels multiply int16 on AVX2 lanes; None keeps the fp32 head."""
+    if kernels is None or device.type != "cpu" or dtype != torch.float32:
+        return None
+    if torch.backends.mkldnn.is_available() and kernels.bf16_dot_supported():
+        return "bf16"
+    return "int16" if kernels.int16_lm_head_supported() else None

@@ -17,7 +17,8 @@ from ..attention import AttentionMetadata, LayerSliceRows, paged_attention
 from ..kernels import CpuKernels
 from ..kv_cache import PagedKVCache
 from ..model_info import ModelFolderError
-from .greedy_head import VerifiedGreedyHead
+from .greedy_head import GreedyHeads, VerifiedGreedyHead
+from .int16_greedy_head import Int16GreedyHead
 from .packed_linear import LayerProjections, Linear, LinearMaker, TorchLinear
 
 LM_HEAD_CHUNK = 2048   # vocabulary rows per LM-head GEMM on the CPU
@@ -275,8 +276,8 @@ class LlamaForCausalLM(nn.Module):
         self.kernels: CpuKernels | None = None
         # the LM head packed as the projections are (pack_linears), else None
         self.lm_head_gemm: Linear | None = None
-        # greedy rows' bf16 LM head with its exact argmax (use_verified_greedy), else None
-        self.greedy_head: VerifiedGreedyHead | None = None
+        # greedy rows' bf16 or int16 LM head with its exact argmax (use_verified_greedy), else None
+        self.greedy_head: VerifiedGreedyHead | Int16GreedyHead | None = None
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 cache: PagedKVCache, layer_slice: LayerSliceRows | None = None,
@@ -355,17 +356,20 @@ class LlamaForCausalLM(nn.Module):
             return self.lm_head_gemm(normed)
         return sliced_lm_head(normed, self.lm_head).float()
 
-    def use_verified_greedy(self) -> None:
-        """Greedy rows take the bf16 LM head and the exact argmax over its
-        candidates (greedy_head.py); needs the native kernels."""
+    def use_verified_greedy(self, precision: str = "bf16") -> None:
+        """Greedy rows take the LM head in `precision` (bf16: greedy_head.py,
+        int16: int16_greedy_head.py) and the exact argmax over its
+        candidates; needs the native kernels."""
         if self.kernels is None:
             raise RuntimeError("use_verified_greedy: the native kernels are not in use")
-        self.greedy_head = VerifiedGreedyHead(self.lm_head, self.kernels)
+        if precision not in GreedyHeads:
+            raise ValueError(f"use_verified_greedy: precision {precision!r} is not one of {sorted(GreedyHeads)}")
+        self.greedy_head = GreedyHeads[precision](self.lm_head, self.kernels)
 
     def greedy_tokens(self, hidden: torch.Tensor) -> list[int]:
         """argmax of final norm + LM head for the sampled rows, through the
-        native kernels (fp32 CPU models): the bf16 LM head and its verified
-        argmax where it is in use (a row it cannot decide, not finite, goes
+        native kernels (fp32 CPU models): the bf16 or int16 LM head and its
+        verified argmax where it is in use (a row it cannot decide, not finite, goes
         the fp32 way); else the packed LM head then a native argmax for
         LM_HEAD_GEMM_MIN_ROWS rows or more, else the LM head fused with its
         argmax (no logits)."""
