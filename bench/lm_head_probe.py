@@ -1,4 +1,4 @@
-"""The LM head of greedy decoding on this machine, five ways: PyTorch's
+"""The LM head of greedy decoding on this machine, six ways: PyTorch's
 GEMM in vocabulary slices (the path without packed weights), oneDNN on the
 packed weight (`PackedLinear`) and the FMA GEMM (`FmaLinear`, where the
 kernels build it), each plus the native argmax (the engine runs the packed
@@ -7,7 +7,9 @@ rows), against the native LM head fused with its argmax
 (`kernels/lm_head_argmax.cpp`, fewer rows), and the bf16 LM head with the
 exact argmax over its candidates (`models/greedy_head.py`, what
 `greedy_lm_head: auto` runs where the CPU has bf16 dot products; on other
-CPUs oneDNN emulates bf16 and it is slow).
+CPUs oneDNN emulates bf16 and it is slow), and the int16 LM head with the
+exact argmax over its candidates (`models/int16_greedy_head.py`, what `auto`
+runs on other AVX2 CPUs).
 
     python -m bench.lm_head_probe [--rows 1 2 4 8 16 64] [--repeats 15]
 
@@ -27,6 +29,7 @@ import torch
 
 from python_llm.engine.worker.kernels import cpu_kernels
 from python_llm.engine.worker.models.greedy_head import VerifiedGreedyHead
+from python_llm.engine.worker.models.int16_greedy_head import Int16GreedyHead
 from python_llm.engine.worker.models.llama import sliced_lm_head
 from python_llm.engine.worker.models.packed_linear import FmaLinear, PackedLinear
 
@@ -52,11 +55,13 @@ def main() -> int:
     packed = PackedLinear(weight, None)
     fma = FmaLinear(weight, None, kernels) if kernels.fma_gemm_supported() else None
     verified = VerifiedGreedyHead(weight, kernels)
+    int16 = Int16GreedyHead(weight, kernels)
     ways = {"GEMM slices + argmax": lambda h: kernels.argmax_rows(sliced_lm_head(h, weight)).tolist(),
             "oneDNN packed + argmax": lambda h: kernels.argmax_rows(packed(h)).tolist(),
             **({"FMA GEMM + argmax": lambda h: kernels.argmax_rows(fma(h)).tolist()} if fma is not None else {}),
             "fused LM head + argmax": lambda h: kernels.lm_head_argmax(h, weight),
-            "bf16 + verified argmax": lambda h: verified(h)[0]}
+            "bf16 + verified argmax": lambda h: verified(h)[0],
+            "int16 + verified argmax": lambda h: int16(h)[0]}
     print("| rows | " + " | ".join(ways) + " | same ids |")
     print("|---:|" + "---:|" * len(ways) + "---|")
     for rows in args.rows:
