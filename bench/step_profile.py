@@ -67,6 +67,9 @@ def instrument(runner: ModelRunner, clock: CallClock) -> None:
                                                 for name in ("qkv", "o", "gate_up", "down")})
     if model.lm_head_gemm is not None:
         model.lm_head_gemm = TimedLinear(model.lm_head_gemm, "LM head GEMM", clock)  # type: ignore[assignment]
+    if model.greedy_head is not None:   # bf16 or int16, with its verified argmax
+        model.greedy_head = clock.timed(f"LM head {type(model.greedy_head).__name__}",  # type: ignore[assignment]
+                                        model.greedy_head)
     kernels = model.kernels
     if kernels is not None:   # one object, shared by the model, its layers and the attention metadata
         for name in KERNEL_CALLS:
