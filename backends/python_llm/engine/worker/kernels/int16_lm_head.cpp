@@ -35,6 +35,8 @@
 
 #include <omp.h>
 
+#include "verified_candidates.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define I16H_HAVE_AVX2 1
@@ -111,23 +113,6 @@ struct QuantizedRows {
     }
   }
 };
-
-double dot_fp64(const float* a, const float* b, int64_t n) {
-  int64_t i = 0;
-  double sum = 0.0;
-#if I16H_HAVE_AVX2
-  __m256d acc0 = _mm256_setzero_pd(), acc1 = _mm256_setzero_pd();
-  for (; i + 8 <= n; i += 8) {
-    acc0 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(a + i)), _mm256_cvtps_pd(_mm_loadu_ps(b + i)), acc0);
-    acc1 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm_loadu_ps(a + i + 4)), _mm256_cvtps_pd(_mm_loadu_ps(b + i + 4)), acc1);
-  }
-  const __m256d both = _mm256_add_pd(acc0, acc1);
-  const __m128d half = _mm_add_pd(_mm256_castpd256_pd128(both), _mm256_extractf128_pd(both, 1));
-  sum = _mm_cvtsd_f64(_mm_add_sd(half, _mm_unpackhi_pd(half, half)));
-#endif
-  for (; i < n; ++i) sum += static_cast<double>(a[i]) * b[i];
-  return sum;
-}
 
 // The integer dots of R hidden rows against one tile of 16 vocabulary rows.
 // packed: the tile's [pairs][16][2] int16; hidden[r]: row r's int16 pairs.
@@ -246,18 +231,7 @@ void approximate_tiles(const QuantizedRows& q, int64_t rows, int64_t pairs, cons
 int64_t decide_row(const float* approx, const float* hidden, const float* weight, int64_t weight_stride,
                    const float* p_factor, const float* q_factor, float m1, float m2, float floor, int64_t vocab,
                    int64_t dim, int64_t* num_candidates) {
-  int64_t count = 0, first = -1, best_index = -1;
-  double best_value = -std::numeric_limits<double>::infinity();
-  auto consider = [&](int64_t v) {
-    ++count;
-    if (first < 0) { first = v; return; }
-    if (best_index < 0) {   // the second candidate: the first one is dotted now
-      best_index = first;
-      best_value = dot_fp64(hidden, weight + first * weight_stride, dim);
-    }
-    const double value = dot_fp64(hidden, weight + v * weight_stride, dim);
-    if (value > best_value) { best_value = value; best_index = v; }
-  };
+  verified::ExactArgmax best(hidden, weight, weight_stride, dim);
   int64_t v = 0;
 #if I16H_HAVE_AVX2
   const __m256 f = _mm256_set1_ps(floor), a1 = _mm256_set1_ps(m1), a2 = _mm256_set1_ps(m2);
@@ -267,15 +241,15 @@ int64_t decide_row(const float* approx, const float* hidden, const float* weight
     unsigned reaches = static_cast<unsigned>(_mm256_movemask_ps(
         _mm256_cmp_ps(_mm256_add_ps(_mm256_loadu_ps(approx + v), margin), f, _CMP_GE_OQ)));
     while (reaches) {
-      consider(v + __builtin_ctz(reaches));
+      best.consider(v + __builtin_ctz(reaches));
       reaches &= reaches - 1;
     }
   }
 #endif
   for (; v < vocab; ++v)
-    if (approx[v] + (m1 * p_factor[v] + m2 * q_factor[v]) >= floor) consider(v);
-  *num_candidates = count;
-  return best_index >= 0 ? best_index : first;
+    if (approx[v] + (m1 * p_factor[v] + m2 * q_factor[v]) >= floor) best.consider(v);
+  *num_candidates = best.candidates();
+  return best.token();
 }
 
 }  // namespace

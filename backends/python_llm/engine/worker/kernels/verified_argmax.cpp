@@ -27,6 +27,8 @@
 
 #include <omp.h>
 
+#include "verified_candidates.h"
+
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 #include <immintrin.h>
 #endif
@@ -38,22 +40,6 @@ inline float bf16_to_float(uint16_t bits) {
   float value;
   std::memcpy(&value, &wide, sizeof value);
   return value;
-}
-
-double dot_fp64(const float* a, const float* b, int64_t n) {
-  int64_t i = 0;
-  double sum = 0.0;
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
-  __m512d acc0 = _mm512_setzero_pd(), acc1 = _mm512_setzero_pd();
-  for (; i + 16 <= n; i += 16) {
-    acc0 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(a + i)), _mm512_cvtps_pd(_mm256_loadu_ps(b + i)), acc0);
-    acc1 = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(a + i + 8)),
-                           _mm512_cvtps_pd(_mm256_loadu_ps(b + i + 8)), acc1);
-  }
-  sum = _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
-#endif
-  for (; i < n; ++i) sum += static_cast<double>(a[i]) * b[i];
-  return sum;
 }
 
 // the largest lower end, max_v(approx_v - margin * norms_v); NaN when an
@@ -96,18 +82,7 @@ int64_t decide_row(const uint16_t* approx, const float* hidden, const float* wei
   const float floor = largest_lower_end(approx, norms, margin, vocab);
   if (std::isnan(floor)) return -1;
 
-  int64_t count = 0, first = -1, best_index = -1;
-  double best_value = -std::numeric_limits<double>::infinity();
-  auto consider = [&](int64_t v) {
-    ++count;
-    if (first < 0) { first = v; return; }
-    if (best_index < 0) {   // the second candidate: the first one is dotted now
-      best_index = first;
-      best_value = dot_fp64(hidden, weight + first * weight_stride, dim);
-    }
-    const double value = dot_fp64(hidden, weight + v * weight_stride, dim);
-    if (value > best_value) { best_value = value; best_index = v; }
-  };
+  verified::ExactArgmax best(hidden, weight, weight_stride, dim);
   int64_t v = 0;
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
   const __m512 m = _mm512_set1_ps(margin);
@@ -117,15 +92,15 @@ int64_t decide_row(const uint16_t* approx, const float* hidden, const float* wei
     const __m512 a = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
     __mmask16 reaches = _mm512_cmp_ps_mask(_mm512_fmadd_ps(m, _mm512_loadu_ps(norms + v), a), f, _CMP_GE_OQ);
     while (reaches) {
-      consider(v + __builtin_ctz(reaches));
+      best.consider(v + __builtin_ctz(reaches));
       reaches &= reaches - 1;
     }
   }
 #endif
   for (; v < vocab; ++v)
-    if (bf16_to_float(approx[v]) + margin * norms[v] >= floor) consider(v);
-  *num_candidates = count;
-  return best_index >= 0 ? best_index : first;
+    if (bf16_to_float(approx[v]) + margin * norms[v] >= floor) best.consider(v);
+  *num_candidates = best.candidates();
+  return best.token();
 }
 
 }  // namespace
