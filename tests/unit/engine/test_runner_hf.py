@@ -126,6 +126,42 @@ def test_fused_greedy_matches_hf(runner, hf_model, prompts, monkeypatch, head: s
     assert len(calls) == len(prompts) * NEW_TOKENS
 
 
+def test_greedy_rows_beside_sampled_rows_keep_the_greedy_head(runner, hf_model, prompts, monkeypatch) -> None:
+    """In a step where some rows sample (temperature, log-probs), the plain
+    greedy rows still take the model's greedy LM head and only the others'
+    logits are computed, so a greedy request's tokens do not depend on its
+    batch (HF's, token for token), and a seeded sampled request draws what
+    it draws alone."""
+    assert runner.kernels is not None, "the native kernels did not build here"
+    greedy_rows, logit_rows = [], []
+    greedy_tokens, compute_logits = runner.model.greedy_tokens, runner.model.compute_logits
+    monkeypatch.setattr(runner.model, "greedy_tokens", lambda h: greedy_rows.append(h.shape[0]) or greedy_tokens(h))
+    monkeypatch.setattr(runner.model, "compute_logits", lambda h: logit_rows.append(h.shape[0]) or compute_logits(h))
+    sampled = SamplingParams(temperature=0.8, top_k=50, seed=7, return_log_probs=True)
+    alone = RunnerDriver(runner)
+    alone.add("sampled", prompts[1], SHORT, sampled)
+    expected_sampled = alone.run()["sampled"]
+    greedy_rows.clear(), logit_rows.clear()
+    results = []
+    execute = runner.execute
+    monkeypatch.setattr(runner, "execute", lambda scheduled: results.append(execute(scheduled)) or results[-1])
+    mixed = RunnerDriver(runner)
+    mixed.add("greedy-0", prompts[0], SHORT, SamplingParams())
+    mixed.add("sampled", prompts[1], SHORT, sampled)
+    mixed.add("greedy-2", prompts[2], SHORT, SamplingParams())
+    outputs = mixed.run()
+    assert outputs["sampled"] == expected_sampled
+    for name, prompt in (("greedy-0", prompts[0]), ("greedy-2", prompts[2])):
+        assert outputs[name] == hf_greedy_tokens(hf_model, prompt, SHORT), name
+    assert greedy_rows == [2] * SHORT and logit_rows == [1] * SHORT
+    # the sampled row's log-prob, in its place in the batch; none for the greedy rows
+    stepped = [r for r in results if r.token_ids]
+    assert len(stepped) == SHORT
+    for r in stepped:
+        assert r.logprobs is not None and r.logprobs[0] is None and r.logprobs[2] is None
+        assert isinstance(r.logprobs[1], float) and r.logprobs[1] <= 0.0
+
+
 def test_chunked_prefill_gives_same_tokens(runner, prompts, single_runs, hf_logits) -> None:
     prompt = prompts[4]
     driver = RunnerDriver(runner, chunk=-(-len(prompt) // 3))

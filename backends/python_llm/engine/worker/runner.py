@@ -119,7 +119,7 @@ class ModelRunner:
             return RunnerOutput(token_ids=[])
         batch = self._prepare(states, scheduled.num_scheduled_tokens, scheduled.layer_slice)
 
-        fused_greedy = self._fuses_greedy(batch.sampled)
+        greedy_rows = self._greedy_rows(batch.sampled)
         started = time.perf_counter()
         # a step with rows nobody reads (prompt tokens before a prompt's last)
         # computes only the sampled rows' states in its last layer
@@ -130,8 +130,10 @@ class ModelRunner:
             self._keep_slice_states(scheduled.layer_slice, hidden, batch.layer_slice)  # type: ignore[arg-type]
         sampled_hidden = hidden if pruned else hidden[batch.sample_rows]
         logits = greedy = None
-        if fused_greedy:
+        if len(greedy_rows) == len(batch.sampled) > 0:
             greedy = self.model.greedy_tokens(sampled_hidden)
+        elif greedy_rows:   # a mixed step: the other rows' logits only
+            greedy, logits = self._split_lm_head(sampled_hidden, greedy_rows)
         elif batch.sampled:
             logits = self.model.compute_logits(sampled_hidden)
         if self.device.type == "cuda":
@@ -141,16 +143,19 @@ class ModelRunner:
         # slicer then sizes by the pacer's units alone
         slice_seconds = None if batch.layer_slice is None or self.device.type != "cpu" else (
             batch.layer_slice.own_seconds(len(self.model.layers)))
-        if greedy is not None:
-            self.input_batch.append_sampled(batch.sampled, greedy)
-            return RunnerOutput(token_ids=greedy, model_seconds=model_seconds, slice_seconds=slice_seconds)
         if logits is None:
-            return RunnerOutput(token_ids=[], model_seconds=model_seconds, slice_seconds=slice_seconds)
+            tokens = greedy or []
+            self.input_batch.append_sampled(batch.sampled, tokens)
+            return RunnerOutput(token_ids=tokens, model_seconds=model_seconds, slice_seconds=slice_seconds)
 
-        result = self.sampler(logits, batch.sampled)
-        self.input_batch.append_sampled(batch.sampled, result.token_ids)
-        wanted = any(lp is not None for lp in result.logprobs)
-        return RunnerOutput(token_ids=result.token_ids, logprobs=result.logprobs if wanted else None,
+        if greedy is None:
+            result = self.sampler(logits, batch.sampled)
+            tokens, logprobs = result.token_ids, result.logprobs
+        else:
+            tokens, logprobs = self._merge_split(batch.sampled, greedy_rows, greedy, logits)
+        self.input_batch.append_sampled(batch.sampled, tokens)
+        wanted = any(lp is not None for lp in logprobs)
+        return RunnerOutput(token_ids=tokens, logprobs=logprobs if wanted else None,
                             model_seconds=model_seconds, slice_seconds=slice_seconds)
 
     def _keep_slice_states(self, layer_slice: LayerSlice, hidden: torch.Tensor, rows: LayerSliceRows) -> None:
@@ -160,11 +165,43 @@ class ModelRunner:
         else:
             self._slice_hidden.pop(layer_slice.request_id, None)
 
-    def _fuses_greedy(self, sampled: list[CachedRequestState]) -> bool:
-        """Whether this step's tokens come from the model's native greedy LM
-        head (no logits for the sampler): the model runs on the native kernels
-        (fp32 on the CPU) and every sampled row is plain greedy."""
-        return bool(sampled) and self.model.kernels is not None and Sampler.plain_greedy(sampled)
+    def _greedy_rows(self, sampled: list[CachedRequestState]) -> list[int]:
+        """The sampled rows whose tokens come from the model's native greedy
+        LM head (no logits for the sampler): with the native kernels (fp32 on
+        the CPU), every plain greedy row, whatever the other rows of its step
+        want, so that a greedy request's tokens do not depend on its batch."""
+        if self.model.kernels is None:
+            return []
+        return [row for row, seq in enumerate(sampled) if Sampler.plain_greedy_row(seq)]
+
+    def _split_lm_head(self, sampled_hidden: torch.Tensor, greedy_rows: list[int]
+                       ) -> tuple[list[int], torch.Tensor]:
+        """The greedy rows' tokens from the greedy LM head and the other rows'
+        logits, in their order."""
+        greedy_set = set(greedy_rows)
+        other_rows = [row for row in range(sampled_hidden.shape[0]) if row not in greedy_set]
+        greedy = self.model.greedy_tokens(sampled_hidden[greedy_rows])
+        return greedy, self.model.compute_logits(sampled_hidden[other_rows])
+
+    def _merge_split(self, sampled: list[CachedRequestState], greedy_rows: list[int], greedy: list[int],
+                     logits: torch.Tensor) -> tuple[list[int], list[float | None]]:
+        """A split step's tokens and log-probs in row order: the sampler's for
+        the rows with logits, the greedy head's (no log-prob) for the rest."""
+        greedy_set = set(greedy_rows)
+        others = [seq for row, seq in enumerate(sampled) if row not in greedy_set]
+        result = self.sampler(logits, others)
+        tokens: list[int] = []
+        logprobs: list[float | None] = []
+        from_greedy, from_sampler = iter(greedy), iter(zip(result.token_ids, result.logprobs))
+        for row in range(len(sampled)):
+            if row in greedy_set:
+                tokens.append(next(from_greedy))
+                logprobs.append(None)
+            else:
+                token, logprob = next(from_sampler)
+                tokens.append(token)
+                logprobs.append(logprob)
+        return tokens, logprobs
 
     def _prepare(self, states: list[CachedRequestState], num_scheduled: list[int],
                  layer_slice: LayerSlice | None = None) -> StepBatch:

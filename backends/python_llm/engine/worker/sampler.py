@@ -66,15 +66,16 @@ class Sampler:
         return logits.argmax(dim=-1)
 
     @staticmethod
-    def plain_greedy(seqs: Sequence[CachedRequestState]) -> bool:
-        """True when every sequence just takes the argmax of its raw logits
+    def plain_greedy_row(seq: CachedRequestState) -> bool:
+        """True when the sequence just takes the argmax of its raw logits now
         (greedy, no logits processing, no log-probabilities): the fast path,
-        which the runner may fuse into the LM head."""
-        for seq in seqs:
-            after = seq.greedy_after
-            if after < 0 or (after and len(seq.token_ids) - seq.num_prompt_tokens < after):
-                return False
-        return True
+        which the runner gives the model's greedy LM head."""
+        after = seq.greedy_after
+        return after == 0 or (after > 0 and len(seq.token_ids) - seq.num_prompt_tokens >= after)
+
+    @staticmethod
+    def plain_greedy(seqs: Sequence[CachedRequestState]) -> bool:
+        return all(map(Sampler.plain_greedy_row, seqs))
 
     def __call__(self, logits: torch.Tensor, seqs: Sequence[CachedRequestState]) -> SamplerResult:
         """`logits` [len(seqs), vocab] fp32, one row per sampled sequence (it is
