@@ -130,10 +130,14 @@ class ModelRunner:
             self._keep_slice_states(scheduled.layer_slice, hidden, batch.layer_slice)  # type: ignore[arg-type]
         sampled_hidden = hidden if pruned else hidden[batch.sample_rows]
         logits = greedy = None
+        other_rows: list[int] = []
         if len(greedy_rows) == len(batch.sampled) > 0:
             greedy = self.model.greedy_tokens(sampled_hidden)
-        elif greedy_rows:   # a mixed step: the other rows' logits only
-            greedy, logits = self._split_lm_head(sampled_hidden, greedy_rows)
+        elif greedy_rows:   # a mixed step: the greedy head for those rows, logits for the others
+            greedy_set = set(greedy_rows)
+            other_rows = [row for row in range(len(batch.sampled)) if row not in greedy_set]
+            greedy = self.model.greedy_tokens(sampled_hidden[greedy_rows])
+            logits = self.model.compute_logits(sampled_hidden[other_rows])
         elif batch.sampled:
             logits = self.model.compute_logits(sampled_hidden)
         if self.device.type == "cuda":
@@ -152,7 +156,7 @@ class ModelRunner:
             result = self.sampler(logits, batch.sampled)
             tokens, logprobs = result.token_ids, result.logprobs
         else:
-            tokens, logprobs = self._merge_split(batch.sampled, greedy_rows, greedy, logits)
+            tokens, logprobs = self._merge_split(batch.sampled, greedy_rows, greedy, other_rows, logits)
         self.input_batch.append_sampled(batch.sampled, tokens)
         wanted = any(lp is not None for lp in logprobs)
         return RunnerOutput(token_ids=tokens, logprobs=logprobs if wanted else None,
@@ -174,33 +178,17 @@ class ModelRunner:
             return []
         return [row for row, seq in enumerate(sampled) if Sampler.plain_greedy_row(seq)]
 
-    def _split_lm_head(self, sampled_hidden: torch.Tensor, greedy_rows: list[int]
-                       ) -> tuple[list[int], torch.Tensor]:
-        """The greedy rows' tokens from the greedy LM head and the other rows'
-        logits, in their order."""
-        greedy_set = set(greedy_rows)
-        other_rows = [row for row in range(sampled_hidden.shape[0]) if row not in greedy_set]
-        greedy = self.model.greedy_tokens(sampled_hidden[greedy_rows])
-        return greedy, self.model.compute_logits(sampled_hidden[other_rows])
-
     def _merge_split(self, sampled: list[CachedRequestState], greedy_rows: list[int], greedy: list[int],
-                     logits: torch.Tensor) -> tuple[list[int], list[float | None]]:
-        """A split step's tokens and log-probs in row order: the sampler's for
-        the rows with logits, the greedy head's (no log-prob) for the rest."""
-        greedy_set = set(greedy_rows)
-        others = [seq for row, seq in enumerate(sampled) if row not in greedy_set]
-        result = self.sampler(logits, others)
-        tokens: list[int] = []
-        logprobs: list[float | None] = []
-        from_greedy, from_sampler = iter(greedy), iter(zip(result.token_ids, result.logprobs))
-        for row in range(len(sampled)):
-            if row in greedy_set:
-                tokens.append(next(from_greedy))
-                logprobs.append(None)
-            else:
-                token, logprob = next(from_sampler)
-                tokens.append(token)
-                logprobs.append(logprob)
+                     other_rows: list[int], logits: torch.Tensor) -> tuple[list[int], list[float | None]]:
+        """A split step's tokens and log-probs in row order: the greedy head's
+        (no log-prob) for greedy_rows, the sampler's for other_rows."""
+        result = self.sampler(logits, [sampled[row] for row in other_rows])
+        tokens = [0] * len(sampled)
+        logprobs: list[float | None] = [None] * len(sampled)
+        for row, token in zip(greedy_rows, greedy, strict=True):
+            tokens[row] = token
+        for row, token, logprob in zip(other_rows, result.token_ids, result.logprobs, strict=True):
+            tokens[row], logprobs[row] = token, logprob
         return tokens, logprobs
 
     def _prepare(self, states: list[CachedRequestState], num_scheduled: list[int],

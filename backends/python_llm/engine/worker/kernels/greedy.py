@@ -1,17 +1,15 @@
 """Bindings of the greedy-sampling kernels: the argmax over fp32 logit rows
-(`argmax_rows.cpp`), the LM head fused with that argmax (`lm_head_argmax.cpp`)
-and the exact argmax from bf16 logits and their error bound
-(`verified_argmax.cpp`). `CpuKernels` (this package) inherits them."""
+(`argmax_rows.cpp`), the LM head fused with that argmax (`lm_head_argmax.cpp`),
+the exact argmax from bf16 logits and their error bound
+(`verified_argmax.cpp`) and the int16 LM head with its exact argmax
+(`int16_lm_head.cpp`). `CpuKernels` (this package) inherits them."""
 from __future__ import annotations
 
 import array
 import ctypes
-
 from dataclasses import dataclass
 
 import torch
-
-INT16_TILE_VOCAB = 16   # int16_lm_head.cpp's TILE_VOCAB: the per-row arrays cover the vocabulary rounded up to it
 
 
 @dataclass(frozen=True)
@@ -46,6 +44,9 @@ class GreedyKernels:
         self._int16_elements = lib.int16_lm_head_packed_elements
         self._int16_elements.argtypes = [i64, i64]
         self._int16_elements.restype = i64
+        self._int16_padded_rows = lib.int16_lm_head_padded_rows
+        self._int16_padded_rows.argtypes = [i64]
+        self._int16_padded_rows.restype = i64
         self._int16_pack = lib.int16_lm_head_pack
         self._int16_pack.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, ptr, ctypes.c_int]
         self._int16_pack.restype = ctypes.c_int
@@ -126,7 +127,7 @@ class GreedyKernels:
         if weight.dim() != 2 or weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.stride(1) != 1:
             raise ValueError("int16_pack_lm_head: an fp32 CPU [vocab, dim] weight with contiguous rows expected")
         vocab, dim = weight.shape
-        padded = -(-vocab // INT16_TILE_VOCAB) * INT16_TILE_VOCAB
+        padded = self._int16_padded_rows(vocab)
         packed = torch.empty(self._int16_elements(vocab, dim), dtype=torch.int16)
         scales, p_factor, q_factor = (torch.empty(padded) for _ in range(3))
         if self._int16_pack(weight.data_ptr(), vocab, dim, weight.stride(0), packed.data_ptr(), scales.data_ptr(),

@@ -29,7 +29,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -54,6 +53,7 @@ constexpr double MOST_HIDDEN_LEVELS = 2047.0;
 constexpr double ROUND_UP = 1.0 + 1.0 / (1 << 20);
 
 inline int64_t pairs_of(int64_t dim) { return (dim + PAIR - 1) / PAIR; }
+inline int64_t padded_rows(int64_t vocab) { return (vocab + TILE_VOCAB - 1) / TILE_VOCAB * TILE_VOCAB; }
 
 // |hq| <= levels keeps every integer dot below 2^31: dim * levels * 1023 < 2^31
 inline double hidden_levels(int64_t dim) {
@@ -68,11 +68,11 @@ struct Quantized {
   double q_norm, residual_norm;
 };
 
-Quantized quantize(const float* x, int64_t n, double levels, int16_t* q, int64_t q_stride) {
+Quantized quantize(const float* x, int64_t n, double levels, int16_t* q) {
   float largest = 0.f;
   for (int64_t i = 0; i < n; ++i) largest = std::max(largest, std::fabs(x[i]));
   if (largest == 0.f) {   // all zero: every product is exactly 0
-    for (int64_t i = 0; i < n; ++i) q[i * q_stride] = 0;
+    for (int64_t i = 0; i < n; ++i) q[i] = 0;
     return {0.f, 0.0, 0.0};
   }
   const float s = static_cast<float>(largest / levels);
@@ -82,7 +82,7 @@ Quantized quantize(const float* x, int64_t n, double levels, int16_t* q, int64_t
   for (int64_t i = 0; i < n; ++i) {
     // any integer near x / s will do: the residual is computed from it
     const float value = std::clamp(std::nearbyint(x[i] * inverse), -top, top);
-    q[i * q_stride] = static_cast<int16_t>(value);
+    q[i] = static_cast<int16_t>(value);
     const double residual = static_cast<double>(x[i]) / s - value;
     q_squares += static_cast<double>(value) * value;
     residual_squares += residual * residual;
@@ -106,7 +106,7 @@ struct QuantizedRows {
       for (int64_t i = 0; i < dim; ++i) ok = ok && std::isfinite(h[i]);
       finite[r] = ok;
       if (!ok) continue;   // its pairs stay 0; the caller decides it the fp32 way
-      const Quantized q = quantize(h, dim, levels, reinterpret_cast<int16_t*>(&pairs[r * pairs_of(dim)]), 1);
+      const Quantized q = quantize(h, dim, levels, reinterpret_cast<int16_t*>(&pairs[r * pairs_of(dim)]));
       scale[r] = q.scale;
       m1[r] = static_cast<float>(q.scale * q.q_norm * ROUND_UP);
       m2[r] = static_cast<float>(q.scale * q.residual_norm * ROUND_UP);
@@ -267,8 +267,12 @@ int int16_lm_head_supported() {
 
 // int16 elements of the packed weight of a [vocab, dim] LM head
 int64_t int16_lm_head_packed_elements(int64_t vocab, int64_t dim) {
-  return (vocab + TILE_VOCAB - 1) / TILE_VOCAB * pairs_of(dim) * STEP;
+  return padded_rows(vocab) / TILE_VOCAB * pairs_of(dim) * STEP;
 }
+
+// rows of the per-row arrays (scales, bound factors) and of the scratch: the
+// vocabulary rounded up to whole tiles
+int64_t int16_lm_head_padded_rows(int64_t vocab) { return padded_rows(vocab); }
 
 // Quantizes weight [vocab, dim] (row stride in floats) into packed
 // [tiles][pairs][16][2] int16 and, per padded row (vocab rounded up to 16):
@@ -278,7 +282,7 @@ int64_t int16_lm_head_packed_elements(int64_t vocab, int64_t dim) {
 int int16_lm_head_pack(const float* weight, int64_t vocab, int64_t dim, int64_t weight_stride, int16_t* packed,
                        float* scales, float* p_factor, float* q_factor, int num_threads) {
   const int64_t pairs = pairs_of(dim);
-  const int64_t padded = (vocab + TILE_VOCAB - 1) / TILE_VOCAB * TILE_VOCAB;
+  const int64_t padded = padded_rows(vocab);
   int not_finite = 0;
 #pragma omp parallel for num_threads(num_threads) schedule(static) reduction(| : not_finite)
   for (int64_t v = 0; v < padded; ++v) {
@@ -296,7 +300,7 @@ int int16_lm_head_pack(const float* weight, int64_t vocab, int64_t dim, int64_t 
       continue;
     }
     std::vector<int16_t> q(dim);
-    const Quantized quantized = quantize(w, dim, WEIGHT_LEVELS, q.data(), 1);
+    const Quantized quantized = quantize(w, dim, WEIGHT_LEVELS, q.data());
     for (int64_t i = 0; i < dim; ++i) lane[i / PAIR * STEP + i % PAIR] = q[i];
     const double q_exact = quantized.scale * (quantized.q_norm + quantized.residual_norm);
     scales[v] = quantized.scale;
@@ -317,8 +321,7 @@ int int16_lm_head_argmax(const float* hidden, int64_t rows, int64_t hidden_strid
   if (rows < 0 || vocab < 1 || dim < 1 || hidden_levels(dim) < 1.0 || num_threads < 1) return 1;
   if (rows == 0) return 0;
   const int64_t pairs = pairs_of(dim);
-  const int64_t tiles = (vocab + TILE_VOCAB - 1) / TILE_VOCAB;
-  const int64_t stride = tiles * TILE_VOCAB;
+  const int64_t stride = padded_rows(vocab), tiles = stride / TILE_VOCAB;
   const QuantizedRows q(hidden, rows, hidden_stride, dim);
   const int threads = static_cast<int>(std::min<int64_t>(num_threads, tiles));
   std::vector<float> floors(static_cast<size_t>(threads) * rows * FLOOR_LANES, -std::numeric_limits<float>::infinity());
