@@ -14,6 +14,7 @@ import uuid
 
 import triton_python_backend_utils as pb_utils
 
+from ensemble.requested_outputs import requested_only
 from python_llm.config_params import engine_config_from_parameters
 from python_llm.engine.core.errors import (DuplicateRequestError, EngineDeadError, InvalidRequestError,
                                            OverloadedError)
@@ -79,7 +80,8 @@ class TritonPythonModel:
             # the echo (exclude_input_in_output false) repeats the ids as sent, continuation included
             assembly = StreamAssembly(parsed.streaming, parsed.input_ids, parsed.exclude_input_in_output)
             stream = LiveStream(engine_id, parsed.request_key or mint_request_key(), client_id, sender,
-                                assembly, parsed.context)
+                                assembly, parsed.context,
+                                requested_outputs=frozenset(request.requested_output_names()))
             self.registry.register(stream)
             self.engine.add_request(engine_id, parsed.prompt_token_ids, parsed.sampling,
                                     priority=parsed.priority, on_output=self._on_output,
@@ -145,7 +147,8 @@ class TritonPythonModel:
     def _response(stream: LiveStream, out: RequestOutput, reply: Reply):
         if reply.error is not None:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(reply.error))
-        arrays = output_arrays(out, reply.token_ids, reply.logprobs, stream.context, stream.key)
+        arrays = requested_only(output_arrays(out, reply.token_ids, reply.logprobs, stream.context, stream.key),
+                                stream.requested_outputs)
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()])
 
     def _send(self, stream: LiveStream, response, flags: int) -> None:

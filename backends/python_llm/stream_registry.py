@@ -43,6 +43,9 @@ class LiveStream:
     sender: Any                      # pb_utils.InferenceResponseSender (duck-typed for tests)
     assembly: StreamAssembly         # which responses the engine's outputs call for
     context: bytes = b""             # request_context, echoed on every response
+    # the outputs the caller asked for: the only ones its responses may carry
+    # (ensemble/requested_outputs.py says why)
+    requested_outputs: frozenset[str] = field(kw_only=True)
     cancel_requested: bool = False
     next_cancel_check: float = 0.0   # time.monotonic() of the next is_cancelled() round trip
     # Guards `closed` and the sender: the execute thread sends a rejection,

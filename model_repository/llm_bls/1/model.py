@@ -11,9 +11,11 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from ensemble.bls_flow import BLSCallbacks, LLMStepError, run_bls_request
+from ensemble.bls_responses import RetiredResponses, cancelled_with_release, decoupled_responses
 from ensemble.llm_stop import stop_inputs
 from ensemble.outbound.public_outputs import LLM_RESPONSE_OUTPUTS, LLMResponse, llm_response_from
 from ensemble.outbound.shared_state import InProcessStateStore
+from ensemble.requested_outputs import requested_only
 from ensemble.stage_settings import TextStageSettings
 from ensemble.outbound.stream_postprocessor import StreamPostprocessor
 
@@ -38,6 +40,7 @@ class TritonPythonModel:
         self.llm_model = settings.llm_model_name
         self.pool = ThreadPoolExecutor(max_workers=int(settings.parameters["bls_max_concurrent_requests"]),
                                        thread_name_prefix="llm_bls")
+        self.retired = RetiredResponses()
 
     def execute(self, requests: list) -> None:
         for request in requests:
@@ -46,6 +49,7 @@ class TritonPythonModel:
 
     def _serve(self, request) -> None:
         sender = request.get_response_sender()
+        requested = frozenset(request.requested_output_names())
 
         def get(name: str) -> np.ndarray | None:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
@@ -55,7 +59,7 @@ class TritonPythonModel:
             llm_request = pb_utils.InferenceRequest(
                 model_name=self.llm_model, inputs=[pb_utils.Tensor(k, v) for k, v in inputs.items()],
                 requested_output_names=list(LLM_RESPONSE_OUTPUTS))
-            for response in llm_request.exec(decoupled=True):
+            for response in decoupled_responses(llm_request, self.retired):
                 if response.has_error():
                     raise LLMStepError(response.error().message())
                 if not response.output_tensors():
@@ -69,23 +73,26 @@ class TritonPythonModel:
                 if response.has_error():
                     log.info("stop: %s", response.error().message())
 
+        def is_cancelled() -> bool:
+            return cancelled_with_release(sender, self.retired)
+
         def send(arrays: dict[str, np.ndarray], final: bool) -> None:
-            if sender.is_cancelled():   # nobody listens; still close the request
+            if is_cancelled():   # nobody listens; still close the request
                 if final:
                     sender.send(flags=FINAL)
                 return
-            sender.send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()]),
-                        flags=FINAL if final else 0)
+            tensors = [pb_utils.Tensor(k, v) for k, v in requested_only(arrays, requested).items()]
+            sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if final else 0)
 
         def send_error(message: str) -> None:
-            if sender.is_cancelled():
+            if is_cancelled():
                 sender.send(flags=FINAL)
             else:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=FINAL)
 
         try:
             run_bls_request(get, self.builder, self.post,
-                            BLSCallbacks(call_llm, stop_llm, send, send_error, sender.is_cancelled))
+                            BLSCallbacks(call_llm, stop_llm, send, send_error, is_cancelled))
         except Exception as exc:  # never leave a client without a final response
             log.exception("llm_bls request failed")
             send_error(f"llm_bls: internal error: {type(exc).__name__}: {exc}")

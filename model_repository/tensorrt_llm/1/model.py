@@ -13,6 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from ensemble.bls_responses import RetiredResponses, cancelled_with_release, decoupled_responses
+from ensemble.requested_outputs import requested_only
 from python_llm.engine.core.errors import DuplicateRequestError
 from python_llm.engine.core.sampling_params import InvalidRequestError
 from python_llm.request_inputs import STOP_NEEDS_KEY, STOP_UNKNOWN_KEY, mint_request_key
@@ -44,6 +46,7 @@ class TritonPythonModel:
         self.settings = BridgeSettings.from_parameters(params)
         self.input_names = [i["name"] for i in model_config["input"]]
         self.registry = StreamRegistry()
+        self.retired = RetiredResponses()
         self.deadlines = Deadlines()
         self.pool = ThreadPoolExecutor(max_workers=self.settings.max_live_requests + 8,
                                        thread_name_prefix="tensorrt_llm")
@@ -77,7 +80,8 @@ class TritonPythonModel:
         # the engine's request id: this step's own, never shown; the key is the credential
         engine_id = uuid.uuid4().hex
         stream = LiveStream(engine_id, call.key or mint_request_key(), client_id, sender,
-                            EngineStream(call), call.request.context)
+                            EngineStream(call), call.request.context,
+                            requested_outputs=frozenset(request.requested_output_names()))
         try:
             self.registry.register(stream)
         except DuplicateRequestError as exc:
@@ -88,35 +92,49 @@ class TritonPythonModel:
 
     def _serve(self, stream: LiveStream) -> None:
         engine: EngineStream = stream.assembly
+        try:
+            final = self._relay(stream)
+        except Exception as exc:  # never leave a caller without a final response
+            log.exception("tensorrt_llm request failed")
+            final = engine.on_error(f"{type(exc).__name__}: {exc}")
+        try:
+            self._release_finished_calls(stream)
+            self._reply(stream, final)
+        finally:
+            self.registry.remove(stream.engine_id)
+            self.deadlines.remove(stream.engine_id)
+
+    def _relay(self, stream: LiveStream) -> Reply | None:
+        """The engine's responses to the caller; returns the final reply."""
+        engine: EngineStream = stream.assembly
         inference = pb_utils.InferenceRequest(
             model_name=self.settings.engine_model, request_id=stream.engine_id,
             inputs=[pb_utils.Tensor(k, v) for k, v in engine.call.inputs.items()],
             requested_output_names=list(ENGINE_OUTPUT_NAMES))
-        try:
-            for response in inference.exec(decoupled=True):
-                if response.has_error():
-                    self._reply(stream, engine.on_error(response.error().message()))
-                    return
-                if not response.output_tensors():
-                    continue      # the engine's empty final marker
-                self.deadlines.touch(stream.engine_id)
-                # the caller's disconnect, checked on the thread that sends (python_llm's rule)
-                if self.registry.is_newly_cancelled(stream) and engine.request_stop("cancelled"):
-                    self._stop_engine(stream.engine_id)
+        for response in decoupled_responses(inference, self.retired):
+            if response.has_error():
+                return engine.on_error(response.error().message())
+            if not response.output_tensors():
+                continue      # the engine's empty final marker
+            self.deadlines.touch(stream.engine_id)
+            # the caller's disconnect, checked on the thread that sends (python_llm's rule)
+            if self.registry.is_newly_cancelled(stream) and engine.request_stop("cancelled"):
+                self._stop_engine(stream.engine_id)
 
-                def out(name: str):
-                    tensor = pb_utils.get_output_tensor_by_name(response, name)
-                    return None if tensor is None else tensor.as_numpy()
+            def out(name: str):
+                tensor = pb_utils.get_output_tensor_by_name(response, name)
+                return None if tensor is None else tensor.as_numpy()
 
-                cum, per_token = engine_log_probs(out("cum_log_probs"), out("output_log_probs"))
-                self._reply(stream, engine.on_response(engine_token_ids(out("output_ids")), cum, per_token))
-            self._reply(stream, engine.on_end())
-        except Exception as exc:  # never leave a caller without a final response
-            log.exception("tensorrt_llm request failed")
-            self._reply(stream, engine.on_error(f"{type(exc).__name__}: {exc}"))
-        finally:
-            self.registry.remove(stream.engine_id)
-            self.deadlines.remove(stream.engine_id)
+            cum, per_token = engine_log_probs(out("cum_log_probs"), out("output_log_probs"))
+            self._reply(stream, engine.on_response(engine_token_ids(out("output_ids")), cum, per_token))
+        return engine.on_end()
+
+    def _release_finished_calls(self, stream: LiveStream) -> None:
+        """Frees the engine calls' finished responses (ensemble.bls_responses);
+        before the final reply, while the sender may still be asked."""
+        with stream.lock:
+            if not stream.closed:
+                cancelled_with_release(stream.sender, self.retired)
 
     def _reply(self, stream: LiveStream, reply: Reply | None) -> None:
         if reply is None:
@@ -124,7 +142,8 @@ class TritonPythonModel:
         if reply.error is not None:
             response = pb_utils.InferenceResponse(error=pb_utils.TritonError(reply.error))
         else:
-            arrays = reply_arrays(stream.assembly, reply, stream.context, stream.key)
+            arrays = requested_only(reply_arrays(stream.assembly, reply, stream.context, stream.key),
+                                    stream.requested_outputs)
             response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()])
         try:
             stream.send(response, FINAL if reply.final else 0, final=reply.final)

@@ -18,6 +18,7 @@ from python_llm.stream_registry import (CANCEL_CHECK_INTERVAL_S, CANCEL_CHECK_MA
 
 KEY_1 = "k" * 32
 KEY_2 = "Zz_-" * 8
+OUTPUTS = frozenset({"output_ids", "sequence_length"})
 
 
 def test_parameters_become_a_validated_engine_config():
@@ -93,19 +94,20 @@ class FakeSender:
         self.sent.append((response, flags))
 
 
-def assembly() -> StreamAssembly:
-    return StreamAssembly(streaming=True, prompt_ids=[1], exclude_input=True)
+def live(engine_id: str, key: str, client_id: str | None, sender) -> LiveStream:
+    assembly = StreamAssembly(streaming=True, prompt_ids=[1], exclude_input=True)
+    return LiveStream(engine_id, key, client_id, sender, assembly, requested_outputs=OUTPUTS)
 
 
 def test_registry_names_cancels_and_closes_streams():
     registry = StreamRegistry()
     sender = FakeSender()
-    stream = LiveStream("engine-1", KEY_1, "client-1", sender, assembly())
+    stream = live("engine-1", KEY_1, "client-1", sender)
     registry.register(stream)
     with pytest.raises(DuplicateRequestError, match="^request id: 'client-1' is already running"):
-        registry.register(LiveStream("engine-2", KEY_2, "client-1", FakeSender(), assembly()))
+        registry.register(live("engine-2", KEY_2, "client-1", FakeSender()))
     with pytest.raises(DuplicateRequestError, match="^request_key: already used") as refused:
-        registry.register(LiveStream("engine-3", KEY_1, "client-3", FakeSender(), assembly()))
+        registry.register(live("engine-3", KEY_1, "client-3", FakeSender()))
     assert KEY_1 not in str(refused.value)                   # a refusal never echoes a key
     assert registry.engine_id_for_key(KEY_1) == "engine-1"
     # the request id and the engine id are not credentials
@@ -123,13 +125,13 @@ def test_registry_names_cancels_and_closes_streams():
     assert sender.sent == [("last", 1)]
     registry.remove("engine-1")
     assert registry.engine_id_for_key(KEY_1) is None and len(registry) == 0
-    registry.register(LiveStream("engine-4", KEY_1, "client-1", FakeSender(), assembly()))  # both free again
+    registry.register(live("engine-4", KEY_1, "client-1", FakeSender()))  # both free again
 
 
 def test_cancel_checks_of_many_streams_are_spaced_to_their_share_of_the_callers_time():
     registry = StreamRegistry()
     slow = 0.002   # a round trip of 2 ms: sleep() lasts at least that
-    streams = [LiveStream(f"engine-{i}", f"{KEY_1[:-2]}{i:02d}", None, FakeSender(slow), assembly())
+    streams = [live(f"engine-{i}", f"{KEY_1[:-2]}{i:02d}", None, FakeSender(slow))
                for i in range(5)]
     for stream in streams:
         registry.register(stream)
@@ -165,11 +167,11 @@ def test_a_length_penalty_other_than_neutral_is_refused():
 def test_a_request_whose_answer_failed_leaves_the_registry_and_its_client_gets_a_final_error():
     registry = StreamRegistry()
     answered, closed, broken = FakeSender(), FakeSender(), FakeSender()
-    registry.register(LiveStream("e-1", KEY_1, "c-1", answered, assembly()))
+    registry.register(live("e-1", KEY_1, "c-1", answered))
     assert registry.end_failed("e-1", "error", 1)
     assert answered.sent == [("error", 1)] and registry.engine_id_for_key(KEY_1) is None and len(registry) == 0
     assert not registry.end_failed("e-1", "error", 1), "once only"
-    stream = LiveStream("e-2", KEY_2, "c-2", closed, assembly())
+    stream = live("e-2", KEY_2, "c-2", closed)
     registry.register(stream)
     stream.send("last", 1, final=True)
     assert not registry.end_failed("e-2", "error", 1) and closed.sent == [("last", 1)], "never after a final"
@@ -177,5 +179,5 @@ def test_a_request_whose_answer_failed_leaves_the_registry_and_its_client_gets_a
     def refuse(response=None, flags=0):
         raise RuntimeError("the client is gone")
     broken.send = refuse
-    registry.register(LiveStream("e-3", KEY_1, "c-3", broken, assembly()))
+    registry.register(live("e-3", KEY_1, "c-3", broken))
     assert not registry.end_failed("e-3", "error", 1) and len(registry) == 0
