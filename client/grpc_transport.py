@@ -34,6 +34,12 @@ log = logging.getLogger(__name__)
 STOP_ACK_WAIT_S = 1.0
 # Codes that mean "never reached the server / connection lost": retryable.
 _CONNECTION_CODES = frozenset({grpc.StatusCode.UNAVAILABLE})
+# gRPC core sometimes ends a call whose connection was lost (a killed server)
+# with UNKNOWN or INTERNAL instead of UNAVAILABLE (grpc/grpc#34076, "Stream
+# removed"); these details are its own transport errors, never Triton's
+# (Triton puts a stream's errors inside its responses).
+_TRANSPORT_CODES = frozenset({grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL})
+_TRANSPORT_DETAILS = ("Stream removed", "Socket closed", "Connection reset", "Broken pipe", "RST_STREAM", "GOAWAY")
 
 GrpcClientFactory = Callable[[], Any]
 
@@ -47,12 +53,23 @@ def outputs_of(result: InferResult) -> dict[str, Any]:
     return {output.name: result.as_numpy(output.name) for output in result.get_response().outputs}
 
 
+def connection_lost(code: grpc.StatusCode, details: str) -> bool:
+    """Whether a call's status says the connection broke, not the server refused."""
+    return code in _CONNECTION_CODES or (code in _TRANSPORT_CODES
+                                         and any(marker in details for marker in _TRANSPORT_DETAILS))
+
+
 def map_rpc_error(exc: BaseException) -> Exception:
     if isinstance(exc, grpc.aio.AioRpcError):
-        if exc.code() in _CONNECTION_CODES:
-            return ServerConnectionError(f"gRPC {exc.code().name}: {exc.details()}")
-        return RequestError(f"gRPC {exc.code().name}: {exc.details()}")
+        details = exc.details() or ""
+        if connection_lost(exc.code(), details):
+            return ServerConnectionError(f"gRPC {exc.code().name}: {details}")
+        return RequestError(f"gRPC {exc.code().name}: {details}")
     if isinstance(exc, InferenceServerException):
+        # tritonclient wraps a failed call's status as "StatusCode.<NAME>"
+        code = getattr(grpc.StatusCode, (exc.status() or "").removeprefix("StatusCode."), None)
+        if code is not None and connection_lost(code, exc.message() or ""):
+            return ServerConnectionError(f"gRPC {code.name}: {exc.message()}")
         return RequestError(exc.message())
     return ServerConnectionError(repr(exc))
 

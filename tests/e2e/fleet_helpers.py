@@ -47,6 +47,12 @@ class FleetGateway:
     def routed(self, replica: str) -> float:
         return self.metric("gateway_routed_total", replica)
 
+    def upstream_warnings(self) -> list[str]:
+        """What the gateway logged about failed engine requests: the cause a
+        failed test should show (the log itself is gone after a CI run)."""
+        lines = self.process.log_path.read_text(errors="replace").splitlines()
+        return [line[:300] for line in lines if '"logger": "gateway.upstream"' in line and '"WARNING"' in line]
+
     def total(self, name: str, **labels: str) -> float:
         """A metric summed over the series that carry `labels`."""
         wanted = [f'{k}="{v}"' for k, v in labels.items()]

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import grpc
 import pytest
 from grpc_fakes import key_of, response
 from tritonclient.utils import InferenceServerException
 
-from client import AsyncLLMClient, ClientConfig, RequestError, RetryConfig
-from client.grpc_transport import GrpcTransport
+from client import AsyncLLMClient, ClientConfig, RequestError, RetryConfig, ServerConnectionError
+from client.grpc_transport import GrpcTransport, map_rpc_error
 
 pytestmark = pytest.mark.anyio
 
@@ -39,6 +40,8 @@ class FakeCall:
         if isinstance(item, float):
             await asyncio.sleep(item)
             item = self._items.pop(0)
+        if isinstance(item, grpc.aio.AioRpcError):
+            raise item
         return (None, item) if isinstance(item, InferenceServerException) else (item, None)
 
     def cancel(self) -> bool:
@@ -65,8 +68,8 @@ class FakeGrpcClient:
 
 
 def grpc_client(fake: FakeGrpcClient, model: str = "ensemble", **config: Any) -> AsyncLLMClient:
-    cfg = ClientConfig(url="127.0.0.1:8001", transport="grpc", model=model,
-                       retry=RetryConfig(backoff_base_s=0.0, backoff_max_s=0.0), **config)
+    config.setdefault("retry", RetryConfig(backoff_base_s=0.0, backoff_max_s=0.0))
+    cfg = ClientConfig(url="127.0.0.1:8001", transport="grpc", model=model, **config)
     return AsyncLLMClient(cfg, transport=GrpcTransport(cfg.url, cfg.timeouts, client_factory=lambda: fake))
 
 
@@ -103,6 +106,38 @@ async def test_error_message_before_data_is_a_request_error_and_overload_is_retr
         with pytest.raises(RequestError, match="max_tokens: must be > 0"):
             await client.generate("Hi")
     assert len(fake.requests) == 2  # the overload was retried, the bad input was not
+
+
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+async def test_a_connection_lost_reported_as_unknown_stream_removed_is_retried_like_unavailable():
+    # what gRPC core can report when the server is killed mid-call (grpc/grpc#34076)
+    fake = FakeGrpcClient([[rpc_error(grpc.StatusCode.UNKNOWN, "Stream removed")],
+                           [response("ok", "stop", final=True)]])
+    async with grpc_client(fake) as client:
+        result = await client.generate("Hi")
+    assert result.text == "ok" and len(fake.requests) == 2
+
+
+async def test_a_connection_lost_without_retries_is_a_connection_error_not_a_refusal():
+    fake = FakeGrpcClient([[rpc_error(grpc.StatusCode.INTERNAL, "Received RST_STREAM with error code 2")]])
+    async with grpc_client(fake, retry=RetryConfig(max_attempts=1)) as client:
+        with pytest.raises(ServerConnectionError, match="RST_STREAM"):
+            await client.generate("Hi")
+
+
+@pytest.mark.parametrize("error, connection", [
+    (rpc_error(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses"), True),
+    (rpc_error(grpc.StatusCode.UNKNOWN, "Stream removed"), True),
+    (rpc_error(grpc.StatusCode.UNKNOWN, "Exception calling application"), False),
+    (rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "Socket closed"), False),
+    (InferenceServerException("socket", status="StatusCode.UNAVAILABLE"), True),
+    (InferenceServerException("max_tokens: must be > 0"), False),
+])
+def test_which_call_failures_mean_the_connection_was_lost(error, connection):
+    assert isinstance(map_rpc_error(error), ServerConnectionError if connection else RequestError)
 
 
 async def test_error_after_data_ends_with_finish_reason_error():
