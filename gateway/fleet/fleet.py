@@ -44,6 +44,13 @@ from .routed_stream import RoutedRequest, RoutedStream
 log = logging.getLogger(__name__)
 
 _RETRYABLE = frozenset({"overloaded", "upstream_unavailable"})
+# Before its first token a request has produced nothing, so any refusal that
+# is not the caller's input (400: it would fail everywhere) is tried on another
+# replica: an unreachable or overloaded one, and one that answered with its
+# own error (a dead stub, a model being reloaded, a connection lost in a way
+# gRPC did not call UNAVAILABLE). The probe, not this error, judges whether the
+# replica is sick: a request that fails everywhere must not eject replicas.
+_FAIL_OVER = _RETRYABLE | {"upstream_error"}
 _BACKOFF_BASE_S, _BACKOFF_MAX_S = 0.05, 1.0
 
 
@@ -141,7 +148,7 @@ class Fleet:
                 self.track(replica, -1)
                 if error.code == "upstream_unavailable":
                     self.failed(replica, "unreachable")
-                if error.code not in _RETRYABLE:
+                if error.code not in _FAIL_OVER:
                     raise
                 FAILOVERS.labels(reason=error.code or "error").inc()
                 log.info("replica %s refused a request (%s); trying another", replica.name, error.code)

@@ -135,6 +135,40 @@ def test_an_overloaded_replica_fails_over_to_another_before_the_first_token():
     assert fleet.in_flight() == 0 and not fleet.by_name["a"].health.failures, "overload is not a failure"
 
 
+def _engine_error_script(model, values, request_id):
+    return [RequestError("Stub process 'python_llm_0_0' is not healthy.")]
+
+
+def _bad_input_script(model, values, request_id):
+    return [RequestError("in ensemble 'ensemble', max_tokens: must be > 0")]
+
+
+def test_an_engine_error_before_the_first_token_fails_over_without_counting_against_the_replica():
+    fleet, transports = fleet_of({"a": _engine_error_script, "b": simple_script("ok")}, routing_policy="round_robin")
+
+    async def scenario():
+        stream = await fleet.start("ensemble", "hi", _options())
+        await stream.aclose()
+        return stream
+
+    stream = asyncio.run(scenario())
+    assert stream.replica.name == "b" and stream.first.text == "ok"
+    assert len(transports["a"].opened) == 1 and len(transports["b"].opened) == 1
+    assert fleet.in_flight() == 0 and not fleet.by_name["a"].health.failures, "the probe judges the replica"
+
+
+def test_bad_input_is_not_tried_on_another_replica_and_an_error_everywhere_is_a_502():
+    fleet, transports = fleet_of({"a": _bad_input_script, "b": _bad_input_script}, routing_policy="round_robin")
+    with pytest.raises(GatewayError) as refused:
+        asyncio.run(fleet.start("ensemble", "hi", _options()))
+    assert refused.value.status == 400 and refused.value.param == "max_tokens"
+    assert len(transports["a"].opened) + len(transports["b"].opened) == 1
+    fleet, _ = fleet_of({"a": _engine_error_script, "b": _engine_error_script})
+    with pytest.raises(GatewayError) as failed:
+        asyncio.run(fleet.start("ensemble", "hi", _options()))
+    assert failed.value.status == 502 and failed.value.code == "upstream_error"
+
+
 def test_when_every_replica_refuses_the_caller_gets_the_503():
     fleet, _ = fleet_of({"a": overloaded_script, "b": overloaded_script})
     with pytest.raises(GatewayError) as refused:
