@@ -121,20 +121,6 @@ def fleet_of(scripts: dict[str, object], **config: object) -> tuple[Fleet, dict[
     return Fleet(settings, replicas), transports
 
 
-def test_an_overloaded_replica_fails_over_to_another_before_the_first_token():
-    fleet, transports = fleet_of({"a": overloaded_script, "b": simple_script("ok")}, routing_policy="round_robin")
-
-    async def scenario():
-        stream = await fleet.start("ensemble", "hi", _options())
-        await stream.aclose()
-        return stream
-
-    stream = asyncio.run(scenario())
-    assert stream.replica.name == "b" and stream.first.text == "ok"
-    assert len(transports["a"].opened) == 1 and len(transports["b"].opened) == 1
-    assert fleet.in_flight() == 0 and not fleet.by_name["a"].health.failures, "overload is not a failure"
-
-
 def _engine_error_script(model, values, request_id):
     return [RequestError("Stub process 'python_llm_0_0' is not healthy.")]
 
@@ -143,8 +129,11 @@ def _bad_input_script(model, values, request_id):
     return [RequestError("in ensemble 'ensemble', max_tokens: must be > 0")]
 
 
-def test_an_engine_error_before_the_first_token_fails_over_without_counting_against_the_replica():
-    fleet, transports = fleet_of({"a": _engine_error_script, "b": simple_script("ok")}, routing_policy="round_robin")
+# neither counts against the replica: overload is not a failure, and the
+# probe, not one request's error, judges whether a replica is sick
+@pytest.mark.parametrize("refusal", [overloaded_script, _engine_error_script], ids=["overloaded", "engine_error"])
+def test_a_refusal_before_the_first_token_fails_over_to_another_replica(refusal):
+    fleet, transports = fleet_of({"a": refusal, "b": simple_script("ok")}, routing_policy="round_robin")
 
     async def scenario():
         stream = await fleet.start("ensemble", "hi", _options())
@@ -154,7 +143,7 @@ def test_an_engine_error_before_the_first_token_fails_over_without_counting_agai
     stream = asyncio.run(scenario())
     assert stream.replica.name == "b" and stream.first.text == "ok"
     assert len(transports["a"].opened) == 1 and len(transports["b"].opened) == 1
-    assert fleet.in_flight() == 0 and not fleet.by_name["a"].health.failures, "the probe judges the replica"
+    assert fleet.in_flight() == 0 and not fleet.by_name["a"].health.failures
 
 
 def test_bad_input_is_not_tried_on_another_replica_and_an_error_everywhere_is_a_502():
