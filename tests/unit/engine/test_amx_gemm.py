@@ -1,7 +1,8 @@
 """The AMX projection (fp32 by three-way bf16 splitting on AMX tiles,
 kernels/amx_gemm.cpp) against float64: its error must be an fp32 GEMM's,
 on every shape the tiles have to pad (rows, columns, K), with bias and
-residual; and `AmxLinear` hands steps of few rows to oneDNN."""
+residual; and `AmxLinear` hands steps of few rows to its fp32 copy (the
+FMA GEMM's where the kernels build it)."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +11,7 @@ import torch.nn.functional as F
 
 from gemm_cases import GemmCase
 from python_llm.engine.worker.kernels import CpuKernels, cpu_kernels
-from python_llm.engine.worker.models.packed_linear import AMX_MIN_ROWS, AmxLinear
+from python_llm.engine.worker.models.packed_linear import AMX_MIN_ROWS, AmxLinear, FmaLinear, PackedLinear
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +44,14 @@ def test_values_bf16_cannot_hold_survive(amx) -> None:
     assert torch.allclose(result.double(), torch.full((1, 16), expected, dtype=torch.float64), rtol=2 ** -23, atol=0)
 
 
-def test_few_rows_go_to_onednn_and_agree(amx) -> None:
+def test_few_rows_go_to_the_fp32_copy_and_agree(amx) -> None:
     gen = torch.Generator().manual_seed(3)
     weight, bias = torch.randn(96, 64, generator=gen), torch.randn(96, generator=gen)
     linear = AmxLinear(weight, bias, amx)
+    # the FMA GEMM's copy, for every step it gets: no third (oneDNN) copy
+    expected = FmaLinear if amx.fma_gemm_supported() else PackedLinear
+    assert type(linear.few_rows) is expected
+    assert getattr(linear.few_rows, "many_rows", None) is None
     for rows in (1, AMX_MIN_ROWS - 1, AMX_MIN_ROWS, 100):
         x, other = torch.randn(rows, 64, generator=gen), torch.randn(rows, 96, generator=gen)
         torch.testing.assert_close(linear(x), F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)

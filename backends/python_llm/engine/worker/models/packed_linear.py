@@ -2,7 +2,8 @@
 `TorchLinear` (`F.linear`, the reference); for fp32 on the CPU,
 `PackedLinear` (oneDNN with weights packed once); where the CPU has
 AMX-BF16, `AmxLinear` (kernels/amx_gemm.cpp: fp32 by three-way bf16
-splitting on AMX tiles, oneDNN below AMX_MIN_ROWS rows); and where the
+splitting on AMX tiles; below AMX_MIN_ROWS rows the FMA GEMM, or oneDNN
+where the kernels lack it); and where the
 kernels build the FMA GEMM (AVX2 or AVX-512), `FmaLinear`
 (kernels/fma_gemm.cpp: fp32 on FMA lanes; on AVX-512, oneDNN from
 FMA_MAX_ROWS rows).
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -72,16 +74,20 @@ class PackedLinear:
 
 
 # Below this many rows the AMX GEMM only streams its 1.5x larger weights
-# (a memory-bound step), so oneDNN's fp32 copy runs instead. Measured on the
-# 2-core AMX machines, SmolLM2-135M's four projections x 30 layers:
-# 16 rows 34 (AMX) vs 28 ms (oneDNN), 32 rows 34 vs 38, 64 rows 50 vs 62.
-AMX_MIN_ROWS = 24
+# (a memory-bound step), so an fp32 copy runs instead: the FMA GEMM's, which
+# reads few rows' weights as one stream. Measured on the 2-core AMX machines,
+# SmolLM2-135M's four projections x 30 layers, distinct weights, ms:
+#   rows    1     8     16    24    26    32    64
+#   AMX     21.3  25.7  31.4  34.8  34.5  34.8  50
+#   FMA     17.7  22.2  27.5  33.3  35.1  38.0
+#   oneDNN  21.6  26.4  31.8  37.1              62
+AMX_MIN_ROWS = 25
 
 
 class AmxLinear:
     """y = x @ weight.T + bias on AMX tiles, fp32 accuracy (the weight split
-    into three bf16 parts, kernels/amx_gemm.cpp), with oneDNN's packed fp32
-    weight for steps of few rows: both copies are kept (2.5x the fp32 bytes)."""
+    into three bf16 parts, kernels/amx_gemm.cpp), with an fp32 copy for steps
+    of few rows (the FMA GEMM's packing, else oneDNN's): 2.5x the fp32 bytes."""
 
     __slots__ = ("parts", "bias", "n", "k", "kernels", "few_rows")
 
@@ -91,7 +97,9 @@ class AmxLinear:
         self.bias = None if bias is None else bias.detach().contiguous()
         self.n, self.k = weight.shape
         self.kernels = kernels
-        self.few_rows = PackedLinear(weight, bias)
+        self.few_rows: FmaLinear | PackedLinear = (
+            FmaLinear(weight, bias, kernels, max_rows=None) if kernels.fma_gemm_supported()
+            else PackedLinear(weight, bias))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] < AMX_MIN_ROWS:
@@ -127,13 +135,16 @@ class FmaLinear:
 
     __slots__ = ("packed", "bias", "n", "k", "kernels", "many_rows", "max_rows")
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernels: CpuKernels) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernels: CpuKernels,
+                 max_rows: int | None | Literal["by_width"] = "by_width") -> None:
+        """`max_rows`: FMA_MAX_ROWS by the register width, or None where a
+        caller sends only steps of few rows (AmxLinear)."""
         weight = weight.detach().contiguous()
         self.packed = kernels.fma_pack_weight(weight)
         self.bias = None if bias is None else bias.detach().contiguous()
         self.n, self.k = weight.shape
         self.kernels = kernels
-        self.max_rows = FMA_MAX_ROWS[kernels.fma_vector_floats()]
+        self.max_rows = FMA_MAX_ROWS[kernels.fma_vector_floats()] if max_rows == "by_width" else max_rows
         self.many_rows = None if self.max_rows is None else PackedLinear(weight, bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
