@@ -75,12 +75,13 @@ class PackedLinear:
 
 # Below this many rows the AMX GEMM only streams its 1.5x larger weights
 # (a memory-bound step), so an fp32 copy runs instead: the FMA GEMM's, which
-# reads few rows' weights as one stream. Measured on the 2-core AMX machines,
-# SmolLM2-135M's four projections x 30 layers, distinct weights, ms:
+# reads few rows' weights as one stream. Measured on the 2-core AMX machines
+# (`python -m bench.projection_probe`: SmolLM2-135M's four projections x 30
+# layers, distinct weights), ms:
 #   rows    1     8     16    24    26    32    64
-#   AMX     21.3  25.7  31.4  34.8  34.5  34.8  50
-#   FMA     17.7  22.2  27.5  33.3  35.1  38.0
-#   oneDNN  21.6  26.4  31.8  37.1              62
+#   AMX     34.0  33.8  34.9  34.9  34.7  34.6  52.2
+#   FMA     18.2  22.8  28.2  34.3  36.2  38.5  59.7
+#   oneDNN  22.0  26.5  32.1  37.5  38.3  41.9  66.9
 AMX_MIN_ROWS = 25
 
 

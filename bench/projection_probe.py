@@ -1,0 +1,87 @@
+"""A decode step's projections on this machine, each way the engine can run
+them (`models/packed_linear.py`): oneDNN on the packed fp32 weight, the FMA
+GEMM (where the kernels build it), AMX tiles (where the CPU has AMX-BF16),
+and what `linear_backend: auto` picks here. Times the four projections of
+every decoder layer (qkv, o, gate_up, down) with distinct weights per layer,
+so that the weights stream from memory as in a real step instead of sitting
+in cache.
+
+    python -m bench.projection_probe [--rows 1 8 16 24 32 64] [--repeats 9]
+
+Shapes are the default model's (SmolLM2-135M: hidden 576, 3 KV heads of 64,
+MLP 1536, 30 layers), fp32, random weights; the ways run interleaved so that
+the machine's drift hits all. Prints medians in ms.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+import torch
+
+from python_llm.engine.worker.kernels import CpuKernels, cpu_kernels
+from python_llm.engine.worker.models.packed_linear import FmaLinear, PackedLinear, projection_makers
+
+# (output features, input features) of qkv, o, gate_up, down
+SHAPES = ((576 + 2 * 3 * 64, 576), (576, 576), (2 * 1536, 576), (576, 1536))
+
+
+class AmxTilesOnly:
+    """AMX tiles for every step (AmxLinear hands few rows to an fp32 copy)."""
+
+    def __init__(self, weight: torch.Tensor, kernels: CpuKernels) -> None:
+        self.parts = kernels.amx_pack_weight(weight.contiguous())
+        self.n, self.k = weight.shape
+        self.kernels = kernels
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernels.amx_linear(x, self.parts, self.n, self.k, None)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 24, 32, 64])
+    parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    kernels = cpu_kernels()
+    if kernels is None:
+        print("the native kernels are not available here")
+        return 1
+    gen = torch.Generator().manual_seed(0)
+    weights = [[torch.randn(n, k, generator=gen) * 0.02 for n, k in SHAPES] for _ in range(args.layers)]
+    makers: dict[str, Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]] = {"oneDNN": lambda w: PackedLinear(w, None)}
+    if kernels.fma_gemm_supported():
+        makers["FMA GEMM"] = lambda w: FmaLinear(w, None, kernels, max_rows=None)
+    if kernels.amx_gemm_supported():
+        makers["AMX tiles"] = lambda w: AmxTilesOnly(w, kernels)
+    auto, _ = projection_makers("auto", kernels)
+    makers["auto"] = lambda w: auto(w, None)
+    ways = {name: [[make(w) for w in layer] for layer in weights] for name, make in makers.items()}
+    print(f"# projection probe, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
+          f"{args.threads} threads, {args.layers} layers x qkv/o/gate_up/down, fp32; "
+          f"auto = {type(ways['auto'][0][0]).__name__}")
+    print("| rows | " + " | ".join(ways) + " |")
+    print("|---:|" + "---:|" * len(ways))
+    for rows in args.rows:
+        inputs = {k: torch.randn(rows, k, generator=gen) for _, k in SHAPES}
+        seconds: dict[str, list[float]] = {name: [] for name in ways}
+        for _ in range(args.repeats):   # interleaved, so that drift hits every way alike
+            for name, layers in ways.items():
+                started = time.perf_counter()
+                for layer in layers:
+                    for linear, (_, k) in zip(layer, SHAPES):
+                        linear(inputs[k])
+                seconds[name].append(time.perf_counter() - started)
+        print(f"| {rows} | " + " | ".join(f"{statistics.median(s) * 1e3:.1f}" for s in seconds.values()) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
