@@ -1,8 +1,8 @@
 """The AMX projection (fp32 by three-way bf16 splitting on AMX tiles,
 kernels/amx_gemm.cpp) against float64: its error must be an fp32 GEMM's,
 on every shape the tiles have to pad (rows, columns, K), with bias and
-residual; and `AmxLinear` hands steps of few rows to its fp32 copy (the
-FMA GEMM's where the kernels build it)."""
+residual; and `AmxLinear` hands steps of few rows to its fp32 copy on the
+FMA GEMM."""
 from __future__ import annotations
 
 import pytest
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from gemm_cases import GemmCase
 from python_llm.engine.worker.kernels import CpuKernels, cpu_kernels
-from python_llm.engine.worker.models.packed_linear import AMX_MIN_ROWS, AmxLinear, FmaLinear, PackedLinear
+from python_llm.engine.worker.models.packed_linear import AMX_MIN_ROWS, AmxLinear, FmaLinear
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +49,7 @@ def test_few_rows_go_to_the_fp32_copy_and_agree(amx) -> None:
     weight, bias = torch.randn(96, 64, generator=gen), torch.randn(96, generator=gen)
     linear = AmxLinear(weight, bias, amx)
     # the FMA GEMM's copy, for every step it gets: no third (oneDNN) copy
-    expected = FmaLinear if amx.fma_gemm_supported() else PackedLinear
-    assert type(linear.few_rows) is expected
-    assert getattr(linear.few_rows, "many_rows", None) is None
+    assert type(linear.few_rows) is FmaLinear and linear.few_rows.many_rows is None
     for rows in (1, AMX_MIN_ROWS - 1, AMX_MIN_ROWS, 100):
         x, other = torch.randn(rows, 64, generator=gen), torch.randn(rows, 96, generator=gen)
         torch.testing.assert_close(linear(x), F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)

@@ -14,12 +14,13 @@ from python_llm.engine.worker.kernels import cpu_kernels
 from python_llm.engine.worker.kv_cache import KVCacheShape, PagedKVCache
 from python_llm.engine.worker.models import build_model
 from python_llm.engine.worker.models.llama import LM_HEAD_GEMM_MIN_ROWS
-from python_llm.engine.worker.models.packed_linear import PackedLinear, packed_linears_available
+from python_llm.engine.worker.models.packed_linear import AMX_MIN_ROWS, PackedLinear, packed_linears_available
 
 from test_model_tiny import save_tiny
 
 pytestmark = pytest.mark.skipif(not packed_linears_available(torch.device("cpu"), torch.float32),
                                 reason="torch built without oneDNN")
+MAX_LEN = AMX_MIN_ROWS + 32   # room for a prefill past AMX_MIN_ROWS
 
 
 @pytest.mark.parametrize("rows", [1, 7, 64])
@@ -42,30 +43,32 @@ def test_packed_and_native_models_match_reference(tmp_path: Path, kind: str, ove
     cpu = torch.device("cpu")
     kernels = cpu_kernels()
     assert kernels is not None, "the CPU kernels did not build on this machine"
-    reference = build_model(folder, 64, torch.float32, cpu, linear_backend="torch", kernels=None, greedy_lm_head="fp32")
-    variants = {"packed": build_model(folder, 64, torch.float32, cpu, linear_backend="onednn", kernels=None,
+    reference = build_model(folder, MAX_LEN, torch.float32, cpu, linear_backend="torch", kernels=None,
+                            greedy_lm_head="fp32")
+    variants = {"packed": build_model(folder, MAX_LEN, torch.float32, cpu, linear_backend="onednn", kernels=None,
                                       greedy_lm_head="fp32"),
-                "native elementwise": build_model(folder, 64, torch.float32, cpu, linear_backend="torch",
+                "native elementwise": build_model(folder, MAX_LEN, torch.float32, cpu, linear_backend="torch",
                                                   kernels=kernels, greedy_lm_head="fp32"),
-                "both": build_model(folder, 64, torch.float32, cpu, linear_backend="auto", kernels=kernels,
+                "both": build_model(folder, MAX_LEN, torch.float32, cpu, linear_backend="auto", kernels=kernels,
                                     greedy_lm_head="auto")}
     if kernels.fma_gemm_supported():
-        variants["fma"] = build_model(folder, 64, torch.float32, cpu, linear_backend="fma", kernels=kernels,
+        variants["fma"] = build_model(folder, MAX_LEN, torch.float32, cpu, linear_backend="fma", kernels=kernels,
                                       greedy_lm_head="fp32")
     assert not reference.layers[0].projections.packed and reference.kernels is None
     assert variants["both"].layers[0].projections.packed and variants["both"].layers[0].kernels is kernels
     # packing moves the weights: the parameters no longer hold a copy
     assert variants["packed"].layers[0].gate_up_weight.numel() == 0
 
-    # 40 tokens: past AMX_MIN_ROWS, so an AMX machine runs its tiles here
-    ids = torch.arange(3, 43)
-    positions = torch.arange(40)
+    # past AMX_MIN_ROWS, so an AMX machine runs its tiles here
+    num_tokens = AMX_MIN_ROWS + 4
+    ids = torch.arange(num_tokens) % 90 + 3   # the tiny vocabulary has 96 ids
+    positions = torch.arange(num_tokens)
     spec = reference.spec
 
     def run(model) -> torch.Tensor:
-        cache = PagedKVCache(KVCacheShape(spec.num_layers, 4, 16, spec.num_kv_heads, spec.head_dim),
-                             torch.float32, cpu)
-        meta = AttentionMetadata(slot_mapping=positions, prefills=[PrefillChunk(0, 40, 40)])
+        cache = PagedKVCache(KVCacheShape(spec.num_layers, -(-num_tokens // 16), 16, spec.num_kv_heads,
+                                          spec.head_dim), torch.float32, cpu)
+        meta = AttentionMetadata(slot_mapping=positions, prefills=[PrefillChunk(0, num_tokens, num_tokens)])
         with torch.inference_mode():
             return model.compute_logits(model(ids, positions, meta, cache))
 

@@ -124,22 +124,27 @@ struct Tile {
   bool first, last;
 };
 
-// STREAM: the weight is read as one sequential stream (the few-rows order in
-// fma_gemm_f32), and each k's line is followed by a prefetch STREAM_AHEAD_BYTES
-// further on
-template <int ROWS, bool STREAM>
-inline void micro_kernel(const float* a, const float* b, int64_t kc, const Tile& t) {
+// Prefetches of a micro-kernel call (the few-rows order in fma_gemm_f32,
+// where the weight is read as one sequential stream): none, or each k the
+// bytes [prefetch + k * step, + step) (a line, or two where step is two
+// lines) into L1 or into L2
+enum class Prefetch { none, l1, l2 };
+
+template <int ROWS, Prefetch PREFETCH>
+inline void micro_kernel(const float* a, const float* b, int64_t kc, const Tile& t, const char* prefetch,
+                         int64_t step) {
   using L = Lanes;
   constexpr int64_t W = L::W;
   typename L::V acc[ROWS][2];
 #pragma GCC unroll 16
   for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = L::zero();
   for (int64_t k = 0; k < kc; ++k) {
-    if constexpr (STREAM) {
-#pragma GCC unroll 2
-      for (int64_t line = 0; line < NR * 4 / 64; ++line) {   // 1 (ymm) or 2 (zmm) lines a k
-        _mm_prefetch(reinterpret_cast<const char*>(b + k * NR) + STREAM_AHEAD_BYTES + line * 64, _MM_HINT_T0);
-      }
+    if constexpr (PREFETCH == Prefetch::l1) {
+      _mm_prefetch(prefetch + k * step, _MM_HINT_T0);
+      if (step > 64) _mm_prefetch(prefetch + k * step + 64, _MM_HINT_T0);
+    } else if constexpr (PREFETCH == Prefetch::l2) {
+      _mm_prefetch(prefetch + k * step, _MM_HINT_T1);
+      if (step > 64) _mm_prefetch(prefetch + k * step + 64, _MM_HINT_T1);
     }
     const typename L::V b0 = L::load(b + k * NR), b1 = L::load(b + k * NR + W);
 #pragma GCC unroll 16
@@ -196,14 +201,15 @@ inline void micro_kernel(const float* a, const float* b, int64_t kc, const Tile&
   }
 }
 
-template <bool STREAM, int ROWS = MR>
-inline void micro_kernel_rows(int64_t rows, const float* a, const float* b, int64_t kc, const Tile& t) {
+template <Prefetch PREFETCH, int ROWS = MR>
+inline void micro_kernel_rows(int64_t rows, const float* a, const float* b, int64_t kc, const Tile& t,
+                              const char* prefetch = nullptr, int64_t step = 0) {
   if constexpr (ROWS == 1) {
-    micro_kernel<1, STREAM>(a, b, kc, t);
+    micro_kernel<1, PREFETCH>(a, b, kc, t, prefetch, step);
   } else if (rows == ROWS) {
-    micro_kernel<ROWS, STREAM>(a, b, kc, t);
+    micro_kernel<ROWS, PREFETCH>(a, b, kc, t, prefetch, step);
   } else {
-    micro_kernel_rows<STREAM, ROWS - 1>(rows, a, b, kc, t);
+    micro_kernel_rows<PREFETCH, ROWS - 1>(rows, a, b, kc, t, prefetch, step);
   }
 }
 #endif
@@ -298,18 +304,28 @@ int fma_gemm_f32(const float* x, int64_t x_stride, int64_t m, const float* packe
       const int64_t first = item * per_item, last = std::min(panels, first + per_item);
       if (blocks <= MC / MR) {
         // Few rows (all in one pass): each panel's K passes in turn, so the
-        // run's panels are read front to back as one stream, the first row
-        // block prefetching a fixed distance ahead in it; the other blocks
-        // find the slice in L1. Bits as below: each tile's passes keep their
-        // K order on one thread.
+        // run's panels are read front to back as one stream. The first row
+        // block prefetches into L1 a fixed distance ahead in it; the other
+        // blocks, which find the slice in L1, prefetch the next slice into
+        // L2 meanwhile, each its share, so that memory does not sit idle
+        // while they run. Bits as below: each tile's passes keep their K
+        // order on one thread.
+        const int64_t later_step = blocks > 1 ? NR * 4 / (blocks - 1) : 0;
         for (int64_t j = first; j < last; ++j) {
           for (int64_t k0 = 0; k0 < k; k0 += KC) {
             const int64_t kc = std::min(KC, k - k0);
             const float* b = packed + (j * k + k0) * NR;
+            const char* next = reinterpret_cast<const char*>(b + kc * NR);
             for (int64_t i = 0; i < blocks; ++i) {
               const Tile tile = tile_at(i, j, k0, kc);
-              if (i == 0) micro_kernel_rows<true>(tile.rows, a + (i * k + k0) * MR, b, kc, tile);
-              else micro_kernel_rows<false>(tile.rows, a + (i * k + k0) * MR, b, kc, tile);
+              const float* rows = a + (i * k + k0) * MR;
+              if (i == 0) {
+                micro_kernel_rows<Prefetch::l1>(tile.rows, rows, b, kc, tile,
+                                                reinterpret_cast<const char*>(b) + STREAM_AHEAD_BYTES, NR * 4);
+              } else {
+                micro_kernel_rows<Prefetch::l2>(tile.rows, rows, b, kc, tile,
+                                                next + (i - 1) * kc * NR * 4 / (blocks - 1), later_step);
+              }
             }
           }
         }
@@ -337,7 +353,7 @@ int fma_gemm_f32(const float* x, int64_t x_stride, int64_t m, const float* packe
                 _mm_prefetch(next + line * 64, _MM_HINT_T1);
               }
               const Tile tile = tile_at(i, j, k0, kc);
-              micro_kernel_rows<false>(tile.rows, a + (i * k + k0) * MR, b, kc, tile);
+              micro_kernel_rows<Prefetch::none>(tile.rows, a + (i * k + k0) * MR, b, kc, tile);
             }
           }
         }

@@ -2,8 +2,7 @@
 `TorchLinear` (`F.linear`, the reference); for fp32 on the CPU,
 `PackedLinear` (oneDNN with weights packed once); where the CPU has
 AMX-BF16, `AmxLinear` (kernels/amx_gemm.cpp: fp32 by three-way bf16
-splitting on AMX tiles; below AMX_MIN_ROWS rows the FMA GEMM, or oneDNN
-where the kernels lack it); and where the
+splitting on AMX tiles; below AMX_MIN_ROWS rows the FMA GEMM); and where the
 kernels build the FMA GEMM (AVX2 or AVX-512), `FmaLinear`
 (kernels/fma_gemm.cpp: fp32 on FMA lanes; on AVX-512, oneDNN from
 FMA_MAX_ROWS rows).
@@ -73,22 +72,22 @@ class PackedLinear:
         return _linear(x, other, self.weight, self.bias, "add")
 
 
-# Below this many rows the AMX GEMM only streams its 1.5x larger weights
-# (a memory-bound step), so an fp32 copy runs instead: the FMA GEMM's, which
-# reads few rows' weights as one stream. Measured on the 2-core AMX machines
-# (`python -m bench.projection_probe`: SmolLM2-135M's four projections x 30
-# layers, distinct weights), ms:
-#   rows    1     8     16    24    26    32    64
-#   AMX     34.0  33.8  34.9  34.9  34.7  34.6  52.2
-#   FMA     18.2  22.8  28.2  34.3  36.2  38.5  59.7
-#   oneDNN  22.0  26.5  32.1  37.5  38.3  41.9  66.9
-AMX_MIN_ROWS = 25
+# Below this many rows an fp32 copy runs instead of the AMX tiles: the FMA
+# GEMM's, which reads few rows' weights as one stream (up to 96 rows, one
+# pass of its row blocks) while the tiles stream their 1.5x larger weights.
+# Measured on the 2-core AMX machines (`python -m bench.projection_probe`:
+# SmolLM2-135M's four projections x 30 layers, distinct weights), ms:
+#   rows    1     8     16    24    32    48    64    80    96    128
+#   AMX     34.5  34.4  34.7  34.9  35.0  49.0  52.7  65.5  64.8  76.2
+#   FMA     19.0  22.7  26.6  29.0  32.6  39.4  49.3  57.5  66.7  101.3
+#   oneDNN  21.4  26.4  31.9  36.6  41.9  54.1  66.8  76.3  84.7  99.7
+AMX_MIN_ROWS = 96
 
 
 class AmxLinear:
     """y = x @ weight.T + bias on AMX tiles, fp32 accuracy (the weight split
-    into three bf16 parts, kernels/amx_gemm.cpp), with an fp32 copy for steps
-    of few rows (the FMA GEMM's packing, else oneDNN's): 2.5x the fp32 bytes."""
+    into three bf16 parts, kernels/amx_gemm.cpp), with the FMA GEMM's fp32
+    copy for steps of fewer than AMX_MIN_ROWS rows: 2.5x the fp32 bytes."""
 
     __slots__ = ("parts", "bias", "n", "k", "kernels", "few_rows")
 
@@ -98,9 +97,8 @@ class AmxLinear:
         self.bias = None if bias is None else bias.detach().contiguous()
         self.n, self.k = weight.shape
         self.kernels = kernels
-        self.few_rows: FmaLinear | PackedLinear = (
-            FmaLinear(weight, bias, kernels, max_rows=None) if kernels.fma_gemm_supported()
-            else PackedLinear(weight, bias))
+        # every AMX CPU has AVX-512, so a kernels build with AMX has the FMA GEMM
+        self.few_rows = FmaLinear(weight, bias, kernels, max_rows=None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] < AMX_MIN_ROWS:
