@@ -19,7 +19,6 @@ hits all. Prints medians and whether all chose the same ids.
 """
 from __future__ import annotations
 
-import argparse
 import platform
 import statistics
 import time
@@ -27,25 +26,20 @@ from datetime import datetime, timezone
 
 import torch
 
-from python_llm.engine.worker.kernels import cpu_kernels
 from python_llm.engine.worker.models.greedy_head import VerifiedGreedyHead
 from python_llm.engine.worker.models.int16_greedy_head import Int16GreedyHead
 from python_llm.engine.worker.models.llama import sliced_lm_head
 from python_llm.engine.worker.models.packed_linear import FmaLinear, PackedLinear
 
+from .kernel_probe import parse_probe_args, probe_parser
+
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 64])
+    parser = probe_parser(__doc__, rows=[1, 2, 4, 8, 16, 64], repeats=15)
     parser.add_argument("--vocab", type=int, default=49152)
     parser.add_argument("--hidden", type=int, default=576)
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    kernels = cpu_kernels()
+    args, kernels = parse_probe_args(parser)
     if kernels is None:
-        print("the native kernels are not available here")
         return 1
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(args.vocab, args.hidden, generator=gen) * 0.05

@@ -14,7 +14,6 @@ the machine's drift hits all. Prints medians in ms.
 """
 from __future__ import annotations
 
-import argparse
 import platform
 import statistics
 import time
@@ -23,9 +22,12 @@ from datetime import datetime, timezone
 
 import torch
 
-from python_llm.engine.worker.kernels import CpuKernels, cpu_kernels
+from python_llm.engine.worker.kernels import CpuKernels
 from python_llm.engine.worker.models.packed_linear import FmaLinear, PackedLinear, projection_makers
 
+from .kernel_probe import parse_probe_args, probe_parser
+
+Projection = Callable[[torch.Tensor], torch.Tensor]
 # (output features, input features) of qkv, o, gate_up, down
 SHAPES = ((576 + 2 * 3 * 64, 576), (576, 576), (2 * 1536, 576), (576, 1536))
 
@@ -43,20 +45,14 @@ class AmxTilesOnly:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 24, 32, 64])
+    parser = probe_parser(__doc__, rows=[1, 8, 16, 24, 32, 64], repeats=9)
     parser.add_argument("--layers", type=int, default=30)
-    parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    kernels = cpu_kernels()
+    args, kernels = parse_probe_args(parser)
     if kernels is None:
-        print("the native kernels are not available here")
         return 1
     gen = torch.Generator().manual_seed(0)
     weights = [[torch.randn(n, k, generator=gen) * 0.02 for n, k in SHAPES] for _ in range(args.layers)]
-    makers: dict[str, Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]] = {"oneDNN": lambda w: PackedLinear(w, None)}
+    makers: dict[str, Callable[[torch.Tensor], Projection]] = {"oneDNN": lambda w: PackedLinear(w, None)}
     if kernels.fma_gemm_supported():
         makers["FMA GEMM"] = lambda w: FmaLinear(w, None, kernels, max_rows=None)
     if kernels.amx_gemm_supported():
