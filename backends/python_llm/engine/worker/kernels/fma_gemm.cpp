@@ -25,14 +25,16 @@
 //     ms instead of 27.2-29.8, 8 rows 22.5-25.3 instead of 31.1-34.1, 16 rows
 //     31.8-39.4 instead of 36.0-48.2, 32 rows 55.8-66.4 instead of 63.6-72.4,
 //     64 rows ahead in 5 of 6 runs (by 1-17%, behind by 3% once); at 48 and
-//     96 rows the two orders were within the machine's noise. The later row
-//     blocks of a pass (rows 9-96 on zmm, 7-96 on ymm) find the slice in L1
-//     and prefetch the next slice into L2, so that memory keeps streaming
-//     while they run: on the AMX machine (zmm, 30 distinct weights of each
-//     shape) 24 rows took 28.9 ms instead of 34.0, 32 rows 32.5 instead of
-//     39.9, 64 rows 51 instead of 60, 96 rows 68 instead of 81; 1-8 rows
-//     unchanged. Into L1 instead it was slower (16 rows 30.7 against 28.2):
-//     the next slice pushed the current one out.
+//     96 rows the two orders were within the machine's noise. With only the
+//     first row block prefetching, memory sat idle while the later blocks
+//     reused the slice from L1: a pass took about its reads plus its FMAs.
+//     So every row block also prefetches its share of the next slice into
+//     L2 (from 4 rows). On the AMX machine (zmm, 30 distinct weights of each
+//     shape; docs/benchmarks.md) 4 rows took 19.6-19.9 ms instead of
+//     20.9-21.3, 16 rows 23.3-23.6 instead of 28.4-28.5, 32 rows 30.2-30.7
+//     instead of 39.7-40.0, 64 rows 47-49 instead of 60; 1-2 rows unchanged.
+//     Into L1 instead it was slower (16 rows 30.7 against 28.2): the next
+//     slice pushed the current one out.
 // Results are an fp32 GEMM's up to summation order (as oneDNN's against MKL's).
 //
 // Where the compiler targets AVX-512 the same code runs on zmm registers: an
@@ -131,28 +133,34 @@ struct Tile {
   bool first, last;
 };
 
-// Prefetches of a micro-kernel call (the few-rows order in fma_gemm_f32,
-// where the weight is read as one sequential stream): none, or each k the
-// bytes [prefetch + k * step, + step) (a line, or two where step is two
-// lines) into L1 or into L2
-enum class Prefetch { none, l1, l2 };
+// Prefetches of a micro-kernel call in the few-rows order of fma_gemm_f32,
+// where the weight is read as one sequential stream: each k, the bytes
+// [l1 + k * l1_step, + l1_step) into L1 and [l2 + k * l2_step, + l2_step)
+// into L2 (a line, or two where a step is two lines), as the call's TO_L1 /
+// TO_L2 say
+struct Ahead {
+  const char* l1 = nullptr;
+  int64_t l1_step = 0;
+  const char* l2 = nullptr;
+  int64_t l2_step = 0;
+};
 
-template <int ROWS, Prefetch PREFETCH>
-inline void micro_kernel(const float* a, const float* b, int64_t kc, const Tile& t, const char* prefetch,
-                         int64_t step) {
+template <int HINT>
+inline void prefetch_span(const char* p, int64_t step, int64_t k) {
+  _mm_prefetch(p + k * step, static_cast<_mm_hint>(HINT));
+  if (step > 64) _mm_prefetch(p + k * step + 64, static_cast<_mm_hint>(HINT));
+}
+
+template <int ROWS, bool TO_L1, bool TO_L2>
+inline void micro_kernel(const float* a, const float* b, int64_t kc, const Tile& t, const Ahead& ahead) {
   using L = Lanes;
   constexpr int64_t W = L::W;
   typename L::V acc[ROWS][2];
 #pragma GCC unroll 16
   for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][1] = L::zero();
   for (int64_t k = 0; k < kc; ++k) {
-    if constexpr (PREFETCH == Prefetch::l1) {
-      _mm_prefetch(prefetch + k * step, _MM_HINT_T0);
-      if (step > 64) _mm_prefetch(prefetch + k * step + 64, _MM_HINT_T0);
-    } else if constexpr (PREFETCH == Prefetch::l2) {
-      _mm_prefetch(prefetch + k * step, _MM_HINT_T1);
-      if (step > 64) _mm_prefetch(prefetch + k * step + 64, _MM_HINT_T1);
-    }
+    if constexpr (TO_L1) prefetch_span<_MM_HINT_T0>(ahead.l1, ahead.l1_step, k);
+    if constexpr (TO_L2) prefetch_span<_MM_HINT_T1>(ahead.l2, ahead.l2_step, k);
     const typename L::V b0 = L::load(b + k * NR), b1 = L::load(b + k * NR + W);
 #pragma GCC unroll 16
     for (int r = 0; r < ROWS; ++r) {
@@ -208,15 +216,15 @@ inline void micro_kernel(const float* a, const float* b, int64_t kc, const Tile&
   }
 }
 
-template <Prefetch PREFETCH, int ROWS = MR>
+template <bool TO_L1, bool TO_L2, int ROWS = MR>
 inline void micro_kernel_rows(int64_t rows, const float* a, const float* b, int64_t kc, const Tile& t,
-                              const char* prefetch = nullptr, int64_t step = 0) {
+                              const Ahead& ahead = Ahead{}) {
   if constexpr (ROWS == 1) {
-    micro_kernel<1, PREFETCH>(a, b, kc, t, prefetch, step);
+    micro_kernel<1, TO_L1, TO_L2>(a, b, kc, t, ahead);
   } else if (rows == ROWS) {
-    micro_kernel<ROWS, PREFETCH>(a, b, kc, t, prefetch, step);
+    micro_kernel<ROWS, TO_L1, TO_L2>(a, b, kc, t, ahead);
   } else {
-    micro_kernel_rows<PREFETCH, ROWS - 1>(rows, a, b, kc, t, prefetch, step);
+    micro_kernel_rows<TO_L1, TO_L2, ROWS - 1>(rows, a, b, kc, t, ahead);
   }
 }
 #endif
@@ -312,12 +320,12 @@ int fma_gemm_f32(const float* x, int64_t x_stride, int64_t m, const float* packe
       if (blocks <= MC / MR) {
         // Few rows (all in one pass): each panel's K passes in turn, so the
         // run's panels are read front to back as one stream. The first row
-        // block prefetches into L1 a fixed distance ahead in it; the other
-        // blocks, which find the slice in L1, prefetch the next slice into
-        // L2 meanwhile, each its share, so that memory does not sit idle
-        // while they run. Bits as below: each tile's passes keep their K
-        // order on one thread.
-        const int64_t later_step = blocks > 1 ? NR * 4 / (blocks - 1) : 0;
+        // block prefetches into L1 a fixed distance ahead in it. Every block
+        // also prefetches its share of the next slice into L2 (block i the
+        // i-th of `blocks` parts), so that memory streams while the later
+        // blocks reuse this slice from L1; a block of up to 3 rows alone is
+        // bound by the reads, and the L1 stream alone was as fast there.
+        // Bits as below: each tile's passes keep their K order on one thread.
         for (int64_t j = first; j < last; ++j) {
           for (int64_t k0 = 0; k0 < k; k0 += KC) {
             const int64_t kc = std::min(KC, k - k0);
@@ -325,14 +333,12 @@ int fma_gemm_f32(const float* x, int64_t x_stride, int64_t m, const float* packe
             const char* next = reinterpret_cast<const char*>(b + kc * NR);
             for (int64_t i = 0; i < blocks; ++i) {
               const Tile tile = tile_at(i, j, k0, kc);
+              const Ahead ahead{reinterpret_cast<const char*>(b) + STREAM_AHEAD_BYTES, NR * 4,
+                                next + i * kc * NR * 4 / blocks, NR * 4 / blocks};
               const float* rows = a + (i * k + k0) * MR;
-              if (i == 0) {
-                micro_kernel_rows<Prefetch::l1>(tile.rows, rows, b, kc, tile,
-                                                reinterpret_cast<const char*>(b) + STREAM_AHEAD_BYTES, NR * 4);
-              } else {
-                micro_kernel_rows<Prefetch::l2>(tile.rows, rows, b, kc, tile,
-                                                next + (i - 1) * kc * NR * 4 / (blocks - 1), later_step);
-              }
+              if (i > 0) micro_kernel_rows<false, true>(tile.rows, rows, b, kc, tile, ahead);
+              else if (m > 3) micro_kernel_rows<true, true>(tile.rows, rows, b, kc, tile, ahead);
+              else micro_kernel_rows<true, false>(tile.rows, rows, b, kc, tile, ahead);
             }
           }
         }
@@ -360,7 +366,7 @@ int fma_gemm_f32(const float* x, int64_t x_stride, int64_t m, const float* packe
                 _mm_prefetch(next + line * 64, _MM_HINT_T1);
               }
               const Tile tile = tile_at(i, j, k0, kc);
-              micro_kernel_rows<Prefetch::none>(tile.rows, a + (i * k + k0) * MR, b, kc, tile);
+              micro_kernel_rows<false, false>(tile.rows, a + (i * k + k0) * MR, b, kc, tile);
             }
           }
         }
