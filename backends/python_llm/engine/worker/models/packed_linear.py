@@ -77,10 +77,10 @@ class PackedLinear:
 # pass of its row blocks) while the tiles stream their 1.5x larger weights.
 # Measured on the 2-core AMX machines (`python -m bench.projection_probe`:
 # SmolLM2-135M's four projections x 30 layers, distinct weights), ms:
-#   rows    1     8     16    24    32    48    64    80    96    128
-#   AMX     34.5  34.4  34.7  34.9  35.0  49.0  52.7  65.5  64.8  76.2
-#   FMA     19.0  22.7  26.6  29.0  32.6  39.4  49.3  57.5  66.7  101.3
-#   oneDNN  21.4  26.4  31.9  36.6  41.9  54.1  66.8  76.3  84.7  99.7
+#   rows    1     8     16    24    32    48    64    80    96
+#   AMX     33.9  34.4  34.4  34.6  35.0  49.4  54.2  64.7  64.5
+#   FMA     18.3  20.9  23.4  27.2  30.3  40.4  49.1  57.1  67.5
+#   oneDNN  21.9  26.4  31.8  37.0  41.7  56.9  69.4  76.2  85.3
 AMX_MIN_ROWS = 96
 
 
