@@ -54,7 +54,7 @@ def main() -> int:
     weights = [[torch.randn(n, k, generator=gen) * 0.02 for n, k in SHAPES] for _ in range(args.layers)]
     makers: dict[str, Callable[[torch.Tensor], Projection]] = {"oneDNN": lambda w: PackedLinear(w, None)}
     if kernels.fma_gemm_supported():
-        makers["FMA GEMM"] = lambda w: FmaLinear(w, None, kernels, max_rows=None)
+        makers["FMA GEMM"] = lambda w: FmaLinear(w, None, kernels, few_rows_only=True)
     if kernels.amx_gemm_supported():
         makers["AMX tiles"] = lambda w: AmxTilesOnly(w, kernels)
     auto, _ = projection_makers("auto", kernels)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -98,7 +97,7 @@ class AmxLinear:
         self.n, self.k = weight.shape
         self.kernels = kernels
         # every AMX CPU has AVX-512, so a kernels build with AMX has the FMA GEMM
-        self.few_rows = FmaLinear(weight, bias, kernels, max_rows=None)
+        self.few_rows = FmaLinear(weight, bias, kernels, few_rows_only=True)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] < AMX_MIN_ROWS:
@@ -135,15 +134,15 @@ class FmaLinear:
     __slots__ = ("packed", "bias", "n", "k", "kernels", "many_rows", "max_rows")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernels: CpuKernels,
-                 max_rows: int | None | Literal["by_width"] = "by_width") -> None:
-        """`max_rows`: FMA_MAX_ROWS by the register width, or None where a
-        caller sends only steps of few rows (AmxLinear)."""
+                 few_rows_only: bool = False) -> None:
+        """`few_rows_only`: every step runs on the FMA GEMM and no oneDNN
+        copy is kept (AmxLinear sends it only its steps of few rows)."""
         weight = weight.detach().contiguous()
         self.packed = kernels.fma_pack_weight(weight)
         self.bias = None if bias is None else bias.detach().contiguous()
         self.n, self.k = weight.shape
         self.kernels = kernels
-        self.max_rows = FMA_MAX_ROWS[kernels.fma_vector_floats()] if max_rows == "by_width" else max_rows
+        self.max_rows = None if few_rows_only else FMA_MAX_ROWS[kernels.fma_vector_floats()]
         self.many_rows = None if self.max_rows is None else PackedLinear(weight, bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
