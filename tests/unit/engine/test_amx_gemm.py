@@ -25,7 +25,8 @@ def amx() -> CpuKernels:
 # rows: one tile, a partial pair, several pairs; columns and K off the tile sizes
 @pytest.mark.parametrize("m,n,k", [(1, 16, 32), (7, 50, 40), (16, 96, 64), (33, 960, 576), (64, 200, 1536),
                                    (130, 3072, 576), (512, 576, 100)])
-@pytest.mark.parametrize("bias,residual", [(False, False), (True, True)])
+# a block of full tiles starts from the residual or the bias; with both, or cut, it adds them after
+@pytest.mark.parametrize("bias,residual", [(False, False), (True, False), (False, True), (True, True)])
 def test_error_is_an_fp32_gemms(amx, m: int, n: int, k: int, bias: bool, residual: bool) -> None:
     case = GemmCase.random(m, n, k, bias, residual)
     result = amx.amx_linear(case.x, amx.amx_pack_weight(case.weight), n, k, case.bias, case.residual)
