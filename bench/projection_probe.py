@@ -6,7 +6,7 @@ every decoder layer (qkv, o, gate_up, down) with distinct weights per layer,
 so that the weights stream from memory as in a real step instead of sitting
 in cache.
 
-    python -m bench.projection_probe [--rows 1 8 16 24 32 64] [--repeats 9]
+    python -m bench.projection_probe [--rows 1 8 16 24 32 64] [--repeats 9] [--shapes down]
 
 Shapes are the default model's (SmolLM2-135M: hidden 576, 3 KV heads of 64,
 MLP 1536, 30 layers), fp32, random weights; the ways run interleaved so that
@@ -29,7 +29,7 @@ from .kernel_probe import parse_probe_args, probe_parser
 
 Projection = Callable[[torch.Tensor], torch.Tensor]
 # (output features, input features) of qkv, o, gate_up, down
-SHAPES = ((576 + 2 * 3 * 64, 576), (576, 576), (2 * 1536, 576), (576, 1536))
+SHAPES = {"qkv": (576 + 2 * 3 * 64, 576), "o": (576, 576), "gate_up": (2 * 1536, 576), "down": (576, 1536)}
 
 
 class AmxTilesOnly:
@@ -47,11 +47,14 @@ class AmxTilesOnly:
 def main() -> int:
     parser = probe_parser(__doc__, rows=[1, 8, 16, 24, 32, 64], repeats=9)
     parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--shapes", nargs="+", choices=tuple(SHAPES), default=list(SHAPES),
+                        help="time only these projections (one at a time: its own ms)")
     args, kernels = parse_probe_args(parser)
     if kernels is None:
         return 1
+    shapes = [SHAPES[name] for name in args.shapes]
     gen = torch.Generator().manual_seed(0)
-    weights = [[torch.randn(n, k, generator=gen) * 0.02 for n, k in SHAPES] for _ in range(args.layers)]
+    weights = [[torch.randn(n, k, generator=gen) * 0.02 for n, k in shapes] for _ in range(args.layers)]
     makers: dict[str, Callable[[torch.Tensor], Projection]] = {"oneDNN": lambda w: PackedLinear(w, None)}
     if kernels.fma_gemm_supported():
         makers["FMA GEMM"] = lambda w: FmaLinear(w, None, kernels, few_rows_only=True)
@@ -61,18 +64,18 @@ def main() -> int:
     makers["auto"] = lambda w: auto(w, None)
     ways = {name: [[make(w) for w in layer] for layer in weights] for name, make in makers.items()}
     print(f"# projection probe, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
-          f"{args.threads} threads, {args.layers} layers x qkv/o/gate_up/down, fp32; "
+          f"{args.threads} threads, {args.layers} layers x {'/'.join(args.shapes)}, fp32; "
           f"auto = {type(ways['auto'][0][0]).__name__}")
     print("| rows | " + " | ".join(ways) + " |")
     print("|---:|" + "---:|" * len(ways))
     for rows in args.rows:
-        inputs = {k: torch.randn(rows, k, generator=gen) for _, k in SHAPES}
+        inputs = {k: torch.randn(rows, k, generator=gen) for _, k in shapes}
         seconds: dict[str, list[float]] = {name: [] for name in ways}
         for _ in range(args.repeats):   # interleaved, so that drift hits every way alike
             for name, layers in ways.items():
                 started = time.perf_counter()
                 for layer in layers:
-                    for linear, (_, k) in zip(layer, SHAPES):
+                    for linear, (_, k) in zip(layer, shapes):
                         linear(inputs[k])
                 seconds[name].append(time.perf_counter() - started)
         print(f"| {rows} | " + " | ".join(f"{statistics.median(s) * 1e3:.1f}" for s in seconds.values()) + " |")

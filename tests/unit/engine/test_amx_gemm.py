@@ -35,6 +35,27 @@ def test_error_is_an_fp32_gemms(amx, m: int, n: int, k: int, bias: bool, residua
     assert case.within_fp32(result)
 
 
+@pytest.mark.parametrize("threads", [1, 3, 5])
+def test_panels_taken_by_any_threads_give_the_same_bits(amx, threads: int) -> None:
+    # a thread done early takes another's last panels, so which thread sums a
+    # block changes from call to call; its arithmetic must not (greedy
+    # outputs are compared token for token). 40 column pairs: several panels
+    # a thread, and a last one cut short.
+    case = GemmCase.random(70, 40 * 32 - 5, 600, False, True)
+    n = case.weight.shape[0]
+    packed = amx.amx_pack_weight(case.weight)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = amx.amx_linear(case.x, packed, n, 600, None, case.residual)
+        torch.set_num_threads(threads)
+        runs = [amx.amx_linear(case.x, packed, n, 600, None, case.residual) for _ in range(4)]
+    finally:
+        torch.set_num_threads(before)
+    for result in runs:
+        assert torch.equal(result, alone)
+
+
 def test_values_bf16_cannot_hold_survive(amx) -> None:
     """1 + 2^-20 has no bf16 form; split in three it multiplies exactly."""
     weight = torch.full((16, 32), 1.0 + 2.0 ** -20)

@@ -24,8 +24,10 @@
 // Built only where the compiler targets AMX-BF16 and AVX512-BF16
 // (-march=native on such a CPU); elsewhere `amx_gemm_supported` says 0.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include <omp.h>
@@ -59,6 +61,38 @@ constexpr int64_t PREFETCH_PANEL_BYTES = 512 << 10;
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 inline int64_t n_tiles(int64_t n) { return 2 * ceil_div(n, 2 * TILE); }   // even: blocks of two
 inline int64_t k_steps(int64_t k) { return ceil_div(k, KSTEP); }
+
+// The panels a thread has not started yet, [first, end): the thread takes
+// from the front, a thread with none left steals from the back.
+struct alignas(64) PanelRange {
+  std::atomic<uint64_t> bounds{0};   // first in the low 32 bits, end in the high
+
+  void reset(int64_t first, int64_t end) {
+    bounds.store(static_cast<uint64_t>(end) << 32 | static_cast<uint64_t>(first), std::memory_order_relaxed);
+  }
+  int64_t take(bool front) {
+    uint64_t b = bounds.load(std::memory_order_relaxed);
+    while (true) {
+      const uint64_t first = b & 0xffffffffu, end = b >> 32;
+      if (first >= end) return -1;
+      const uint64_t taken = front ? (end << 32 | (first + 1)) : ((end - 1) << 32 | first);
+      if (bounds.compare_exchange_weak(b, taken, std::memory_order_relaxed)) {
+        return static_cast<int64_t>(front ? first : end - 1);
+      }
+    }
+  }
+};
+
+// thread t's next panel: its own front, else another's back; -1 when none is left
+int64_t claim(PanelRange* ranges, int threads, int t) {
+  const int64_t own = ranges[t].take(true);
+  if (own >= 0) return own;
+  for (int d = 1; d < threads; ++d) {
+    const int64_t stolen = ranges[(t + d) % threads].take(false);
+    if (stolen >= 0) return stolen;
+  }
+  return -1;
+}
 
 // round to nearest even, as _mm512_cvtneps_pbh and PyTorch do
 inline uint16_t to_bf16(float x) {
@@ -256,6 +290,12 @@ int amx_gemm_f32(const float* x, int64_t x_stride, int64_t m, const uint16_t* pa
   parts.resize(static_cast<size_t>(row_tiles * steps * PARTS * TILE_ELEMS) + 32);
   uint16_t* a = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(parts.data()) + 63) & ~uintptr_t{63});
   const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(num_threads, col_blocks)));
+  const int64_t pair_elems = 2 * steps * PARTS * TILE_ELEMS;   // a column pair's tiles
+  const int64_t panel_pairs = std::max<int64_t>(MIN_PANEL_PAIRS, PANEL_BYTES / (pair_elems * 2));
+  const bool prefetch = panel_pairs * pair_elems * 2 <= PREFETCH_PANEL_BYTES;
+  const int64_t panels = ceil_div(col_blocks, panel_pairs);
+  const std::unique_ptr<PanelRange[]> ranges(new PanelRange[threads]);
+  for (int t = 0; t < threads; ++t) ranges[t].reset(panels * t / threads, panels * (t + 1) / threads);
 #pragma omp parallel num_threads(threads)
   {
 #pragma omp for schedule(static)
@@ -272,20 +312,23 @@ int amx_gemm_f32(const float* x, int64_t x_stride, int64_t m, const uint16_t* pa
     }
     // implicit barrier: every part is written before any tile reads it
     configure_tiles();
+    // Panels of column pairs stay in L2 while every row pair streams past (a
+    // row pair's A tiles in L1 / L2 across the panel). Each thread runs its
+    // own share of them front to back, one stream of weights, and claims
+    // the next panel before it starts one, so that its weights can be
+    // fetched meanwhile. A thread done early takes the others' last panels:
+    // with fixed shares, whatever else ran on a core (tritonserver, the
+    // other stubs) stalled the whole GEMM. Each block is summed by one
+    // thread in K order, so the bits never depend on the threads.
     const int t = omp_get_thread_num();
-    const int64_t first = col_blocks * t / threads, last = col_blocks * (t + 1) / threads;
-    // Each thread owns its columns, so every weight byte is read from memory
-    // once. Its columns go in panels that stay in L2 while every row pair
-    // streams past; a row pair's A tiles stay in L1 / L2 across the panel.
-    const int64_t pair_elems = 2 * steps * PARTS * TILE_ELEMS;   // a column pair's tiles
-    const int64_t panel_pairs = std::max<int64_t>(MIN_PANEL_PAIRS, PANEL_BYTES / (pair_elems * 2));
-    const bool prefetch = panel_pairs * pair_elems * 2 <= PREFETCH_PANEL_BYTES;
     alignas(64) float c_tile[4][TILE * TILE];
-    for (int64_t p0 = first; p0 < last; p0 += panel_pairs) {
-      const int64_t p_end = std::min(last, p0 + panel_pairs);
+    for (int64_t panel = claim(ranges.get(), threads, t); panel >= 0;) {
+      const int64_t p0 = panel * panel_pairs, p_end = std::min(col_blocks, p0 + panel_pairs);
+      const int64_t ahead_panel = claim(ranges.get(), threads, t);
       // the next panel, a share of its lines at every K step of this one
-      const char* ahead = reinterpret_cast<const char*>(packed + p_end * pair_elems);
-      const char* ahead_end = reinterpret_cast<const char*>(packed + std::min(last, p_end + panel_pairs) * pair_elems);
+      const int64_t a0 = ahead_panel >= 0 ? ahead_panel * panel_pairs : col_blocks;
+      const char* ahead = reinterpret_cast<const char*>(packed + a0 * pair_elems);
+      const char* ahead_end = reinterpret_cast<const char*>(packed + std::min(col_blocks, a0 + panel_pairs) * pair_elems);
       const int64_t lines_per_step =
           prefetch ? ceil_div(ceil_div(ahead_end - ahead, 64), (row_tiles / 2) * (p_end - p0) * steps) : 0;
       for (int64_t i = 0; i < row_tiles; i += 2) {
@@ -320,6 +363,7 @@ int amx_gemm_f32(const float* x, int64_t x_stride, int64_t m, const uint16_t* pa
           }
         }
       }
+      panel = ahead_panel;
     }
     _tile_release();
   }
