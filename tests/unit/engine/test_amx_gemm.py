@@ -35,6 +35,15 @@ def test_error_is_an_fp32_gemms(amx, m: int, n: int, k: int, bias: bool, residua
     assert case.within_fp32(result)
 
 
+def test_a_residual_with_a_wider_row_stride(amx) -> None:
+    # full blocks load the residual as tiles with its own row stride
+    case = GemmCase.random(64, 96, 64, False, True)
+    wide = torch.zeros(64, 96 + 40)
+    wide[:, :96] = case.residual
+    result = amx.amx_linear(case.x, amx.amx_pack_weight(case.weight), 96, 64, None, wide[:, :96])
+    assert case.within_fp32(result)
+
+
 @pytest.mark.parametrize("threads", [1, 3, 5])
 def test_panels_taken_by_any_threads_give_the_same_bits(amx, threads: int) -> None:
     # a thread done early takes another's last panels, so which thread sums a
