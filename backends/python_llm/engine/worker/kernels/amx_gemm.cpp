@@ -192,21 +192,15 @@ inline void step_products(const uint16_t* a_top, const uint16_t* a_bottom, const
 // False (tiles zeroed) where the block is cut by m or n, or has both.
 inline bool start_tiles(int64_t row0, int64_t col0, int64_t m, int64_t n, const float* bias, const float* residual,
                         int64_t residual_stride) {
-  if (row0 + 2 * TILE > m || col0 + 2 * TILE > n || (bias && residual)) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    return false;
-  }
-  if (residual) {
+  const bool direct = row0 + 2 * TILE <= m && col0 + 2 * TILE <= n && !(bias && residual);
+  if (direct && residual) {
     const float* r = residual + row0 * residual_stride + col0;
     const int64_t stride = residual_stride * 4;
     _tile_loadd(0, r, stride);
     _tile_loadd(1, r + TILE, stride);
     _tile_loadd(2, r + TILE * residual_stride, stride);
     _tile_loadd(3, r + TILE * residual_stride + TILE, stride);
-  } else if (bias) {   // stride 0: every row of the tile is the bias
+  } else if (direct && bias) {   // stride 0: every row of the tile is the bias
     _tile_loadd(0, bias + col0, 0);
     _tile_loadd(1, bias + col0 + TILE, 0);
     _tile_loadd(2, bias + col0, 0);
@@ -217,7 +211,7 @@ inline bool start_tiles(int64_t row0, int64_t col0, int64_t m, int64_t n, const 
     _tile_zero(2);
     _tile_zero(3);
   }
-  return true;
+  return direct;
 }
 
 // out[row0 + r, col0 + c] = C + bias + residual for the rows and columns that exist
