@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .huge_pages import empty_on_huge_pages
+
 
 @dataclass(frozen=True)
 class KVCacheShape:
@@ -39,10 +41,16 @@ class PagedKVCache:
     def __init__(self, shape: KVCacheShape, dtype: torch.dtype, device: torch.device | str) -> None:
         self.shape = shape
         dims = (shape.num_kv_heads, shape.num_blocks, shape.block_size, shape.head_dim)
+        self.keys = [self._zeros(dims, dtype, device) for _ in range(shape.num_layers)]
+        self.values = [self._zeros(dims, dtype, device) for _ in range(shape.num_layers)]
+
+    @staticmethod
+    def _zeros(dims: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
         # zeros, not empty: padded gathers read unwritten slots (masked out,
         # but NaN garbage times a zero weight would still poison the output)
-        self.keys = [torch.zeros(dims, dtype=dtype, device=device) for _ in range(shape.num_layers)]
-        self.values = [torch.zeros(dims, dtype=dtype, device=device) for _ in range(shape.num_layers)]
+        if torch.device(device).type != "cpu":
+            return torch.zeros(dims, dtype=dtype, device=device)
+        return empty_on_huge_pages(dims, dtype).zero_()   # decode reads blocks scattered over all of it
 
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """Store new tokens' K/V ([T, kv_heads, head_dim]) at their slots ([T])."""

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from ....cache import CACHE_DIR
+from ..huge_pages import empty_on_huge_pages
 from .greedy import GreedyKernels
 from .library import KernelBuildError, build, library_path
 
@@ -221,7 +222,7 @@ class CpuKernels(GreedyKernels):
         if weight.dim() != 2 or weight.dtype != torch.float32 or weight.stride(1) != 1 or weight.is_cuda:
             raise ValueError("amx_pack_weight: an fp32 CPU weight [n, k] with contiguous rows expected")
         n, k = weight.shape
-        packed = torch.empty(self._amx_elements(n, k), dtype=torch.int16)
+        packed = empty_on_huge_pages(self._amx_elements(n, k), torch.int16)
         self._amx_pack(weight.data_ptr(), weight.stride(0), n, k, packed.data_ptr(), torch.get_num_threads())
         return packed
 
@@ -258,7 +259,7 @@ class CpuKernels(GreedyKernels):
         if weight.dim() != 2 or weight.dtype != torch.float32 or weight.stride(1) != 1 or weight.is_cuda:
             raise ValueError("fma_pack_weight: an fp32 CPU weight [n, k] with contiguous rows expected")
         n, k = weight.shape
-        packed = torch.empty(self._fma_elements(n, k), dtype=torch.float32)
+        packed = empty_on_huge_pages(self._fma_elements(n, k), torch.float32)
         if packed.data_ptr() % 64:   # the kernel's aligned loads; torch's CPU allocator gives 64
             raise RuntimeError("fma_pack_weight: the packed weight is not 64-byte aligned")
         self._fma_pack(weight.data_ptr(), weight.stride(0), n, k, packed.data_ptr(), torch.get_num_threads())
