@@ -18,7 +18,8 @@ SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode_attention.c
                                                           "layer_elementwise.cpp", "amx_gemm.cpp",
                                                           "fma_gemm.cpp", "verified_argmax.cpp",
                                                           "int16_lm_head.cpp")]
-HEADERS = [Path(__file__).with_name(name) for name in ("fast_exp.h", "verified_candidates.h")]
+HEADERS = [Path(__file__).with_name(name) for name in ("fast_exp.h", "verified_candidates.h",
+                                                          "paged_decode_attention_zmm.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=gnu++20", "-shared", "-fPIC"]
 
 
