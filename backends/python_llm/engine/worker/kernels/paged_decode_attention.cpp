@@ -281,6 +281,11 @@ void decode_attention(T* out, int64_t out_seq_stride, const T* query, int64_t q_
   const int64_t group = num_heads / kv_heads;
   const int64_t block_stride = block_size * head_dim;
   const int64_t work = num_seqs * kv_heads;
+#ifdef PLD_HAVE_AVX2
+  constexpr bool one_pass = HD > 0;   // attend_avx2 / attend_avx512: a block of scores at a time
+#else
+  constexpr bool one_pass = false;    // attend_scalar for every head_dim: [group, ctx] scores
+#endif
 
   // (sequence, KV head) items handed out one at a time, to the first thread
   // free: contexts differ in length, so equal shares of items are not equal
@@ -308,8 +313,7 @@ void decode_attention(T* out, int64_t out_seq_stride, const T* query, int64_t q_
       const int64_t s = item / kv_heads, h = item % kv_heads;
       const int64_t ctx = context_lens[s];
       const int64_t used_blocks = (ctx + block_size - 1) / block_size;
-      // the one-pass kernel scores a block at a time; the plain loops keep [group, ctx]
-      scores.resize(HD > 0 ? block_size + 8 : group * ctx);
+      scores.resize(one_pass ? block_size + 8 : group * ctx);
       float* rows = scores.data();
       for (int64_t g = 0; g < group; ++g) {
         const T* src = query + s * q_seq_stride + (h * group + g) * head_dim;
@@ -345,8 +349,7 @@ void decode_attention(T* out, int64_t out_seq_stride, const T* query, int64_t q_
         T* dst = out + s * out_seq_stride + (h * group + g) * head_dim;
         for (int64_t i = 0; i < head_dim; ++i) dst[i] = from_float<T>(acc[g * head_dim + i] * inv);
       }
-      // the scalar path fetches nothing ahead
-      warm = HD > 0 && known > used_blocks;
+      warm = one_pass && known > used_blocks;   // the plain loops fetch nothing ahead
       item = following;
     }
   }
