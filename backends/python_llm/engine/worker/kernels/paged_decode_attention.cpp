@@ -97,6 +97,20 @@ class BlockPrefetch {
   int64_t lines_, per_step_, next_ = 0;
 };
 
+// One query head's running maximum and total after a block whose exps
+// (against `maximum`, at least the running one) sum to `block_total`: the
+// factor the head's accumulator takes, 1 where the maximum stood (what came
+// before counts less once a block raises it).
+inline float fold_block(float& running_max, float& running_total, float maximum, float block_total) {
+  float rescale = 1.f;
+  if (maximum > running_max) {
+    rescale = exp_nonpositive(running_max - maximum);
+    running_max = maximum;
+  }
+  running_total = running_total * rescale + block_total;
+  return rescale;
+}
+
 // How far an item's block lists reach: its own blocks, then the first
 // PREFETCH_BLOCKS of the item its thread takes next, fetched during its last
 // blocks so that the next item starts on blocks already on their way (each
@@ -107,6 +121,23 @@ class BlockPrefetch {
 struct Stream {
   int64_t known_blocks;
   bool warm;
+
+  // the first PREFETCH_BLOCKS of the stream at once (an item's own are on
+  // their way already when it is warm); the rest come one per block (ahead)
+  template <typename T>
+  void start(const T* const* k_blocks, const T* const* v_blocks, int64_t num_blocks, int64_t block_bytes) const {
+    const int64_t first = warm ? std::min<int64_t>(PREFETCH_BLOCKS, num_blocks) : 0;
+    for (int64_t b = first; b < std::min<int64_t>(PREFETCH_BLOCKS, known_blocks); ++b)
+      BlockPrefetch(k_blocks[b], v_blocks[b], block_bytes, 0).finish();
+  }
+  // while block b is read: the block PREFETCH_BLOCKS after it, in `steps` steps
+  template <typename T>
+  BlockPrefetch ahead(const T* const* k_blocks, const T* const* v_blocks, int64_t b, int64_t block_bytes,
+                      int64_t steps) const {
+    const bool any = b + PREFETCH_BLOCKS < known_blocks;
+    return BlockPrefetch(any ? k_blocks[b + PREFETCH_BLOCKS] : nullptr, any ? v_blocks[b + PREFETCH_BLOCKS] : nullptr,
+                         block_bytes, steps);
+  }
 };
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -135,7 +166,8 @@ inline __m128 reduce4(__m256 a, __m256 b, __m256 c, __m256 d) {
 // same blocks read alone). Scores: one query head's vector stays in
 // registers while the block's K rows stream past, four rows at a time,
 // their dot products reduced together; the head's accumulator is rescaled
-// when the block raises its running maximum.
+// when the block raises its running maximum. Like every attend_*, it starts
+// from maxima at -inf and totals and acc at 0 (the caller's).
 template <int HD, typename T>
 void attend_avx2(const float* q, int64_t group, const T* const* k_blocks, const T* const* v_blocks,
                  int64_t ctx, int64_t block_size, const Stream& stream, float* scores, float* maxima, float* totals,
@@ -143,25 +175,14 @@ void attend_avx2(const float* q, int64_t group, const T* const* k_blocks, const 
   constexpr int V = HD / 8;
   const int64_t num_blocks = (ctx + block_size - 1) / block_size;
   const int64_t block_bytes = block_size * HD * sizeof(T);
-  // the first PREFETCH_BLOCKS of the stream at once (an item's own are on
-  // their way already when it is warm); the rest come one per block
-  const int64_t first = stream.warm ? std::min<int64_t>(PREFETCH_BLOCKS, num_blocks) : 0;
-  for (int64_t b = first; b < std::min<int64_t>(PREFETCH_BLOCKS, stream.known_blocks); ++b)
-    BlockPrefetch(k_blocks[b], v_blocks[b], block_bytes, 0).finish();
-  for (int64_t g = 0; g < group; ++g) {
-    maxima[g] = -INFINITY;
-    totals[g] = 0.f;
-    for (int j = 0; j < V; ++j) _mm256_storeu_ps(acc + g * HD + j * 8, _mm256_setzero_ps());
-  }
+  stream.start(k_blocks, v_blocks, num_blocks, block_bytes);
   for (int64_t b = 0; b < num_blocks; ++b) {
     const T* k = k_blocks[b];
     const T* v = v_blocks[b];
     const int64_t n = std::min(block_size, ctx - b * block_size);
     const int64_t padded = (n + 7) / 8 * 8;
-    const bool ahead = b + PREFETCH_BLOCKS < stream.known_blocks;
     // one step at every four scored rows and at every row of values
-    BlockPrefetch fetch(ahead ? k_blocks[b + PREFETCH_BLOCKS] : nullptr,
-                        ahead ? v_blocks[b + PREFETCH_BLOCKS] : nullptr, block_bytes, group * (n / 4 + n));
+    BlockPrefetch fetch = stream.ahead(k_blocks, v_blocks, b, block_bytes, group * (n / 4 + n));
     for (int64_t g = 0; g < group; ++g) {
       __m256 qr[V];
       for (int j = 0; j < V; ++j) qr[j] = _mm256_loadu_ps(q + g * HD + j * 8);
@@ -192,8 +213,8 @@ void attend_avx2(const float* q, int64_t group, const T* const* k_blocks, const 
       for (; t < padded; ++t) scores[t] = -INFINITY;   // exp() of the padding: ~0, and never used
       float lanes[4];
       _mm_storeu_ps(lanes, block_max);
-      const float seen = maxima[g];
-      const float maximum = std::max(seen, std::max(std::max(lanes[0], lanes[1]), std::max(lanes[2], lanes[3])));
+      const float maximum =
+          std::max(maxima[g], std::max(std::max(lanes[0], lanes[1]), std::max(lanes[2], lanes[3])));
       const __m256 shift = _mm256_set1_ps(maximum);
       __m256 sum = _mm256_setzero_ps();
       for (int64_t i = 0; i < padded; i += 8) {
@@ -205,17 +226,9 @@ void attend_avx2(const float* q, int64_t group, const T* const* k_blocks, const 
       const __m128 pair = _mm_add_ps(half, _mm_movehl_ps(half, half));
       const float block_total = _mm_cvtss_f32(_mm_add_ss(pair, _mm_movehdup_ps(pair)));
       float* ag = acc + g * HD;
+      const __m256 r = _mm256_set1_ps(fold_block(maxima[g], totals[g], maximum, block_total));
       __m256 a[V];
-      if (maximum > seen) {   // the block raised the maximum: what came before counts less
-        const float rescale = exp_nonpositive(seen - maximum);
-        totals[g] = totals[g] * rescale + block_total;
-        const __m256 r = _mm256_set1_ps(rescale);
-        for (int j = 0; j < V; ++j) a[j] = _mm256_mul_ps(_mm256_loadu_ps(ag + j * 8), r);
-        maxima[g] = maximum;
-      } else {
-        totals[g] += block_total;
-        for (int j = 0; j < V; ++j) a[j] = _mm256_loadu_ps(ag + j * 8);
-      }
+      for (int j = 0; j < V; ++j) a[j] = _mm256_mul_ps(_mm256_loadu_ps(ag + j * 8), r);
       for (int64_t u = 0; u < n; ++u) {
         fetch.step();
         const __m256 p = _mm256_set1_ps(scores[u]);
@@ -254,7 +267,6 @@ void attend_scalar(const float* q, int64_t group, int64_t head_dim, const T* con
     }
   }
   softmax_rows(rows, group, ctx, maxima, totals);
-  for (int64_t i = 0; i < group * head_dim; ++i) acc[i] = 0.f;
   for (int64_t b = 0; b < num_blocks; ++b) {
     const int64_t n = std::min(block_size, ctx - b * block_size);
     for (int64_t t = 0; t < n; ++t) {
@@ -319,7 +331,9 @@ void decode_attention(T* out, int64_t out_seq_stride, const T* query, int64_t q_
         const T* src = query + s * q_seq_stride + (h * group + g) * head_dim;
         for (int64_t i = 0; i < head_dim; ++i) q[g * head_dim + i] = to_float(src[i]) * scale;
         maxima[g] = -INFINITY;
+        totals[g] = 0.f;
       }
+      std::fill(acc, acc + group * head_dim, 0.f);
       for (int64_t b = 0; b < used_blocks; ++b) block_of(item, b, k_blocks[b], v_blocks[b]);
       int64_t known = used_blocks;
       if (following < work) {

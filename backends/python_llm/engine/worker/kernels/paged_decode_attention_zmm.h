@@ -1,7 +1,7 @@
 // The decode attention's AVX-512 path for fp32 caches: a part of
 // paged_decode_attention.cpp, included inside its namespace where the
-// compiler targets AVX-512 (it uses that file's BlockPrefetch, Stream and
-// exp8_nonpositive).
+// compiler targets AVX-512 (it uses that file's BlockPrefetch, Stream,
+// fold_block and exp8_nonpositive).
 #pragma once
 
 // 16 vectors of 16 partial sums → one vector of their 16 totals (lane r:
@@ -46,24 +46,13 @@ void attend_avx512(const float* q, int64_t group, const float* const* k_blocks, 
   constexpr int64_t CHUNK = 16;
   const int64_t num_blocks = (ctx + block_size - 1) / block_size;
   const int64_t block_bytes = block_size * HD * sizeof(float);
-  // the first PREFETCH_BLOCKS of the stream at once (an item's own are on
-  // their way already when it is warm); the rest come one per block
-  const int64_t first = stream.warm ? std::min<int64_t>(PREFETCH_BLOCKS, num_blocks) : 0;
-  for (int64_t b = first; b < std::min<int64_t>(PREFETCH_BLOCKS, stream.known_blocks); ++b)
-    BlockPrefetch(k_blocks[b], v_blocks[b], block_bytes, 0).finish();
-  for (int64_t g = 0; g < group; ++g) {
-    maxima[g] = -INFINITY;
-    totals[g] = 0.f;
-    for (int j = 0; j < V; ++j) _mm512_storeu_ps(acc + g * HD + j * 16, _mm512_setzero_ps());
-  }
+  stream.start(k_blocks, v_blocks, num_blocks, block_bytes);
   alignas(64) float probs[CHUNK];
   for (int64_t b = 0; b < num_blocks; ++b) {
     const int64_t n = std::min(block_size, ctx - b * block_size);
-    const bool ahead = b + PREFETCH_BLOCKS < stream.known_blocks;
     const int64_t chunks = (n + CHUNK - 1) / CHUNK;
     // one step at every four scored rows and at every row of values
-    BlockPrefetch fetch(ahead ? k_blocks[b + PREFETCH_BLOCKS] : nullptr,
-                        ahead ? v_blocks[b + PREFETCH_BLOCKS] : nullptr, block_bytes, group * (n / 4 + n));
+    BlockPrefetch fetch = stream.ahead(k_blocks, v_blocks, b, block_bytes, group * (n / 4 + n));
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t t0 = c * CHUNK, rows = std::min(CHUNK, n - t0);
       const float* k = k_blocks[b] + t0 * HD;
@@ -82,24 +71,17 @@ void attend_avx512(const float* q, int64_t group, const float* const* k_blocks, 
           dots[r] = a;
         }
         const __m512 scores = _mm512_mask_blend_ps(valid, _mm512_set1_ps(-INFINITY), reduce16(dots));
-        const float seen = maxima[g];
-        const float maximum = std::max(seen, _mm512_reduce_max_ps(scores));
+        const float maximum = std::max(maxima[g], _mm512_reduce_max_ps(scores));
         const __m512 p = exp16_nonpositive(_mm512_sub_ps(scores, _mm512_set1_ps(maximum)));
         _mm512_store_ps(probs, p);
         const float chunk_total = _mm512_reduce_add_ps(p);
         float* ag = acc + g * HD;
+        const __m512 r = _mm512_set1_ps(fold_block(maxima[g], totals[g], maximum, chunk_total));
         __m512 a0[V], a1[V];
-        if (maximum > seen) {   // the chunk raised the maximum: what came before counts less
-          const float rescale = exp_nonpositive(seen - maximum);
-          totals[g] = totals[g] * rescale + chunk_total;
-          const __m512 r = _mm512_set1_ps(rescale);
-          for (int j = 0; j < V; ++j) a0[j] = _mm512_mul_ps(_mm512_loadu_ps(ag + j * 16), r);
-          maxima[g] = maximum;
-        } else {
-          totals[g] += chunk_total;
-          for (int j = 0; j < V; ++j) a0[j] = _mm512_loadu_ps(ag + j * 16);
+        for (int j = 0; j < V; ++j) {
+          a0[j] = _mm512_mul_ps(_mm512_loadu_ps(ag + j * 16), r);
+          a1[j] = _mm512_setzero_ps();
         }
-        for (int j = 0; j < V; ++j) a1[j] = _mm512_setzero_ps();
         int64_t u = 0;
         for (; u + 2 <= rows; u += 2) {
           fetch.step();
