@@ -4,9 +4,10 @@ paged KV cache and the packed projection weights.
 A decode step reads its sequences' K/V blocks (16 tokens x one KV head, 4
 KiB in fp32) wherever the block tables put them, so on 4 KiB pages nearly
 every block costs a TLB miss and a page walk. On the 2-core AMX machine
-(docs/benchmarks.md, "Huge pages for the KV cache and the weights") reading
-150 MiB of random 4 KiB blocks a thread ran at 12.6 GB/s on 4 KiB pages and
-17.3 GB/s on 2 MiB pages.
+reading 150 MiB of random 4 KiB blocks a thread ran at 12.6 GB/s on 4 KiB
+pages and 17.3 GB/s on 2 MiB pages, and the offline engine 1.037x (docs/
+benchmarks.md, "Kept: huge pages under the KV cache and the packed
+weights").
 
 Most Linux machines ship transparent huge pages as `madvise` (so also these
 VMs): memory gets them only where asked, before it is first touched. So a
