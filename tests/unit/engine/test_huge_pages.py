@@ -16,10 +16,14 @@ THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 def _thp_mode() -> str | None:
-    """The kernel's THP mode ("always", "madvise", "never"), None where unknown."""
+    """The kernel's THP mode ("always", "madvise", "never"), None where unknown
+    or where this process may not use huge pages (prctl, THP_enabled: 0)."""
     try:
         found = re.search(r"\[(\w+)\]", THP_SETTING.read_text())
+        status = Path("/proc/self/status").read_text()
     except OSError:
+        return None
+    if re.search(r"^THP_enabled:\s*0", status, re.MULTILINE):
         return None
     return found.group(1) if found else None
 
