@@ -304,13 +304,16 @@ void decode_attention(T* out, int64_t out_seq_stride, const T* query, int64_t q_
   // shares of work. A thread claims its next item before it starts one, so
   // that it can fetch the next one's first blocks meanwhile.
   std::atomic<int64_t> next_item{0};
-  // block b of item `it` (b < its blocks): K and V
-  auto block_of = [&](int64_t it, int64_t b, const T*& k, const T*& v) {
+  // the K and V of item `it`'s first `count` blocks into k[0..count), v[0..count)
+  auto item_blocks = [&](int64_t it, int64_t count, const T** k, const T** v) {
     const int64_t s = it / kv_heads, h = it % kv_heads;
     const int32_t* table = block_tables + (table_rows != nullptr ? table_rows[s] : s) * table_width;
-    const int64_t offset = static_cast<int64_t>(table[b]) * block_stride;
-    k = key_cache + h * num_blocks * block_stride + offset;
-    v = value_cache + h * num_blocks * block_stride + offset;
+    const T* k_head = key_cache + h * num_blocks * block_stride;
+    const T* v_head = value_cache + h * num_blocks * block_stride;
+    for (int64_t b = 0; b < count; ++b) {
+      k[b] = k_head + static_cast<int64_t>(table[b]) * block_stride;
+      v[b] = v_head + static_cast<int64_t>(table[b]) * block_stride;
+    }
   };
 #pragma omp parallel num_threads(num_threads)
   {
@@ -334,12 +337,13 @@ void decode_attention(T* out, int64_t out_seq_stride, const T* query, int64_t q_
         totals[g] = 0.f;
       }
       std::fill(acc, acc + group * head_dim, 0.f);
-      for (int64_t b = 0; b < used_blocks; ++b) block_of(item, b, k_blocks[b], v_blocks[b]);
+      item_blocks(item, used_blocks, k_blocks.data(), v_blocks.data());
       int64_t known = used_blocks;
       if (following < work) {
         const int64_t next_blocks = (context_lens[following / kv_heads] + block_size - 1) / block_size;
-        for (int64_t b = 0; b < std::min<int64_t>(PREFETCH_BLOCKS, next_blocks); ++b, ++known)
-          block_of(following, b, k_blocks[known], v_blocks[known]);
+        const int64_t ahead = std::min<int64_t>(PREFETCH_BLOCKS, next_blocks);
+        item_blocks(following, ahead, k_blocks.data() + known, v_blocks.data() + known);
+        known += ahead;
       }
       const Stream stream{known, warm};
 #ifdef PLD_HAVE_AVX512
