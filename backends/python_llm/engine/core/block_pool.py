@@ -1,14 +1,19 @@
 """Fixed-size KV blocks: ref counts, an LRU free list, and the prefix cache.
 
 As in vLLM v1: the free list is also the eviction order (freed blocks join
-the tail, allocation takes the head), a full block is cached under a hash
-chained over its parent's hash and its own token ids, and a freed block keeps
-its hash (and stays a cache hit) until allocation reuses it (lazy eviction).
+the tail), a full block is cached under a hash chained over its parent's hash
+and its own token ids, and a freed block keeps its hash (and stays a cache
+hit) until allocation reuses it (lazy eviction). Unlike vLLM, allocation
+takes empty free blocks (no cached block in them) where placement puts them
+first (`block_placement.py`: after the request's last block, else in a run),
+and the list's head (LRU) only when none is left.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from typing import Iterable, NamedTuple, Sequence
+
+from .block_placement import BlockPlacement
 
 
 class BlockHash(NamedTuple):
@@ -48,6 +53,7 @@ class BlockPool:
         # block_id -> block, head = next to allocate (least recently freed)
         self._free: OrderedDict[int, KVBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
         self._cached: dict[BlockHash, KVBlock] = {}
+        self.placement = BlockPlacement(num_blocks)
 
     @property
     def capacity(self) -> int:
@@ -68,19 +74,28 @@ class BlockPool:
     def get_cached_block(self, block_hash: BlockHash) -> KVBlock | None:
         return self._cached.get(block_hash)
 
-    def allocate(self, n: int) -> list[KVBlock]:
-        """Take `n` blocks from the head of the free list, evicting their old
-        cache entries."""
-        if n > len(self._free):
-            raise NoFreeBlocksError(f"asked for {n} blocks, {len(self._free)} free")
-        popitem = self._free.popitem
-        out = []
-        for _ in range(n):
-            _, block = popitem(last=False)
+    def allocate(self, n: int, after: int | None = None) -> list[KVBlock]:
+        """Take `n` free blocks: empty ones after block `after` (the
+        request's last), else where placement starts a run of empty ones,
+        else the free list's head, evicting its old cache entry."""
+        free = self._free
+        if n > len(free):
+            raise NoFreeBlocksError(f"asked for {n} blocks, {len(free)} free")
+        placement = self.placement
+        out: list[KVBlock] = []
+        at = after + 1 if after is not None else -1
+        searching = True   # until placement finds no run: then the head for the rest
+        while len(out) < n:
+            if not placement.placeable(at):
+                at = placement.run_start(n - len(out)) if searching else -1
+                searching = at >= 0
+            block = free.pop(at) if at >= 0 else free.popitem(last=False)[1]
+            placement.mark_free(block.block_id, False)
             if block.block_hash is not None:
                 self._evict(block)
             block.ref_cnt = 1
             out.append(block)
+            at = block.block_id + 1
         return out
 
     def touch(self, blocks: Iterable[KVBlock]) -> None:
@@ -89,6 +104,7 @@ class BlockPool:
         for block in blocks:
             if block.ref_cnt == 0:
                 del self._free[block.block_id]
+                self.placement.mark_free(block.block_id, False)
             block.ref_cnt += 1
 
     def free(self, blocks: Iterable[KVBlock]) -> None:
@@ -101,6 +117,7 @@ class BlockPool:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 free[block.block_id] = block
+                self.placement.mark_free(block.block_id, True)
 
     def cache_full_block(self, block: KVBlock, block_hash: BlockHash) -> bool:
         """Publish a full block under its hash. False when caching is off or
@@ -111,12 +128,14 @@ class BlockPool:
             return False
         block.block_hash = block_hash
         self._cached[block_hash] = block
+        self.placement.mark_cached(block.block_id, True)
         return True
 
     def _evict(self, block: KVBlock) -> None:
         if self._cached.get(block.block_hash) is block:  # type: ignore[arg-type]
             del self._cached[block.block_hash]  # type: ignore[arg-type]
         block.block_hash = None
+        self.placement.mark_cached(block.block_id, False)
 
     def check_invariants(self) -> None:
         """Raise RuntimeError when the pool's bookkeeping is inconsistent."""
@@ -134,5 +153,10 @@ class BlockPool:
                 problems.append(f"block {block.block_id}: cache map and block disagree on its hash")
         if self.num_used_blocks + self.num_free_blocks != self.capacity:
             problems.append("used + free != capacity")
+        placement = self.placement
+        if any(bool(placement.free[b.block_id]) != (b.ref_cnt == 0) for b in self.blocks):
+            problems.append("placement's free blocks != blocks with ref_cnt 0")
+        if any(bool(placement.cached[b.block_id]) != (b.block_hash is not None) for b in self.blocks):
+            problems.append("placement's cached blocks != blocks with a hash")
         if problems:
             raise RuntimeError("block pool invariants broken: " + "; ".join(problems))

@@ -94,7 +94,7 @@ class KVCacheManager:
             ids.extend(b.block_id for b in new_computed_blocks)  # type: ignore[union-attr]
             self._num_cached_blocks[rid] = len(blocks)
         if num_new_blocks > 0:
-            fresh = self.pool.allocate(num_new_blocks)
+            fresh = self.pool.allocate(num_new_blocks, ids[-1] if ids else None)
             blocks.extend(fresh)
             ids.extend(b.block_id for b in fresh)
         return True
