@@ -96,6 +96,7 @@ def test_lazy_eviction_drops_the_hash_only_when_reused() -> None:
     admit(kv, a)
     kv.free(a)
     assert kv.pool.free_block_ids() == [0, 1, 2, 6, 7, 8, 9, 5, 4, 3]
+    kv.pool.placement.admitted(1, 1)   # as a prompt that came back from free blocks would
     # 8 blocks of unrelated tokens: the empty ones first, by runs (6-9, then
     # 0-2), then the free list's head, block 5 (a's tail), is evicted
     other = make_request("x", [500 + i for i in range(32)])
@@ -155,23 +156,50 @@ def test_a_request_grows_in_place_else_in_the_middle_of_the_longest_run() -> Non
     pool.check_invariants()
 
 
-def test_cached_free_blocks_are_left_to_the_lru_order() -> None:
-    """Placement takes only empty blocks: one that still holds a cached block
-    goes by the free list's order, after every empty one."""
+def test_cached_free_blocks_are_left_to_the_lru_order_while_prompts_revive_them() -> None:
+    """Once a prompt comes back from free cached blocks, placement takes only
+    empty ones; a cached one goes by the free list's order, after them."""
     kv = KVCacheManager(8, BS)
-    a = make_request("a", list(range(8)))         # 2 full blocks, cached once computed
+    a = make_request("a", list(range(8)) + [99])      # 2 full blocks, cached once computed, and 1 partial
     admit(kv, a)
-    assert kv.block_ids("a") == [3, 4]
+    assert kv.block_ids("a") == [2, 3, 4]
     kv.free(a)
+    b = make_request("b", list(range(8)) + [98])      # a's two full blocks, from the free list
+    assert admit(kv, b) == 8
+    assert not kv.pool.placement.over_cached
+    assert kv.block_ids("b") == [2, 3, 4]             # a's partial block: empty, and next
+    kv.free(b)
     x = make_request("x", [500 + i for i in range(24)])
     assert kv.allocate_slots(x, 24)
-    assert kv.block_ids("x") == [0, 1, 2, 5, 6, 7]   # 3 and 4 skipped: they hold a's prefix
+    assert kv.block_ids("x") == [4, 5, 6, 7, 0, 1]    # 2 and 3 skipped: they hold a's prefix
     hits, num_cached = kv.get_computed_blocks(make_request("p", list(range(8)) + [1]))
-    assert ids(hits) == [3, 4] and num_cached == 8
+    assert ids(hits) == [2, 3] and num_cached == 8
     y = make_request("y", [700 + i for i in range(4)])
     assert kv.allocate_slots(y, 4)
-    assert kv.block_ids("y") == [4]                  # nothing empty left: the LRU head, a's tail
-    assert kv.pool.blocks[4].block_hash is None
+    assert kv.block_ids("y") == [3]                   # nothing empty left: the LRU head (b's tail first)
+    assert kv.pool.blocks[3].block_hash is None
+    kv.pool.check_invariants()
+
+
+def test_cached_free_blocks_are_placed_over_until_a_prompt_would_have_hit_them() -> None:
+    """While no prompt comes back from free blocks, placement takes cached
+    ones too; a prompt that would have hit blocks it evicted (their hashes
+    are remembered) turns that off."""
+    kv = KVCacheManager(12, BS)
+    a = make_request("a", list(range(8)) + [99])
+    admit(kv, a)
+    assert kv.block_ids("a") == [4, 5, 6]
+    kv.free(a)
+    assert kv.pool.placement.over_cached
+    x = make_request("x", [500 + i for i in range(24)])
+    assert kv.allocate_slots(x, 24)
+    assert kv.block_ids("x") == [3, 4, 5, 6, 7, 8]    # the middle of the whole pool, over a's blocks
+    assert kv.pool.blocks[4].block_hash is None and kv.pool.blocks[5].block_hash is None
+    again = make_request("a2", list(range(8)) + [99])
+    assert kv.get_computed_blocks(again) == ([], 0)
+    assert kv.allocate_slots(again, 9)
+    assert not kv.pool.placement.over_cached         # 2 of 2 blocks looked up were lost
+    assert kv.block_ids("a2") == [0, 1, 2]
     kv.pool.check_invariants()
 
 

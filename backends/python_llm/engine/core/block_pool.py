@@ -4,9 +4,10 @@ As in vLLM v1: the free list is also the eviction order (freed blocks join
 the tail), a full block is cached under a hash chained over its parent's hash
 and its own token ids, and a freed block keeps its hash (and stays a cache
 hit) until allocation reuses it (lazy eviction). Unlike vLLM, allocation
-takes empty free blocks (no cached block in them) where placement puts them
-first (`block_placement.py`: after the request's last block, else in a run),
-and the list's head (LRU) only when none is left.
+takes the free blocks placement allows where it puts them first
+(`block_placement.py`: after the request's last block, else in a run; empty
+ones, and cached ones while prompts rarely revive those), and the list's
+head (LRU) only when none is left.
 """
 from __future__ import annotations
 
@@ -75,9 +76,9 @@ class BlockPool:
         return self._cached.get(block_hash)
 
     def allocate(self, n: int, after: int | None = None) -> list[KVBlock]:
-        """Take `n` free blocks: empty ones after block `after` (the
-        request's last), else where placement starts a run of empty ones,
-        else the free list's head, evicting its old cache entry."""
+        """Take `n` free blocks, evicting their old cache entries: the
+        placeable ones after block `after` (the request's last), else where
+        placement starts a run of them, else the free list's head."""
         free = self._free
         if n > len(free):
             raise NoFreeBlocksError(f"asked for {n} blocks, {len(free)} free")
@@ -92,6 +93,8 @@ class BlockPool:
             block = free.pop(at) if at >= 0 else free.popitem(last=False)[1]
             placement.mark_free(block.block_id, False)
             if block.block_hash is not None:
+                if at >= 0:   # out of the LRU order
+                    placement.evicted(block.block_hash)
                 self._evict(block)
             block.ref_cnt = 1
             out.append(block)

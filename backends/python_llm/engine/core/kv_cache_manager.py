@@ -87,6 +87,8 @@ class KVCacheManager:
             blocks = self._blocks[rid] = []
             self.tables[rid] = []
             self._num_cached_blocks[rid] = 0
+            if self.enable_caching:
+                self._report_revivals(request, num_hit, num_hits_free)
         ids = self.tables[rid]
         if num_hit:
             self.pool.touch(new_computed_blocks)  # type: ignore[arg-type]
@@ -98,6 +100,18 @@ class KVCacheManager:
             blocks.extend(fresh)
             ids.extend(b.block_id for b in fresh)
         return True
+
+    def _report_revivals(self, request: Request, num_hit: int, num_hits_free: int) -> None:
+        """Tell placement how many of an admitted prompt's blocks came back
+        from free blocks, or would have from blocks placement evicted."""
+        looked_up = request.block_hashes[:(request.num_tokens - 1) // self.block_size]
+        placement = self.pool.placement
+        lost = 0
+        for block_hash in looked_up[num_hit:]:
+            if not placement.was_evicted(block_hash):
+                break
+            lost += 1
+        placement.admitted(len(looked_up), num_hits_free + lost)
 
     def cache_computed_blocks(self, request: Request) -> None:
         """Publish the request's blocks that became full of computed K/V."""
