@@ -33,6 +33,7 @@ from python_llm.engine.worker.runner import ModelRunner
 from .step_profile import CallClock, instrument, profile
 
 ATTENTION = "paged_decode_attention"
+BLOCK_SIZE = EngineConfig.block_size   # the engine's default, which every run here uses
 
 
 def decode_steps(tables: list[list[int]], contexts: list[int]) -> Callable[[int], SchedulerOutput]:
@@ -66,7 +67,7 @@ def time_tables(model_dir: str, threads: int, num_blocks: int, tables: list[list
                 repeats: int) -> tuple[float, float]:
     """(step, attention) medians in ms of decode steps with these tables."""
     config = EngineConfig(model_dir=model_dir, dtype="float32", num_threads=threads,
-                          max_tokens_in_paged_kv_cache=num_blocks * 16)
+                          max_tokens_in_paged_kv_cache=num_blocks * BLOCK_SIZE)
     runner = ModelRunner(config)
     clock = CallClock()
     instrument(runner, clock)
@@ -144,7 +145,7 @@ def main() -> None:
         from serving.default_model import ensure_default_model
         args.model_dir = str(ensure_default_model())
 
-    per_seq = -(-(args.context + 16) // 16)
+    per_seq = -(-(args.context + 16) // BLOCK_SIZE)
     num_blocks = 4 * args.seqs * per_seq
     contexts = [args.context - 8 + i % 16 for i in range(args.seqs)]
     patterns = ("runs", "interleaved", "descending", "shuffled")
