@@ -152,6 +152,7 @@ class Bench:
                               max_queue_size=0, max_tokens_limit=a.stream_tokens, **point.overrides)
         engine = LLMEngine(config)
         engine.generate_results([(self.prompt(64), _greedy(4))])   # warm-up: allocators, kernels
+        engine.freeze_heap()   # as the served engine does: no full collection stalls a step
         return engine
 
     def long_tokens(self, engine: LLMEngine) -> int:
@@ -269,6 +270,7 @@ class Bench:
         self.contended(engine, m)
         self.control(engine, m)
         m.cores_used = (_cpu_seconds() - cpu0) / (time.perf_counter() - wall0)
+        engine.shutdown()
         del engine
         gc.collect()
         return m

@@ -78,7 +78,7 @@ class LLMEngine:
         self._dead_error: str | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._heap_frozen = False   # launch() froze the heap; shutdown() thaws it
+        self._heap_frozen = False   # freeze_heap() (launch() calls it) froze the heap; shutdown() thaws it
         self._generate_count = 0
         self._steps = 0
         self._step_seconds = 0.0
@@ -225,13 +225,7 @@ class LLMEngine:
                 return
             engine._thread = threading.current_thread()
             built["engine"] = engine
-            # the heap built so far (the model, its modules, every import:
-            # ~174k objects) out of the collector's sight until shutdown: a
-            # full collection over it stalled the loop ~50 ms, once every
-            # few hundred requests' worth of survivors (vLLM freezes it too)
-            gc.collect()
-            gc.freeze()
-            engine._heap_frozen = True
+            engine.freeze_heap()
             ready.set()
             engine._run_loop()
 
@@ -246,6 +240,15 @@ class LLMEngine:
             raise RuntimeError("start(): already started")
         self._thread = threading.Thread(target=self._run_loop, name="llm-engine-loop", daemon=True)
         self._thread.start()
+
+    def freeze_heap(self) -> None:
+        """The process's heap so far (the model, its modules, every import:
+        ~174k objects) out of the collector's sight until shutdown(): a full
+        collection over it stalled the loop up to ~50 ms, once every few hundred
+        requests' worth of survivors (vLLM freezes it too)."""
+        gc.collect()
+        gc.freeze()
+        self._heap_frozen = True
 
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Stop the loop; requests still live end with finish_reason error."""

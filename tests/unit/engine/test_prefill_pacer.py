@@ -9,7 +9,8 @@ import pytest
 
 from engine_fakes import FakeRunner
 from python_llm.engine.config import ConfigError, EngineConfig
-from python_llm.engine.core.prefill_pacer import MIN_CHUNK_TOKENS, PROBE_UNITS, PrefillPacer
+from python_llm.engine.core.prefill_pacer import (DECODE_WINDOW, MAX_MARGIN, MIN_CHUNK_TOKENS, MIN_PACED_SAMPLES,
+                                                  PROBE_UNITS, PrefillPacer)
 from python_llm.engine.core.scheduler import Scheduler
 from python_llm.engine.worker.model_info import attention_parity_context
 
@@ -65,8 +66,20 @@ def test_decode_time_per_bucket_of_decode_counts() -> None:
     assert pacer.decode_step_s(20) == 0.08     # 16..31
     assert pacer.decode_step_s(64) == 0.08     # nearest known bucket
     assert pacer.decode_step_s(3) == 0.04
-    pacer.observe(0.12, 17, 0.0)               # the running average moves a quarter of the way
-    assert pacer.decode_step_s(16) == pytest.approx(0.09)
+    pacer.observe(0.12, 17, 0.0)               # the median of the bucket's steps
+    assert pacer.decode_step_s(16) == pytest.approx(0.10)
+
+
+def test_one_stalled_decode_step_does_not_move_the_aim() -> None:
+    pacer = PrefillPacer(1.0)
+    for _ in range(5):
+        pacer.observe(0.04, 16, 0.0)
+    pacer.observe(0.09, 16, 0.0)               # a full collection, say, just before a long prompt
+    assert pacer.decode_step_s(16) == 0.04
+    growing = [0.04 + 0.001 * (i + 1) for i in range(DECODE_WINDOW)]
+    for seconds in growing:                    # decodes slowing as their contexts grow: followed
+        pacer.observe(seconds, 16, 0.0)
+    assert pacer.decode_step_s(16) == pytest.approx(growing[DECODE_WINDOW // 2])
 
 
 def test_a_step_faster_than_the_decode_estimate_does_not_make_prefill_free() -> None:
@@ -75,6 +88,33 @@ def test_a_step_faster_than_the_decode_estimate_does_not_make_prefill_free() -> 
     pacer.observe(0.08, 8, 10.0)               # noise: below the decode-only time
     assert pacer.unit_s == pytest.approx(0.25 * 0.08 / 10)
     assert math.isfinite(pacer.budget(8))
+
+
+def test_paced_steps_are_planned_below_the_bound_by_their_spread() -> None:
+    pacer = PrefillPacer(1.0)
+    for _ in range(DECODE_WINDOW):
+        pacer.observe(0.1, 8, 0.0)             # a quiet machine: decode steps at their median
+    pacer.observe(0.1 + 10 * 0.01, 8, 10.0)    # learns the unit: 10 ms
+    assert pacer.margin() == 1.0
+    assert pacer.budget(8) == pytest.approx(10.0)   # the bound: 2 x 0.1 s, the prefill 0.1 s of it
+    for _ in range(MIN_PACED_SAMPLES - 1):
+        _, aim_s = pacer.plan(8)
+        pacer.observe(1.1 * aim_s, 8, 10.0, aim_s)     # paced steps run 10% over their plan
+        assert pacer.margin() == 1.0                    # too few to tell yet
+    _, aim_s = pacer.plan(8)
+    pacer.observe(1.1 * aim_s, 8, 10.0, aim_s)
+    assert pacer.margin() == pytest.approx(1.1)
+    assert pacer.aim_s(8) == pytest.approx(0.2 / 1.1)
+    pacer.observe(0.5, 8, 10.0)                         # a short prompt's step: no plan of the pacer's
+    assert pacer.margin() == pytest.approx(1.1)
+
+
+def test_the_margin_has_a_cap() -> None:
+    pacer = PrefillPacer(2.0)
+    for seconds in (0.1, 0.1, 0.1, 0.1, 0.5):           # a decode step 5x its median: load, not noise
+        pacer.observe(seconds, 8, 0.0)
+    assert pacer.margin() == MAX_MARGIN
+    assert pacer.aim_s(8) == pytest.approx(3 * 0.1 / MAX_MARGIN)
 
 
 def test_ratio_zero_is_off_and_must_not_be_negative() -> None:
@@ -107,13 +147,14 @@ def paced(attention_context: float = 0.0, **cfg: object) -> tuple[Scheduler, Fak
     return sched, FakeRunner(256, 4), clock
 
 
-def run_step(sched: Scheduler, runner: FakeRunner, clock: Clock) -> list[tuple[str, int, int]]:
-    """One step whose time is DECODE_S (if it decodes) + UNIT_S per prefill unit."""
+def run_step(sched: Scheduler, runner: FakeRunner, clock: Clock, stretch: float = 1.0) -> list[tuple[str, int, int]]:
+    """One step whose time is DECODE_S (if it decodes) + UNIT_S per prefill
+    unit, times `stretch` (noise)."""
     out = sched.schedule()
     chunks = out.chunks()
     decodes = sum(1 for _, start, n in chunks if n == 1 and start > 0)
     units = sum(sched.pacer.cost(start, n) for _, start, n in chunks if n > 1)
-    clock.now += (DECODE_S if decodes else 0.0) + UNIT_S * units
+    clock.now += ((DECODE_S if decodes else 0.0) + UNIT_S * units) * stretch
     sched.update_from_output(out, runner.execute(out))
     return chunks
 
@@ -172,6 +213,58 @@ def test_progress_is_at_least_min_chunk_tokens() -> None:
     sched.add_request(req("long", prompt_len=100, max_tokens=1, base=5000))
     steps = [run_step(sched, runner, clock) for _ in range(4)]
     assert chunks_of("long", steps) == [int(PROBE_UNITS), MIN_CHUNK_TOKENS, MIN_CHUNK_TOKENS, MIN_CHUNK_TOKENS]
+
+
+def test_on_a_noisy_machine_even_the_noisy_paced_steps_keep_the_bound() -> None:
+    """Every 10th step runs 15% over its time. Paced steps are planned that
+    far below the bound (4 x DECODE_S at ratio 3.0), so not even the
+    stretched ones pass it, and the prompt still gets the rest."""
+    sched, runner, clock = paced(prefill_time_ratio=3.0)
+    count = iter(range(10**6))
+
+    def step() -> list[tuple[str, int, int]]:
+        return run_step(sched, runner, clock, stretch=1.15 if next(count) % 10 == 9 else 1.0)
+
+    for i in range(2):
+        sched.add_request(req(f"s{i}", prompt_len=6, max_tokens=400, base=100 * (i + 1)))
+    for _ in range(40):
+        step()
+    assert sched.pacer.margin() == pytest.approx(1.15)
+    sched.add_request(req("long", prompt_len=300, max_tokens=1, base=5000))
+    times, chunks = [], []
+    while "long" in sched.requests:
+        before = clock.now
+        chunks += chunks_of("long", [step()])
+        times.append(clock.now - before)
+    paced_times = times[1:-1]   # not the probe, nor the prompt's remainder
+    assert max(paced_times) <= 4 * DECODE_S + 1e-9
+    # the plan: 4 x 10 ms / 1.15 = 34.8 ms, 24.8 ms of it prefill = 24 tokens
+    # (a few less for a few steps after a stretched one: the unit looks dearer)
+    assert max(chunks[1:-1]) == 24 and min(chunks[1:-1]) >= 20
+    assert sched.pacer.margin() == pytest.approx(1.15)
+
+
+def test_steps_at_the_least_progress_do_not_widen_the_margin() -> None:
+    """At ratio 0.5 a step may carry 5 ms of prefill, less than
+    MIN_CHUNK_TOKENS cost: every chunk runs past its plan, at the floor.
+    Those steps say nothing of the plan's spread; counted, each would lower
+    the aim, keep the floor and widen the spread, to MAX_MARGIN."""
+    sched, runner, clock = paced(prefill_time_ratio=0.5)
+    steps = iter(range(10**6))
+
+    def step() -> list[tuple[str, int, int]]:
+        return run_step(sched, runner, clock, stretch=1.15 if next(steps) % 10 == 9 else 1.0)
+
+    for i in range(2):
+        sched.add_request(req(f"s{i}", prompt_len=6, max_tokens=400, base=100 * (i + 1)))
+    for _ in range(40):
+        step()
+    sched.add_request(req("long", prompt_len=200, max_tokens=1, base=5000))
+    chunks = []
+    while "long" in sched.requests:
+        chunks += chunks_of("long", [step()])
+    assert len(chunks) > 16 and set(chunks[1:-1]) == {MIN_CHUNK_TOKENS}
+    assert sched.pacer.margin() == pytest.approx(1.15)   # the decode steps' own spread, nothing more
 
 
 @pytest.mark.parametrize("cfg", [{"prefill_time_ratio": 0.0}, {"enable_chunked_context": False,

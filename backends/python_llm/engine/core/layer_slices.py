@@ -12,10 +12,11 @@ tokens is 1/layers of the chunk's pacing units.
 
 Sizing, in seconds: the runner times the layers a slice ran against the
 ones it did not (`RunnerOutput.slice_seconds`), so each step tells apart
-what its decodes cost now and what the slice cost. A step may take (1 +
-prefill_time_ratio) x the decode-only step measured before (what the
-streams' inter-token latency is judged against), so the slice gets that
-less the decodes' share now: decodes slow down as their contexts grow, and
+what its decodes cost now and what the slice cost. A step may take the
+pacer's aim (`PrefillPacer.aim_s`: the bound of (1 + prefill_time_ratio) x
+the decode-only step measured before, what the streams' inter-token latency
+is judged against, less the margin of the steps' recent spread), so the
+slice gets that less the decodes' share now: decodes slow down as their contexts grow, and
 counting their growth as prefill would shrink every later chunk. But never
 less than MIN_SLICE_SHARE of its share before: where the prompt takes
 thousands of steps (an 8k prompt beside 16 streams on a fast 2-core Zen 5)
@@ -45,8 +46,8 @@ from .scheduler_output import LayerSlice
 SLICE_SLACK = 0.1
 # a plan may move this part of the best plan's tokens per step, for a bigger chunk
 PLAN_TOLERANCE = 0.9
-# the least a slice's budget may be, as a part of ratio x the decode step
-# before: the prompt still advances when the decodes' own growth fills the
+# the least a slice's budget may be, as a part of the aim less the decode
+# step before: the prompt still advances when the decodes' own growth fills the
 # step (the streams' latency then grows by at most this part of its allowance)
 MIN_SLICE_SHARE = 0.5
 # a plan fills this part of the budget: a layer estimated 10% low still
@@ -73,6 +74,7 @@ class LayerSlicer:
         self._chunk: LayerTime | None = None     # measured on its slices
         self._last: LayerTime | None = None      # the chunk before it
         self._rest_s: float | None = None        # a slice step's seconds less the slice's
+        self.at_floor = False                    # the last slice is longer than the step's plan allowed
 
     def next_slice(self, req: Request, start: int, available: int, units: float | None,
                    num_decodes: int, spent_units: float) -> tuple[LayerSlice | None, int]:
@@ -85,6 +87,7 @@ class LayerSlicer:
         cost is known.
         `units`: the step's pacing units left; `spent_units`: spent on it."""
         layers = self.num_layers
+        self.at_floor = False
         if req.slice_tokens:
             done = req.slice_layers_done
             step = self._layers(start, req, self._budget_s(units, num_decodes, spent_units))
@@ -112,6 +115,7 @@ class LayerSlicer:
             if tokens >= 2:
                 plans.append((tokens / -(-layers // step), tokens, step))
         if not plans:
+            self.at_floor = True
             return min(available, 2), 1
         best = max(per_step for per_step, _, _ in plans)
         tokens, _, step = max((tokens, per_step, step) for per_step, tokens, step in plans
@@ -132,17 +136,25 @@ class LayerSlicer:
         if units is None or pacer.unit_s is None:
             return None
         decode_s = pacer.decode_step_s(num_decodes)
-        if self._rest_s is None or decode_s is None:
+        aim_s = pacer.aim_s(num_decodes)
+        if self._rest_s is None or decode_s is None or aim_s is None:
             return max(units, 0.0) * pacer.unit_s
-        return max((1.0 + pacer.ratio) * decode_s - self._rest_s - spent_units * pacer.unit_s,
-                   MIN_SLICE_SHARE * pacer.ratio * decode_s)
+        budget_s = aim_s - self._rest_s - spent_units * pacer.unit_s
+        least_s = MIN_SLICE_SHARE * (aim_s - decode_s)
+        if budget_s < least_s:
+            self.at_floor = True
+            return least_s
+        return budget_s
 
     def _layers(self, start: int, req: Request, budget_s: float | None) -> int:
         left = self.num_layers - req.slice_layers_done
         if budget_s is None:
             return left
         layer_s = self._layer_seconds_per_unit() * self.pacer.cost(start, req.slice_tokens)
-        return max(1, min(left, int(budget_s / layer_s + SLICE_SLACK)))
+        fits = int(budget_s / layer_s + SLICE_SLACK)
+        if fits < 1:
+            self.at_floor = True
+        return max(1, min(left, fits))
 
     def scheduled(self, req: Request, layer_slice: LayerSlice, tokens: int) -> None:
         """`req`'s slice is in this step."""

@@ -11,8 +11,8 @@ is always the preemption victim: the latest admitted of the lowest priority.
 Preemption is by recompute: its blocks are freed and it re-prefills prompt +
 generated tokens later (the prefix cache usually serves most of them).
 Long prompts (more tokens than one step's budget) are paced while decodes
-run (`prefill_pacer.py`): their chunks are cut so that a step's prefill
-takes at most `prefill_time_ratio` x a decode-only step; a chunk that
+run (`prefill_pacer.py`): their chunks are cut so that a step takes at
+most (1 + `prefill_time_ratio`) x a decode-only step at its p99; a chunk that
 cannot finish the prompt then runs a few layers a step (`LayerSlice`).
 What the runner learns is a message (`scheduler_output.py`): a request whole
 when it is admitted, then per step only its new blocks and progress.

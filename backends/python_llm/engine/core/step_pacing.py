@@ -26,18 +26,33 @@ class StepPacing:
         self.clock: Callable[[], float] = time.perf_counter
         self.num_decodes = 0
         self.units = 0.0                        # spent by this step's chunks
-        self.units_left: float | None = None    # None: no limit
+        self._planned = False                   # the step's budget was asked for (a long prompt's chunk)
+        self._budget: float | None = None       # its units; None: no limit
+        self._aim_s: float | None = None        # the step's planned seconds, where paced
         self.layer_slice: LayerSlice | None = None
         self.num_chunks = 0                     # charged this step, the slice's included
+        self.num_unpaced = 0                    # of them, short prompts' (pacing does not cut those)
+        self.at_floor = False                   # a chunk or slice ran past the plan: the least progress allowed
         self._sent_at = 0.0
 
     def begin(self, num_decodes: int) -> None:
-        pacer = self.pacer
         self.num_decodes = num_decodes
         self.units = 0.0
-        self.units_left = pacer.budget(num_decodes) if pacer.enabled else None
+        self._planned = False
+        self._budget = self._aim_s = None
         self.layer_slice = None
-        self.num_chunks = 0
+        self.num_chunks = self.num_unpaced = 0
+        self.at_floor = False
+
+    @property
+    def units_left(self) -> float | None:
+        """Pacing units the step may still spend; None: no limit. Planned on
+        first use, by a long prompt's chunk: most steps have none to pace."""
+        if not self._planned:
+            self._planned = True
+            if self.pacer.enabled:
+                self._budget, self._aim_s = self.pacer.plan(self.num_decodes)
+        return None if self._budget is None else self._budget - self.units
 
     def chunk(self, req: Request, start: int, available: int, scheduled_any: bool) -> tuple[LayerSlice | None, int]:
         """A running prefill's chunk this step, of at most `available` tokens
@@ -47,6 +62,7 @@ class StepPacing:
             layer_slice, tokens = self.slicer.next_slice(req, start, available, self.units_left, self.num_decodes,
                                                          self.units)
             if layer_slice is not None:
+                self.at_floor |= self.slicer.at_floor
                 return layer_slice, tokens
         return None, self.paced(req, start, available, scheduled_any)
 
@@ -58,12 +74,15 @@ class StepPacing:
         """`num_new` cut to what pacing allows for this request's chunk from
         `start` (a long prompt's), the step's first prefill at least
         MIN_CHUNK tokens."""
+        if not self._long(req):
+            return num_new
         units = self.units_left
-        if units is None or not self._long(req):
+        if units is None:
             return num_new
         allowed = self.pacer.max_tokens(start, max(units, 0.0))
-        if not scheduled_any:
-            allowed = max(allowed, self.pacer.min_tokens)
+        if not scheduled_any and allowed < min(num_new, self.pacer.min_tokens):
+            allowed = self.pacer.min_tokens
+            self.at_floor = True
         return min(num_new, allowed)
 
     def charge(self, req: Request, start: int, num_new: int, layer_slice: LayerSlice | None = None) -> bool:
@@ -76,11 +95,9 @@ class StepPacing:
             self.slicer.scheduled(req, layer_slice, num_new)
             self.layer_slice = layer_slice
             share = (layer_slice.end_layer - layer_slice.first_layer) / layers
-        cost = self.pacer.cost(start, num_new) * share
-        self.units += cost
-        if self.units_left is not None:
-            self.units_left -= cost
+        self.units += self.pacer.cost(start, num_new) * share
         self.num_chunks += 1
+        self.num_unpaced += not self._long(req)
         if layer_slice is None:
             return start + num_new == req.num_tokens
         return layer_slice.end_layer == self.slicer.num_layers and start + num_new == req.num_tokens
@@ -94,7 +111,8 @@ class StepPacing:
         if not self.pacer.enabled:
             return
         step_s = self.clock() - self._sent_at
-        self.pacer.observe(step_s, self.num_decodes, self.units)
+        self.pacer.observe(step_s, self.num_decodes, self.units,
+                           None if self.num_unpaced or self.at_floor else self._aim_s)
         layer_slice = self.layer_slice
         req = None if layer_slice is None else requests.get(layer_slice.request_id)
         if req is not None and self.num_chunks == 1:
