@@ -45,17 +45,21 @@ def test_smollm2_parity_context() -> None:
 
 
 # -- the estimates ---------------------------------------------------------------
+def budget(pacer: PrefillPacer, num_decodes: int) -> float | None:
+    return pacer.plan(num_decodes)[0]
+
+
 def test_no_limit_without_decodes_or_before_a_decode_step_was_seen() -> None:
     pacer = PrefillPacer(1.5)
-    assert pacer.budget(4) is None
+    assert budget(pacer, 4) is None
     pacer.observe(1.0, 0, 500.0)           # a prompt alone teaches nothing
-    assert pacer.budget(4) is None and pacer.unit_s is None
+    assert budget(pacer, 4) is None and pacer.unit_s is None
     pacer.observe(0.1, 4, 0.0)             # decode-only
-    assert pacer.budget(0) is None         # nothing to protect
-    assert pacer.budget(4) == PROBE_UNITS  # unit cost unknown: a probe
+    assert budget(pacer, 0) is None         # nothing to protect
+    assert budget(pacer, 4) == PROBE_UNITS  # unit cost unknown: a probe
     pacer.observe(0.1 + 32 * 0.002, 4, 32.0)
     assert pacer.unit_s == pytest.approx(0.002)
-    assert pacer.budget(4) == pytest.approx(1.5 * 0.1 / 0.002)
+    assert budget(pacer, 4) == pytest.approx(1.5 * 0.1 / 0.002)
 
 
 def test_decode_time_per_bucket_of_decode_counts() -> None:
@@ -87,7 +91,7 @@ def test_a_step_faster_than_the_decode_estimate_does_not_make_prefill_free() -> 
     pacer.observe(0.1, 8, 0.0)
     pacer.observe(0.08, 8, 10.0)               # noise: below the decode-only time
     assert pacer.unit_s == pytest.approx(0.25 * 0.08 / 10)
-    assert math.isfinite(pacer.budget(8))
+    assert math.isfinite(budget(pacer, 8))
 
 
 def test_paced_steps_are_planned_below_the_bound_by_their_spread() -> None:
@@ -96,7 +100,7 @@ def test_paced_steps_are_planned_below_the_bound_by_their_spread() -> None:
         pacer.observe(0.1, 8, 0.0)             # a quiet machine: decode steps at their median
     pacer.observe(0.1 + 10 * 0.01, 8, 10.0)    # learns the unit: 10 ms
     assert pacer.margin() == 1.0
-    assert pacer.budget(8) == pytest.approx(10.0)   # the bound: 2 x 0.1 s, the prefill 0.1 s of it
+    assert budget(pacer, 8) == pytest.approx(10.0)   # the bound: 2 x 0.1 s, the prefill 0.1 s of it
     for _ in range(MIN_PACED_SAMPLES - 1):
         _, aim_s = pacer.plan(8)
         pacer.observe(1.1 * aim_s, 8, 10.0, aim_s)     # paced steps run 10% over their plan
@@ -120,7 +124,7 @@ def test_the_margin_has_a_cap() -> None:
 def test_ratio_zero_is_off_and_must_not_be_negative() -> None:
     pacer = PrefillPacer(0.0)
     pacer.observe(0.1, 8, 0.0)
-    assert pacer.budget(8) is None
+    assert budget(pacer, 8) is None
     with pytest.raises(ConfigError, match="prefill_time_ratio"):
         EngineConfig(model_dir="unused", prefill_time_ratio=-1.0)
 
@@ -215,11 +219,11 @@ def test_progress_is_at_least_min_chunk_tokens() -> None:
     assert chunks_of("long", steps) == [int(PROBE_UNITS), MIN_CHUNK_TOKENS, MIN_CHUNK_TOKENS, MIN_CHUNK_TOKENS]
 
 
-def test_on_a_noisy_machine_even_the_noisy_paced_steps_keep_the_bound() -> None:
-    """Every 10th step runs 15% over its time. Paced steps are planned that
-    far below the bound (4 x DECODE_S at ratio 3.0), so not even the
-    stretched ones pass it, and the prompt still gets the rest."""
-    sched, runner, clock = paced(prefill_time_ratio=3.0)
+def noisy_long_prompt(ratio: float, prompt_len: int) -> tuple[Scheduler, list[int], list[float]]:
+    """Two streams decode for 40 steps, then a long prompt arrives; every
+    10th step runs 15% over its time. The long prompt's chunks and the
+    times of the steps until it ends."""
+    sched, runner, clock = paced(prefill_time_ratio=ratio)
     count = iter(range(10**6))
 
     def step() -> list[tuple[str, int, int]]:
@@ -229,15 +233,23 @@ def test_on_a_noisy_machine_even_the_noisy_paced_steps_keep_the_bound() -> None:
         sched.add_request(req(f"s{i}", prompt_len=6, max_tokens=400, base=100 * (i + 1)))
     for _ in range(40):
         step()
-    assert sched.pacer.margin() == pytest.approx(1.15)
-    sched.add_request(req("long", prompt_len=300, max_tokens=1, base=5000))
-    times, chunks = [], []
+    assert sched.pacer.margin() == pytest.approx(1.15)   # the decode steps' spread
+    sched.add_request(req("long", prompt_len=prompt_len, max_tokens=1, base=5000))
+    chunks: list[int] = []
+    times: list[float] = []
     while "long" in sched.requests:
         before = clock.now
         chunks += chunks_of("long", [step()])
         times.append(clock.now - before)
-    paced_times = times[1:-1]   # not the probe, nor the prompt's remainder
-    assert max(paced_times) <= 4 * DECODE_S + 1e-9
+    return sched, chunks, times
+
+
+def test_on_a_noisy_machine_even_the_noisy_paced_steps_keep_the_bound() -> None:
+    """Paced steps are planned 1.15x below the bound (4 x DECODE_S at ratio
+    3.0), so not even the stretched ones pass it, and the prompt still gets
+    the rest."""
+    sched, chunks, times = noisy_long_prompt(3.0, 600)
+    assert max(times[1:-1]) <= 4 * DECODE_S + 1e-9   # not the probe, nor the prompt's remainder
     # the plan: 4 x 10 ms / 1.15 = 34.8 ms, 24.8 ms of it prefill = 24 tokens
     # (a few less for a few steps after a stretched one: the unit looks dearer)
     assert max(chunks[1:-1]) == 24 and min(chunks[1:-1]) >= 20
@@ -249,20 +261,7 @@ def test_steps_at_the_least_progress_do_not_widen_the_margin() -> None:
     MIN_CHUNK_TOKENS cost: every chunk runs past its plan, at the floor.
     Those steps say nothing of the plan's spread; counted, each would lower
     the aim, keep the floor and widen the spread, to MAX_MARGIN."""
-    sched, runner, clock = paced(prefill_time_ratio=0.5)
-    steps = iter(range(10**6))
-
-    def step() -> list[tuple[str, int, int]]:
-        return run_step(sched, runner, clock, stretch=1.15 if next(steps) % 10 == 9 else 1.0)
-
-    for i in range(2):
-        sched.add_request(req(f"s{i}", prompt_len=6, max_tokens=400, base=100 * (i + 1)))
-    for _ in range(40):
-        step()
-    sched.add_request(req("long", prompt_len=200, max_tokens=1, base=5000))
-    chunks = []
-    while "long" in sched.requests:
-        chunks += chunks_of("long", [step()])
+    sched, chunks, _ = noisy_long_prompt(0.5, 200)
     assert len(chunks) > 16 and set(chunks[1:-1]) == {MIN_CHUNK_TOKENS}
     assert sched.pacer.margin() == pytest.approx(1.15)   # the decode steps' own spread, nothing more
 

@@ -16,8 +16,8 @@ what its decodes cost now and what the slice cost. A step may take the
 pacer's aim (`PrefillPacer.aim_s`: the bound of (1 + prefill_time_ratio) x
 the decode-only step measured before, what the streams' inter-token latency
 is judged against, less the margin of the steps' recent spread), so the
-slice gets that less the decodes' share now: decodes slow down as their contexts grow, and
-counting their growth as prefill would shrink every later chunk. But never
+slice gets that less the decodes' share now: decodes slow down as their
+contexts grow, and counting their growth as prefill would shrink every later chunk. But never
 less than MIN_SLICE_SHARE of its share before: where the prompt takes
 thousands of steps (an 8k prompt beside 16 streams on a fast 2-core Zen 5)
 the streams' growth alone came to fill the step, the slices shrank to one

@@ -46,7 +46,8 @@ PROBE_UNITS = 32.0     # a mixed step's prefill while the cost of a unit is unkn
 # decode-only steps whose median is a bucket's decode step: an EMA let one
 # 54 ms collection before an 8k prompt raise the aim a quarter of it, 37 ->
 # 50 ms, and the streams' ITL p99 during the prompt to 4.0x their p50
-# (docs/benchmarks.md, "Issue 18 on the AMX machine: the pacer's aim")
+# (docs/benchmarks.md, "Issue 18 on the AMX machine: the pacer plans below
+# the bound by the steps' spread")
 DECODE_WINDOW = 9
 # the bound holds at this quantile of steps: the streams' ITL p99
 BOUND_QUANTILE = 0.99
@@ -140,10 +141,6 @@ class PrefillPacer:
         if self.unit_s is None:
             return PROBE_UNITS, None
         return max(aim_s - self.decode_step_s(num_decodes), 0.0) / self.unit_s, aim_s  # type: ignore[operator]
-
-    def budget(self, num_decodes: int) -> float | None:
-        """Units of prefill the next step may carry; None = no limit."""
-        return self.plan(num_decodes)[0]
 
     def observe(self, seconds: float, num_decodes: int, prefill_units: float, aim_s: float | None = None) -> None:
         """A finished step: its wall time, its decodes, its prefill units, and
