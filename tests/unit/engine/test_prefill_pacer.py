@@ -115,7 +115,7 @@ def test_paced_steps_are_planned_below_the_bound_by_their_spread() -> None:
 
 def test_the_margin_has_a_cap() -> None:
     pacer = PrefillPacer(2.0)
-    for seconds in (0.1, 0.1, 0.1, 0.1, 0.5):           # a decode step 5x its median: load, not noise
+    for seconds in (0.1, 0.1, 0.1, 0.5, 0.5):           # decode steps 5x their median: load, not noise
         pacer.observe(seconds, 8, 0.0)
     assert pacer.margin() == MAX_MARGIN
     assert pacer.aim_s(8) == pytest.approx(3 * 0.1 / MAX_MARGIN)

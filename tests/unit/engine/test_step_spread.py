@@ -21,6 +21,16 @@ def test_the_quantile_is_the_sample_at_its_rank() -> None:
     assert median.value() == pytest.approx(1.1)
 
 
+def test_one_stall_is_not_a_spread() -> None:
+    spread = StepSpread(128, 0.99)
+    for _ in range(26):
+        spread.add(1.02, 1.0)
+    spread.add(1.5, 1.0)                    # the one stalled step before a long prompt
+    assert spread.value() == pytest.approx(1.02)
+    spread.add(1.4, 1.0)                    # a second one: that is the machine
+    assert spread.value() == pytest.approx(1.4)
+
+
 def test_old_samples_leave_the_window() -> None:
     spread = StepSpread(4, 1.0)
     spread.add(3.0, 1.0)

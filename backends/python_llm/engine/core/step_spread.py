@@ -31,9 +31,14 @@ class StepSpread:
             self._value = None
 
     def value(self) -> float:
-        """The window's `quantile` of seconds / plan (the sample at that
-        rank: 0.99 of 128 samples is the second highest); 1.0 while empty."""
+        """The window's `quantile` of seconds / plan: the sample at that rank
+        (0.99 of 128 samples is the second highest), but never the highest
+        of two or more. One stall is not a spread: before a long prompt the
+        window holds a few dozen decode steps, and one step stalled 1.5x
+        among them put every step of the prompt at MAX_MARGIN (TTFT 2.82x
+        its time alone, where 1.8-1.9x was usual). 1.0 while empty."""
         if self._value is None:
             ordered = sorted(self._ratios)
-            self._value = ordered[max(math.ceil(self.quantile * len(ordered)) - 1, 0)] if ordered else 1.0
+            n = len(ordered)
+            self._value = ordered[max(min(math.ceil(self.quantile * n), n - 1) - 1, 0)] if ordered else 1.0
         return self._value
