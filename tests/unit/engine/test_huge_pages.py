@@ -28,18 +28,25 @@ def _thp_mode() -> str | None:
     return found.group(1) if found else None
 
 
-def _huge_kib_of(tensor: torch.Tensor) -> int:
-    """KiB of anonymous huge pages in the mappings that hold `tensor`'s bytes."""
+def _mappings_of(tensor: torch.Tensor) -> list[tuple[int, int, set[str], int]]:
+    """(start, end, VmFlags, KiB of anonymous huge pages) of each mapping
+    that holds some of `tensor`'s bytes."""
     start, end = tensor.data_ptr(), tensor.data_ptr() + tensor.numel() * tensor.element_size()
-    total, inside = 0, False
+    found: list[tuple[int, int, set[str], int]] = []
+    inside = False
     for line in Path("/proc/self/smaps").read_text().splitlines():
         head = re.match(r"^([0-9a-f]+)-([0-9a-f]+) ", line)
         if head:
             low, high = int(head.group(1), 16), int(head.group(2), 16)
             inside = low < end and start < high
+            if inside:
+                found.append((low, high, set(), 0))
         elif inside and line.startswith("AnonHugePages:"):
-            total += int(line.split()[1])
-    return total
+            low, high, flags, _ = found[-1]
+            found[-1] = (low, high, flags, int(line.split()[1]))
+        elif inside and line.startswith("VmFlags:"):
+            found[-1][2].update(line.split()[1:])
+    return found
 
 
 def test_a_buffer_too_small_for_one_huge_page_is_left_alone() -> None:
@@ -48,13 +55,23 @@ def test_a_buffer_too_small_for_one_huge_page_is_left_alone() -> None:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or _thp_mode() not in ("madvise", "always"),
                     reason="this kernel offers no transparent huge pages")
-def test_a_big_buffer_gets_huge_pages_once_written() -> None:
+def test_a_big_buffer_is_advised_for_huge_pages() -> None:
+    """Every whole huge page of the buffer lies in a mapping advised for
+    huge pages (VmFlags `hg`, MADV_HUGEPAGE). Whether the kernel has huge
+    pages to give when the buffer is first written is the machine's state,
+    not the engine's: under fragmentation it gave none once (a run of the
+    engine's tests beside a benchmark), so it is reported, not asserted."""
     tensor = empty_on_huge_pages((16 * HUGE_PAGE_BYTES) // 4, torch.float32)
     tensor.fill_(1.0)
-    huge_kib = _huge_kib_of(tensor)
-    # all but the partial pages at the two ends; the kernel may fall short
-    # under fragmentation, so at least half is asked for
-    assert huge_kib >= 8 * HUGE_PAGE_BYTES // 1024, f"{huge_kib} KiB of huge pages under a 32 MiB buffer"
+    start = -(-tensor.data_ptr() // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+    end = (tensor.data_ptr() + tensor.numel() * tensor.element_size()) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
+    mappings = _mappings_of(tensor)
+    advised = sum(min(high, end) - max(low, start) for low, high, flags, _ in mappings
+                  if "hg" in flags and low < end and start < high)
+    huge_kib = sum(kib for *_, kib in mappings)
+    assert end - start >= 15 * HUGE_PAGE_BYTES
+    assert advised == end - start, (f"{advised} of {end - start} bytes advised "
+                                    f"({huge_kib} KiB of huge pages given): {mappings}")
 
 
 def test_the_kv_cache_starts_as_zeros_on_the_cpu() -> None:
