@@ -7,11 +7,12 @@ earlier token; at 8k tokens of context on SmolLM2 a token's attention is
 batch. So while decodes run, a step's prefill chunks are bounded in *time*:
 the streams' inter-token latency stays within (1 + ratio) x a decode-only
 step now, at its p99. Each paced step is planned at that bound divided by
-the margin its kind of step has run over its plan lately (`step_spread.py`:
-the p99 of recent paced steps' seconds over their plan, and of decode-only
-steps' over their median, at most MAX_MARGIN), so that the bound holds at
-the tail, not on average, and the prompt gets what the machine's noise
-leaves it: a quiet machine plans near the bound, a noisy one further below.
+a margin, from how far steps have run over their plans lately
+(`step_spread.py`: the p99 of recent paced steps' seconds over their plan,
+and of decode-only steps' over their median; SPREAD_SAFETY times its
+excess, at most MAX_MARGIN), so that the bound holds at the tail, not on
+average, and the prompt gets what the machine's noise leaves it: a quiet
+machine plans near the bound, a noisy one further below.
 
 Cost model: a prefill token at position p costs 1 + p / C "units", C (the
 model's `attention_parity_context`) the context at which a token's
@@ -57,6 +58,12 @@ SPREAD_WINDOW = 128
 # paced steps before their own spread counts; until then the decode-only
 # steps' (the machine's noise alone, without the pacer's estimation error)
 MIN_PACED_SAMPLES = 16
+# the margin is this many times the spread's excess over 1 (1.08 -> 1.12):
+# the p99 of the last steps underestimates the p99 of a prompt's steps to
+# come, the more so the noisier the machine; planned at the spread itself,
+# ITL p99 came 0-9% over it in 5 of 12 runs (2.98-3.32x for a 3x bound;
+# docs/benchmarks.md, the section named above); at 1.5, 3 runs of 3 kept it
+SPREAD_SAFETY = 1.5
 # the most a step is planned below the bound: spread that wide is not noise
 # but a change of load, which the estimates follow anyway
 MAX_MARGIN = 1.5
@@ -122,7 +129,7 @@ class PrefillPacer:
         spread = self._decode_spread.value()
         if len(self._paced_spread) >= MIN_PACED_SAMPLES:
             spread = max(spread, self._paced_spread.value())
-        return min(max(spread, 1.0), MAX_MARGIN)
+        return min(1.0 + SPREAD_SAFETY * max(spread - 1.0, 0.0), MAX_MARGIN)
 
     def aim_s(self, num_decodes: int) -> float | None:
         """Seconds a paced step of `num_decodes` is planned to take; None = no limit."""
