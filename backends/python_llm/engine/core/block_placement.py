@@ -8,8 +8,9 @@ the 2-core AMX Xeon, 64 sequences x 200 tokens, decode attention 23.5 ms a
 step with each sequence's blocks in one run, 25.0 ms interleaved (what taking
 the free list's head gives decodes that grow side by side), 31.3 ms shuffled;
 a long-running pool's tables are shuffled (docs/benchmarks.md, "Issue 18 on
-the AMX machine: KV blocks placed in runs"). The middle, not the start, of the longest run: the request
-before the run grows into its first half, the new one into the second.
+the AMX machine: KV blocks placed in runs"). The middle, not the start, of
+the longest run: the request before the run grows into its first half, the
+new one into the second.
 
 Which free blocks are placeable: the empty ones (holding no cached block),
 and the cached ones too while prompts rarely revive free cached blocks.
