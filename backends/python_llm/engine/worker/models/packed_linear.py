@@ -121,8 +121,12 @@ class AmxLinear:
 # (whole runner steps, FMA against oneDNN, before that change): decode of 1
 # sequence 0.72x, 8 0.94x, 57 0.97x; prefill of 64 rows 0.95x, 128 1.02x,
 # 192 1.06x, 250 1.07x; on a Zen 5 the GEMMs alone fell behind oneDNN from
-# 128 rows too (docs/benchmarks.md).
-FMA_MAX_ROWS: dict[int, int | None] = {8: None, 16: 128}
+# 128 rows too. Later, on a Zen 4 (the GEMMs alone, 30 layers x 4 shapes, ms
+# FMA / oneDNN): 64 rows 70.5 / 71.8, 96 109 / 106, 104 127 / 114, 116
+# 139 / 125; whole prefill steps, bound 104 against 128 (paired, one
+# process): 104 rows 0.95x, 112 0.93x, 124 0.92x, 96 the same
+# (docs/benchmarks.md).
+FMA_MAX_ROWS: dict[int, int | None] = {8: None, 16: 104}
 
 
 class FmaLinear:
