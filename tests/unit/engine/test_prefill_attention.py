@@ -48,9 +48,11 @@ CASES = {   # heads, kv_heads, head_dim
 }
 # (chunk tokens, start): one token, block-aligned or not, a chunk from 0, short and long chunks over a long
 # prefix; a chunk of one tile (16 tokens, 32 from a start of 1k) over 1k+ keys has its context split between
-# threads and merged
+# threads and merged; chunks of a few tiles whose query rows do not fill whole row vectors (96-120 tokens past
+# 1k of context, 100 before it)
 SHAPES = [(1, 0), (1, 37), (5, 16), (16, 16), (17, 3), (40, 0), (64, 200), (129, 700), (8, 1500), (13, 2000),
-          (16, 3000), (1, 4000), (33, 2500), (24, 3000), (32, 1024), (20, 1023)]
+          (16, 3000), (1, 4000), (33, 2500), (24, 3000), (32, 1024), (20, 1023), (96, 1100), (100, 1500),
+          (112, 2000), (120, 1030), (100, 300)]
 
 
 @pytest.mark.parametrize("case", list(CASES))
