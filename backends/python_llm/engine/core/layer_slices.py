@@ -17,17 +17,17 @@ pacer's aim (`PrefillPacer.aim_s`: the bound of (1 + prefill_time_ratio) x
 the decode-only step measured before, what the streams' inter-token latency
 is judged against, less the margin of the steps' recent spread), so the
 slice gets that less the decodes' share now: decodes slow down as their
-contexts grow, and counting their growth as prefill would shrink every later chunk. But never
-less than MIN_SLICE_SHARE of its share before: where the prompt takes
-thousands of steps (an 8k prompt beside 16 streams on a fast 2-core Zen 5)
-the streams' growth alone came to fill the step, the slices shrank to one
-layer of a few dozen tokens and the prompt starved (no first token after
-1,900 steps). A layer's
-seconds come from the chunk's own slices (each of its layers is the same
-work), else from the last chunk's, scaled by the cost model; before any
-slice ran, the pacer's units. The plan that moves the most tokens per step
-wins, the biggest chunk within PLAN_TOLERANCE of it (the cost model prices
-a token the same in any chunk; the machine does not).
+contexts grow, and counting their growth as prefill would shrink every
+later chunk. But never less than MIN_SLICE_SHARE of its share before: where
+the prompt takes thousands of steps (an 8k prompt beside 16 streams on a
+fast 2-core Zen 5) the streams' growth alone came to fill the step, the
+slices shrank to one layer of a few dozen tokens and the prompt starved (no
+first token after 1,900 steps). A layer's seconds come from the chunk's own
+slices (each of its layers is the same work), else from the last chunk's,
+scaled by the cost model; before any slice ran, the pacer's units. The plan
+that moves the most tokens per step wins, the biggest chunk within
+PLAN_TOLERANCE of it (the cost model prices a token the same in any chunk;
+the machine does not).
 
 One request at a time has a chunk in slices; its blocks are allocated with
 the first slice, its tokens count as computed (and its blocks as cached)
