@@ -5,6 +5,19 @@
 // vector). Included inside that file's anonymous namespace, after KT.
 #pragma once
 
+// A loaded vector pinned to a register for the FMAs that share it. Without
+// this GCC folds the load into each of them (a memory operand per FMA: the
+// same query or value row read 2-4 times), and a core that loads one zmm (or
+// two ymm) a cycle then waits on loads at half its FMA rate. On a Zen 4, one
+// thread, a 96-row tile in L1: scores 62 -> 113 GFLOP/s and values 60 -> 107
+// on zmm, 57 -> 91 and 58 -> 95 on ymm (~115 peak); whole chunks at 7k of
+// context docs/benchmarks.md. Same instructions otherwise, same results.
+template <typename V>
+inline V in_register(V v) {
+  asm("" : "+v"(v));
+  return v;
+}
+
 // Scores of two keys against NV vectors of 8 query rows:
 // s[j][rows] = sum_d k[j][d] * qt[d][rows], qt the transposed, prescaled queries ([HD][rows_padded]).
 template <int HD, int NV>
@@ -19,7 +32,7 @@ inline void scores_pair(const float* qt, int64_t stride, const float* k0, const 
     const __m256 x0 = _mm256_broadcast_ss(k0 + d), x1 = _mm256_broadcast_ss(k1 + d);
 #pragma GCC unroll 8
     for (int v = 0; v < NV; ++v) {
-      const __m256 q = _mm256_loadu_ps(qt + d * stride + v * 8);
+      const __m256 q = in_register(_mm256_loadu_ps(qt + d * stride + v * 8));
       a[v] = _mm256_fmadd_ps(x0, q, a[v]);
       b[v] = _mm256_fmadd_ps(x1, q, b[v]);
     }
@@ -51,7 +64,7 @@ inline void scores_quad(const float* qt, int64_t stride, const float* const* key
   for (int d = 0; d < HD; ++d) {
     __m512 q[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) q[v] = _mm512_loadu_ps(qt + d * stride + v * 16);
+    for (int v = 0; v < NV; ++v) q[v] = in_register(_mm512_loadu_ps(qt + d * stride + v * 16));
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
       const __m512 x = _mm512_set1_ps(keys[j][d]);
@@ -126,7 +139,7 @@ inline void accumulate_pair(float* acc0, float* acc1, float alpha0, float alpha1
       const float* row = v + j * HD + part;
 #pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) {
-        const __m256 x = _mm256_loadu_ps(row + i * 8);
+        const __m256 x = in_register(_mm256_loadu_ps(row + i * 8));
         a[i] = _mm256_fmadd_ps(p0, x, a[i]);
         b[i] = _mm256_fmadd_ps(p1, x, b[i]);
       }
@@ -160,7 +173,7 @@ inline void accumulate_quad(float* acc, const float* alphas, const float* p, int
       const float* row = v + j * HD + part;
       __m512 x[4];
 #pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) x[i] = _mm512_loadu_ps(row + i * 16);
+      for (int i = 0; i < 4; ++i) x[i] = in_register(_mm512_loadu_ps(row + i * 16));
 #pragma GCC unroll 4
       for (int q = 0; q < 4; ++q) {
         const __m512 pq = _mm512_set1_ps(p[j * stride + q]);
