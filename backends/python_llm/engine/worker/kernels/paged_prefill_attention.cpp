@@ -56,6 +56,22 @@ inline const float* tile_floats(const T* src, int64_t n, float* buffer) {
   return buffer;
 }
 
+// The next tile's K and V (`elements` each) fetched into L2 while this one
+// is worked on: its block lies anywhere in the cache (the table's order), so
+// the hardware prefetcher would start on it only after its first misses.
+// On a Zen 4 (30 layers at 7k of context, 2 threads, blocks shuffled): 512
+// tokens 1.09x, 112 tokens 1.05x; into L1 1.04x, two or four tiles ahead no
+// better than one.
+template <typename T>
+inline void prefetch_tile(const T* k, const T* v, int64_t elements) {
+  const char* pk = reinterpret_cast<const char*>(k);
+  const char* pv = reinterpret_cast<const char*>(v);
+  for (int64_t byte = 0; byte < elements * static_cast<int64_t>(sizeof(T)); byte += 64) {
+    __builtin_prefetch(pk + byte, 0, 2);
+    __builtin_prefetch(pv + byte, 0, 2);
+  }
+}
+
 struct Scratch {
   std::vector<float> qt, acc, scores, kbuf, vbuf, limits;
   std::vector<float> maxima, sums, alphas;
@@ -103,6 +119,10 @@ void attend_tile(T* out, int64_t out_row_stride, const T* query, int64_t q_row_s
   for (int64_t k0 = tile_begin * tile_keys; k0 < k_end; k0 += tile_keys) {
     const int64_t n = std::min(tile_keys, k_end - k0);
     const int64_t base = static_cast<int64_t>(table[k0 / block_size]) * block_stride + (k0 % block_size) * HD;
+    if (const int64_t k1 = k0 + tile_keys; k1 < k_end) {
+      const int64_t next = static_cast<int64_t>(table[k1 / block_size]) * block_stride + (k1 % block_size) * HD;
+      prefetch_tile(k_head + next, v_head + next, tile_keys * HD);
+    }
     const float* k = tile_floats<HD>(k_head + base, n, w.kbuf.data());
     const float* v = tile_floats<HD>(v_head + base, n, w.vbuf.data());
     scores_keys<HD>(w.qt.data(), vectors, k, n, s);
