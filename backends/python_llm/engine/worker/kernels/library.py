@@ -44,9 +44,10 @@ def library_path(cache_dir: Path = CACHE_DIR) -> Path:
     return cache_dir / "kernels" / f"python_llm_cpu_kernels-{digest.hexdigest()[:16]}.so"
 
 
-def build(target: Path) -> Path:
+def build(target: Path, sources: list[Path] = SOURCES) -> Path:
     """Compile the kernel into `target` (atomically: concurrent builders,
-    e.g. several Triton model instances starting at once, do not collide)."""
+    e.g. several Triton model instances starting at once, do not collide);
+    `sources`: another revision's, for a benchmark's A/B."""
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         raise KernelBuildError("no C++ compiler (g++ / c++ / $CXX) on PATH")
@@ -54,7 +55,7 @@ def build(target: Path) -> Path:
     fd, partial = tempfile.mkstemp(prefix=target.stem, suffix=".so.partial", dir=target.parent)
     os.close(fd)
     try:
-        result = subprocess.run([compiler, *FLAGS, "-o", partial, *map(str, SOURCES)],
+        result = subprocess.run([compiler, *FLAGS, "-o", partial, *map(str, sources)],
                                 capture_output=True, text=True, timeout=300)
         if result.returncode != 0:
             raise KernelBuildError(f"{compiler} exited {result.returncode}: {result.stderr[-2000:]}")
