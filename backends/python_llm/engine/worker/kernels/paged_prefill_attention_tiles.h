@@ -10,8 +10,9 @@
 // same query or value row read 2-4 times), and a core that loads one zmm (or
 // two ymm) a cycle then waits on loads at half its FMA rate. On a Zen 4, one
 // thread, a 96-row tile in L1: scores 62 -> 113 GFLOP/s and values 60 -> 107
-// on zmm, 57 -> 91 and 58 -> 95 on ymm (~115 peak); whole chunks at 7k of
-// context docs/benchmarks.md. Same instructions otherwise, same results.
+// on zmm, 57 -> 91 and 58 -> 95 on ymm (~115 peak); whole chunks 1.22-1.40x
+// (docs/benchmarks.md, "the prefill attention's loads folded into its
+// FMAs"). Same instructions otherwise, so the same results bit for bit.
 template <typename V>
 inline V in_register(V v) {
   asm("" : "+v"(v));
