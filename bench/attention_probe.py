@@ -9,7 +9,7 @@ separate runs compare nothing); their outputs are compared bit for bit.
     python -m bench.attention_probe [--start 7008] [--tokens 512 112 32] [--baseline REV] [--rounds 7]
 
 Shapes are the default model's (SmolLM2-135M: 9 query heads on 3 KV heads
-of 64, blocks of 16), fp32, random values. Prints medians in ms over the
+of 64; the engine's default block size), fp32, random values. Prints medians in ms over the
 rounds after the first, and GFLOP/s of the chunk's QK^T and PV.
 """
 from __future__ import annotations
@@ -27,12 +27,14 @@ from pathlib import Path
 
 import torch
 
+from python_llm.engine.config import EngineConfig
 from python_llm.engine.worker.kernels import CpuKernels, cpu_kernels
 from python_llm.engine.worker.kernels.library import build
 
 REPO = Path(__file__).resolve().parents[1]
 KERNELS = "backends/python_llm/engine/worker/kernels"
-HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
+HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64   # SmolLM2-135M's
+BLOCK = EngineConfig.block_size         # the engine's default
 
 
 def baseline_kernels(rev: str, workdir: Path) -> CpuKernels:
