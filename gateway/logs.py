@@ -113,3 +113,9 @@ def configure(level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # httpx logs every request at INFO, and the gateway's own metrics scrapes
+    # of each replica run several times a second: they would bury the access
+    # log (at DEBUG they are kept)
+    quiet = max(logging.WARNING, root.level) if root.level > logging.DEBUG else logging.DEBUG
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(quiet)

@@ -10,6 +10,7 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +54,23 @@ class FleetGateway:
         lines = self.process.log_path.read_text(errors="replace").splitlines()
         return [line[:300] for line in lines if '"logger": "gateway.upstream"' in line and '"WARNING"' in line]
 
+    def fleet_report(self) -> str:
+        """Why a replica is or is not routable, as the gateway saw it: its
+        probe outcomes and its last warnings (a failed wait shows them; the
+        log is gone after a CI run)."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        probes = [line for line in text.splitlines() if line.startswith("gateway_replica_probes_total{")]
+        lines = self.process.log_path.read_text(errors="replace").splitlines()
+        warnings = [line[:300] for line in lines if '"level": "WARNING"' in line or '"level": "ERROR"' in line]
+        return "\n".join(["probe outcomes:", *probes, "last warnings:", *warnings[-20:]])
+
+    def wait_routable(self, bound_s: float, **wanted: bool) -> float:
+        """Seconds until each named replica's routable state is as wanted,
+        e.g. `wait_routable(120, r0=True, r1=True)`; past the bound, fails
+        with the gateway's report."""
+        return wait_until(lambda: all(self.routable(name) == state for name, state in wanted.items()), bound_s,
+                          f"routable {wanted}", explain=self.fleet_report)
+
     def total(self, name: str, **labels: str) -> float:
         """A metric summed over the series that carry `labels`."""
         wanted = [f'{k}="{v}"' for k, v in labels.items()]
@@ -78,11 +96,11 @@ def start_fleet_gateway(replicas: dict[str, TritonServer], work: Path, golden: P
     return FleetGateway(process, f"http://127.0.0.1:{port}", key, admin_key_file.read_text(), free_key)
 
 
-def wait_until(predicate, bound_s: float, what: str) -> float:
+def wait_until(predicate, bound_s: float, what: str, explain: Callable[[], str] | None = None) -> float:
     started = time.monotonic()
     while not predicate():
         if time.monotonic() - started > bound_s:
-            raise AssertionError(f"{what}: not within {bound_s} s")
+            raise AssertionError(f"{what}: not within {bound_s} s" + (f"\n{explain()}" if explain else ""))
         time.sleep(0.1)
     return time.monotonic() - started
 

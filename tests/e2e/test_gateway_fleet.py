@@ -38,19 +38,15 @@ def gateway(replicas, golden, tmp_path_factory: pytest.TempPathFactory) -> Itera
     assert started.process.stop() == 0
 
 
-def both_routable(gateway: FleetGateway) -> bool:
-    return gateway.routable("r0") and gateway.routable("r1")
-
-
 def test_a_killed_replica_loses_no_request_and_comes_back(gateway, replicas):
-    wait_until(lambda: both_routable(gateway), 60, "both replicas routable")
+    gateway.wait_routable(60, r0=True, r1=True)
     load = Load(gateway, 16).start()
     time.sleep(0.3)                      # requests admitted, most still before their first token
     killed_s = time.monotonic()
     kill_group(replicas["r1"], SIGKILL)
     try:
         outcomes = load.wait()
-        ejected_after = wait_until(lambda: not gateway.routable("r1"), 30, "r1 ejected")
+        ejected_after = gateway.wait_routable(30, r1=False)
         before_first_token = [o for o in outcomes if o.first_content_s is None or o.first_content_s > killed_s]
         broken = [o for o in outcomes if not o.done]
         print(f"\n[kill -9 r1 under 16 requests: {len(before_first_token)} had no first token yet; "
@@ -62,16 +58,16 @@ def test_a_killed_replica_loses_no_request_and_comes_back(gateway, replicas):
         started = time.monotonic()
         replicas["r1"].stop()
         replicas["r1"].start()
-    back = wait_until(lambda: gateway.routable("r1"), 90, "r1 re-admitted")
+    back = gateway.wait_routable(90, r1=True)
     print(f"[r1 restarted and re-admitted {back:.1f} s after it was ready ({time.monotonic() - started:.1f} s "
           f"after the restart began)]")
 
 
 def test_a_hung_replica_is_ejected_within_three_probe_intervals_and_gets_no_new_request(gateway, replicas):
-    wait_until(lambda: both_routable(gateway), 90, "both replicas routable")
+    gateway.wait_routable(90, r0=True, r1=True)
     kill_group(replicas["r1"], SIGSTOP)
     try:
-        ejected = wait_until(lambda: not gateway.routable("r1"), 30, "hung r1 ejected")
+        ejected = gateway.wait_routable(30, r1=False)
         routed_before = gateway.routed("r1")
         outcomes = Load(gateway, 4, max_tokens=8).start().wait()
         print(f"\n[SIGSTOP r1: ejected after {ejected:.1f} s (probe interval {PROBE_INTERVAL_S} s); "
@@ -82,12 +78,12 @@ def test_a_hung_replica_is_ejected_within_three_probe_intervals_and_gets_no_new_
         assert gateway.routed("r1") == routed_before, "a new request was sent to the hung replica"
     finally:
         kill_group(replicas["r1"], SIGCONT)
-    back = wait_until(lambda: gateway.routable("r1"), 60, "r1 re-admitted after SIGCONT")
+    back = gateway.wait_routable(60, r1=True)
     print(f"[SIGCONT r1: re-admitted after {back:.1f} s]")
 
 
 def test_draining_a_replica_under_load_loses_nothing(gateway, replicas):
-    wait_until(lambda: both_routable(gateway), 90, "both replicas routable")
+    gateway.wait_routable(90, r0=True, r1=True)
     load = Load(gateway, 8).start()
     wait_until(lambda: load.started() >= 4, 60, "streams started")
     headers = {"Authorization": f"Bearer {gateway.admin_key}", "Content-Length": "0"}
@@ -107,7 +103,7 @@ def test_draining_a_replica_under_load_loses_nothing(gateway, replicas):
 def test_sigterm_to_the_gateway_under_load_finishes_what_it_admitted(replicas, golden, tmp_path_factory):
     gateway = start_fleet_gateway(replicas, tmp_path_factory.mktemp("sigterm"), golden)
     try:
-        wait_until(lambda: both_routable(gateway), 90, "both replicas routable")
+        gateway.wait_routable(90, r0=True, r1=True)
         load = Load(gateway, 8).start()
         wait_until(lambda: load.started() >= 8, 60, "all streams started")
         signalled = time.monotonic()

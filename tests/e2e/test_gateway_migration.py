@@ -36,7 +36,7 @@ def gateway(replicas, golden, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 @pytest.fixture(scope="module")
 def uninterrupted(gateway) -> list[str]:
-    wait_until(lambda: gateway.routable("r0") and gateway.routable("r1"), 120, "both replicas routable")
+    gateway.wait_routable(120, r0=True, r1=True)
     outcomes = Load(gateway, STREAMS, max_tokens=TOKENS, prompt=PROMPT).start().wait()
     assert all(o.done for o in outcomes), [o.error for o in outcomes]
     return [o.text for o in outcomes]
@@ -69,13 +69,13 @@ def test_kill_9_of_a_replica_under_8_streams_loses_none_and_changes_no_text(gate
     assert not differing, [(uninterrupted[i], outcomes[i].text) for i in differing]
     replicas["r1"].stop()
     replicas["r1"].start()
-    back = wait_until(lambda: gateway.routable("r1"), 120, "r1 re-admitted")
+    back = gateway.wait_routable(120, r1=True)
     print(f"[r1 restarted; re-admitted {back:.1f} s after it was ready]")
 
 
 def test_a_frozen_replicas_streams_move_and_its_orphans_are_stopped_after_sigcont(gateway, replicas,
                                                                                  uninterrupted):
-    wait_until(lambda: gateway.routable("r0") and gateway.routable("r1"), 120, "both replicas routable")
+    gateway.wait_routable(120, r0=True, r1=True)
     moved_before = gateway.total("gateway_stream_migrations_total", reason="stalled", outcome="moved")
     stopped_before = gateway.total("gateway_orphans_stopped_total")
     load = _load_underway(gateway)
@@ -115,7 +115,7 @@ def test_free_keys_never_reach_a_paid_replica_and_paid_spills_over_while_it_is_d
                  replicas["r1"].metrics_url))
     gateway = start_fleet_gateway(replicas, tmp_path_factory.mktemp("pools"), golden, pools)
     try:
-        wait_until(lambda: gateway.routable("paid0") and gateway.routable("shared"), 120, "both routable")
+        gateway.wait_routable(120, paid0=True, shared=True)
         # the free tier's own limits allow 2 requests a second
         free = Load(gateway, 2, max_tokens=8, key=gateway.free_key).start().wait()
         paid = Load(gateway, 4, max_tokens=8).start().wait()
@@ -126,7 +126,7 @@ def test_free_keys_never_reach_a_paid_replica_and_paid_spills_over_while_it_is_d
         assert routed == {"paid0": 4, "shared": 2}, "free keys reached the paid replica, or paid left its own"
         kill_group(replicas["r0"], SIGSTOP)
         try:
-            out = wait_until(lambda: not gateway.routable("paid0"), 30, "the paid replica ejected")
+            out = gateway.wait_routable(30, paid0=False)
             spilled = Load(gateway, 4, max_tokens=8).start().wait()
             spill_count = gateway.total("gateway_routed_total", replica="shared", reason="spill_over")
         finally:

@@ -80,3 +80,19 @@ def test_the_serve_command_reads_the_gateway_section_and_names_bad_settings(caps
     assert load_config(None, ["gateway.port=9300", "engine.max_num_seqs=2"]).port == 9300
     with pytest.raises(SystemExit, match=r"error: --set: gateway\.nope: no such setting"):
         load_config(None, ["gateway.nope=1"])
+
+
+def test_the_metrics_scrapes_are_not_logged_at_info_but_are_at_debug():
+    saved = logging.getLogger().handlers[:], logging.getLogger().level, logging.getLogger("httpx").level
+    try:
+        logs.configure("INFO")
+        assert not logging.getLogger("httpx").isEnabledFor(logging.INFO)
+        assert logging.getLogger("httpx").isEnabledFor(logging.WARNING)
+        assert logging.getLogger("gateway.access").isEnabledFor(logging.INFO)
+        logs.configure("DEBUG")
+        assert logging.getLogger("httpx").isEnabledFor(logging.DEBUG)
+    finally:
+        logging.getLogger().handlers[:], level, httpx_level = saved
+        logging.getLogger().setLevel(level)
+        logging.getLogger("httpx").setLevel(httpx_level)
+        logging.getLogger("httpcore").setLevel(logging.NOTSET)
