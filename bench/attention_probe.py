@@ -15,11 +15,8 @@ rounds after the first, and GFLOP/s of the chunk's QK^T and PV.
 from __future__ import annotations
 
 import argparse
-import io
 import platform
 import statistics
-import subprocess
-import tarfile
 import tempfile
 import time
 from datetime import datetime, timezone
@@ -29,22 +26,11 @@ import torch
 
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.worker.kernels import CpuKernels, cpu_kernels
-from python_llm.engine.worker.kernels.library import build
 
-REPO = Path(__file__).resolve().parents[1]
-KERNELS = "backends/python_llm/engine/worker/kernels"
+from .kernel_probe import baseline_kernels
+
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64   # SmolLM2-135M's
 BLOCK = EngineConfig.block_size         # the engine's default
-
-
-def baseline_kernels(rev: str, workdir: Path) -> CpuKernels:
-    """The kernels library as revision `rev` builds it, compiled into `workdir`."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", rev, KERNELS],
-                             check=True, capture_output=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(workdir, filter="data")
-    sources = sorted((workdir / KERNELS).glob("*.cpp"))
-    return CpuKernels(build(workdir / f"baseline-{rev}.so", sources))
 
 
 def flops(start: int, tokens: int, layers: int) -> float:

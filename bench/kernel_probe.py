@@ -1,12 +1,22 @@
-"""What the kernel probes (`lm_head_probe`, `projection_probe`) share: their
-command line (rows, repeats, threads) and the native kernels they time."""
+"""What the kernel probes (`lm_head_probe`, `projection_probe`,
+`attention_probe`) share: their command line (rows, repeats, threads), the
+native kernels they time, and another revision's kernels to time beside
+them."""
 from __future__ import annotations
 
 import argparse
+import io
+import subprocess
+import tarfile
+from pathlib import Path
 
 import torch
 
 from python_llm.engine.worker.kernels import CpuKernels, cpu_kernels
+from python_llm.engine.worker.kernels.library import build
+
+REPO = Path(__file__).resolve().parents[1]
+KERNELS = "backends/python_llm/engine/worker/kernels"
 
 
 def probe_parser(doc: str | None, rows: list[int], repeats: int) -> argparse.ArgumentParser:
@@ -17,12 +27,23 @@ def probe_parser(doc: str | None, rows: list[int], repeats: int) -> argparse.Arg
     return parser
 
 
-def parse_probe_args(parser: argparse.ArgumentParser) -> tuple[argparse.Namespace, CpuKernels | None]:
+def parse_probe_args(parser: argparse.ArgumentParser,
+                     argv: list[str] | None = None) -> tuple[argparse.Namespace, CpuKernels | None]:
     """The command line, and the kernels with torch on `--threads` threads;
     None (said) where they do not build."""
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     kernels = cpu_kernels()
     if kernels is None:
         print("the native kernels are not available here")
     return args, kernels
+
+
+def baseline_kernels(rev: str, workdir: Path) -> CpuKernels:
+    """The kernels library as revision `rev` builds it, compiled into `workdir`."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", rev, KERNELS],
+                             check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(workdir, filter="data")
+    sources = sorted((workdir / KERNELS).glob("*.cpp"))
+    return CpuKernels(build(workdir / f"baseline-{rev}.so", sources))

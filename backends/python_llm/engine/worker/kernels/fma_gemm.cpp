@@ -306,17 +306,23 @@ int fma_gemm_f32(const float* x, int64_t x_stride, int64_t m, const float* packe
     // shapes, 576x576 unchanged (docs/benchmarks.md, "Issue 18 on the Zen 3
     // again"; zmm builds unmeasured). A run keeps all its panels' K passes
     // on one thread, so no tile of `out` is summed by two.
-    const int64_t per_item = std::max<int64_t>(1, panels / (threads * ITEMS_PER_THREAD));
+    //
+    // The runs are near-equal, the longer ones first, so that the thread
+    // that takes the last one does not finish alone: runs of a fixed length
+    // left a short last one (18 panels of 576 columns in runs 4, 4, 4, 4, 2:
+    // one thread had 10 panels, the other 8); runs 5, 5, 4, 4 give 9 and 9.
+    const int64_t items = std::min<int64_t>(panels, threads * ITEMS_PER_THREAD);
+    const int64_t per_item = panels / items, longer = panels % items;   // the first `longer` take one more
     // row block i x panel j, for the K pass from k0 (kc deep)
     const auto tile_at = [&](int64_t i, int64_t j, int64_t k0, int64_t kc) {
       return Tile{out + i * MR * out_stride + j * NR, out_stride, bias ? bias + j * NR : nullptr,
                   residual ? residual + i * MR * residual_stride + j * NR : nullptr, residual_stride,
                   std::min(MR, m - i * MR), std::min(NR, n - j * NR), k0 == 0, k0 + kc == k};
     };
-    const int64_t items = ceil_div(panels, per_item);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
-      const int64_t first = item * per_item, last = std::min(panels, first + per_item);
+      const int64_t first = item * per_item + std::min(item, longer);
+      const int64_t last = first + per_item + (item < longer ? 1 : 0);
       if (blocks <= MC / MR) {
         // Few rows (all in one pass): each panel's K passes in turn, so the
         // run's panels are read front to back as one stream. The first row
