@@ -58,8 +58,11 @@ class FleetGateway:
         """Why a replica is or is not routable, as the gateway saw it: its
         probe outcomes and its last warnings (a failed wait shows them; the
         log is gone after a CI run)."""
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
-        probes = [line for line in text.splitlines() if line.startswith("gateway_replica_probes_total{")]
+        try:
+            text = httpx.get(f"{self.url}/metrics", timeout=10).text
+            probes = [line for line in text.splitlines() if line.startswith("gateway_replica_probes_total{")]
+        except httpx.HTTPError as exc:   # the report must not hide the failure it explains
+            probes = [f"the gateway's /metrics did not answer: {exc!r} (alive: {self.process.alive()})"]
         lines = self.process.log_path.read_text(errors="replace").splitlines()
         warnings = [line[:300] for line in lines if '"level": "WARNING"' in line or '"level": "ERROR"' in line]
         return "\n".join(["probe outcomes:", *probes, "last warnings:", *warnings[-20:]])
