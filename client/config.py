@@ -32,9 +32,15 @@ class TimeoutConfig:
     token_s: float | None = 30.0
     write_s: float = 10.0
     stop_s: float = 5.0  # sending the `stop` request for a cancelled ensemble stream
+    # gRPC: the longest wait between attempts to reconnect a lost channel.
+    # gRPC's own grows to 120 s, and while it waits every call fails at once: a
+    # replica restarted in ~10 s stayed "not ready" to the gateway's probes for
+    # up to ~11 s after it was up (docs/benchmarks.md, "Kept: a lost channel
+    # retried at least every second").
+    reconnect_max_s: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("connect_s", "write_s", "stop_s", "first_token_s", "token_s"):
+        for name in ("connect_s", "write_s", "stop_s", "first_token_s", "token_s", "reconnect_max_s"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be > 0 (got {value})")

@@ -15,7 +15,7 @@ import logging
 from typing import Any, AsyncIterator, Callable, Mapping
 
 import grpc
-from tritonclient.grpc import InferInput, InferResult
+from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferInput, InferResult, KeepAliveOptions
 from tritonclient.utils import InferenceServerException
 
 from .config import TimeoutConfig
@@ -132,6 +132,24 @@ class GrpcResponseStream:
         (`aclose`), and Triton directly is stopped with `send_stop`."""
 
 
+def channel_args(timeouts: TimeoutConfig) -> list[tuple[str, int]]:
+    """The channel's options: tritonclient's defaults (it uses them only when
+    given none, so they are repeated here) and the reconnect bounds: attempts
+    at most `reconnect_max_s` apart, each given `connect_s` to connect (gRPC's
+    "min reconnect backoff" is in fact its connect timeout, 20 s by default)."""
+    keepalive = KeepAliveOptions()
+    reconnect_ms = round(timeouts.reconnect_max_s * 1000)
+    return [("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+            ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+            ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+            ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+            ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+            ("grpc.initial_reconnect_backoff_ms", min(1000, reconnect_ms)),
+            ("grpc.max_reconnect_backoff_ms", reconnect_ms),
+            ("grpc.min_reconnect_backoff_ms", round(timeouts.connect_s * 1000))]
+
+
 class GrpcTransport:
     name = "grpc"
 
@@ -143,11 +161,12 @@ class GrpcTransport:
         self._factory = client_factory or self._real_client
         self._client: Any = None
         self._stop_timeout = timeouts.stop_s
+        self._channel_args = channel_args(timeouts)
         self._clock = clock
 
     def _real_client(self) -> Any:
         from tritonclient.grpc import aio as grpc_aio
-        return grpc_aio.InferenceServerClient(self._url)
+        return grpc_aio.InferenceServerClient(self._url, channel_args=self._channel_args)
 
     def _grpc(self) -> Any:
         # Created lazily: a grpc.aio channel binds to the running event loop.

@@ -8,12 +8,14 @@ import asyncio
 import time
 from typing import Any
 
+import grpc
 import httpx
 import pytest
+from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, KeepAliveOptions, service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from client import AsyncLLMClient, ClientConfig, TimeoutConfig
-from client.grpc_transport import GrpcTransport
+from client.grpc_transport import GrpcTransport, channel_args
 from client.sse_transport import SseTransport
 from serving.launcher import free_local_ports
 
@@ -147,3 +149,58 @@ async def test_grpc_closed_port_is_not_ready():
         assert await client.ready() is False
         elapsed = time.monotonic() - t0
     assert elapsed < FAST.connect_s + 1.0, elapsed
+
+
+# -- gRPC: reconnecting after the server was gone ---------------------------------
+
+class ReadyServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    async def ServerReady(self, request: Any, context: Any) -> Any:   # noqa: N802 (the gRPC method's name)
+        return service_pb2.ServerReadyResponse(ready=True)
+
+
+def test_channel_args_keep_tritonclients_defaults_and_bound_reconnecting():
+    args = dict(channel_args(TimeoutConfig(connect_s=3.0, reconnect_max_s=0.5)))
+    assert args["grpc.max_receive_message_length"] == MAX_GRPC_MESSAGE_SIZE
+    assert args["grpc.keepalive_timeout_ms"] == KeepAliveOptions().keepalive_timeout_ms
+    assert args["grpc.max_reconnect_backoff_ms"] == 500
+    assert args["grpc.initial_reconnect_backoff_ms"] == 500
+    assert args["grpc.min_reconnect_backoff_ms"] == 3000
+    with pytest.raises(ValueError, match="reconnect_max_s"):
+        TimeoutConfig(reconnect_max_s=0)
+
+
+def ready_server(port: int) -> grpc.aio.Server:
+    server = grpc.aio.server()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(ReadyServicer(), server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    return server
+
+
+async def test_grpc_ready_again_soon_after_a_gone_server_comes_back():
+    # a server that was up, then gone for 3 s: gRPC's own backoff would try
+    # again 1, 1.6 and 2.6 s apart (the next at ~5.2 s); bounded at 0.2 s,
+    # the channel sees it back well before that
+    (port,) = free_local_ports(1)
+    timeouts = TimeoutConfig(connect_s=0.5, reconnect_max_s=0.2)
+    config = ClientConfig(url=f"127.0.0.1:{port}", transport="grpc", timeouts=timeouts)
+    first = ready_server(port)
+    await first.start()
+    async with AsyncLLMClient(config) as client:
+        assert await client.ready() is True
+        await first.stop(None)
+        down_until = time.monotonic() + 3.0
+        while time.monotonic() < down_until:      # the channel fails and backs off
+            assert await client.ready() is False
+            await asyncio.sleep(0.05)
+        second = ready_server(port)
+        await second.start()
+        try:
+            up = time.monotonic()
+            while not await client.ready():
+                assert time.monotonic() - up < 5.0, "not ready 5 s after the server came back"
+                await asyncio.sleep(0.02)
+            back_s = time.monotonic() - up
+        finally:
+            await second.stop(None)
+    print(f"\n[ready {back_s:.2f} s after the server came back (reconnect_max_s 0.2)]")
+    assert back_s < 1.0, back_s
