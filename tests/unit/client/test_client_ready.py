@@ -1,7 +1,8 @@
 """`AsyncLLMClient.ready()`: Triton's readiness (gRPC ServerReady, SSE GET
 /v2/health/ready) as a bool, False for "not ready", "unreachable" and "too
 slow" alike, bounded by `TimeoutConfig.connect_s`. Fakes behind the transports'
-seams, plus a real closed port for each transport."""
+seams, plus a real closed port for each transport, and a real gRPC server
+(a fake servicer) gone and back: the channel's reconnect bound."""
 from __future__ import annotations
 
 import asyncio
