@@ -17,10 +17,8 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import tempfile
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 import torch
 
@@ -55,11 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     if current is None or not current.prefill_attention_supported(HEAD_DIM):
         print("the native prefill attention is not available here")
         return 1
-    with tempfile.TemporaryDirectory() as tmp:
-        libraries = {"current": current}
-        if args.baseline:
-            libraries = {"baseline": baseline_kernels(args.baseline, Path(tmp)), **libraries}
-        return _probe(args, libraries)
+    libraries = {"current": current}
+    if args.baseline:
+        libraries = {"baseline": baseline_kernels(args.baseline), **libraries}
+    return _probe(args, libraries)
 
 
 def _probe(args: argparse.Namespace, libraries: dict[str, CpuKernels]) -> int:

@@ -8,6 +8,7 @@ import argparse
 import io
 import subprocess
 import tarfile
+import tempfile
 from pathlib import Path
 
 import torch
@@ -39,11 +40,14 @@ def parse_probe_args(parser: argparse.ArgumentParser,
     return args, kernels
 
 
-def baseline_kernels(rev: str, workdir: Path) -> CpuKernels:
-    """The kernels library as revision `rev` builds it, compiled into `workdir`."""
+def baseline_kernels(rev: str) -> CpuKernels:
+    """The kernels library as revision `rev` builds it. Built in a directory
+    removed once the library is loaded (a loaded library outlives its file)."""
     archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", rev, KERNELS],
                              check=True, capture_output=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(workdir, filter="data")
-    sources = sorted((workdir / KERNELS).glob("*.cpp"))
-    return CpuKernels(build(workdir / f"baseline-{rev}.so", sources))
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(workdir, filter="data")
+        sources = sorted((workdir / KERNELS).glob("*.cpp"))
+        return CpuKernels(build(workdir / f"baseline-{rev}.so", sources))

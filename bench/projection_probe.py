@@ -19,11 +19,9 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
-from pathlib import Path
 
 import torch
 
@@ -62,9 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline and not kernels.fma_gemm_supported():
         print("--baseline times the FMA GEMM, which does not build here")
         return 1
-    with tempfile.TemporaryDirectory() as tmp:
-        baseline = baseline_kernels(args.baseline, Path(tmp)) if args.baseline else None
-        return _probe(args, kernels, baseline)
+    return _probe(args, kernels, baseline_kernels(args.baseline) if args.baseline else None)
 
 
 def _probe(args: argparse.Namespace, kernels: CpuKernels, baseline: CpuKernels | None) -> int:
