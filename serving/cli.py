@@ -29,6 +29,9 @@ from .settings import DeploymentSettings
 from .settings_args import add_settings_args, settings_from_args
 from .trtllm.command import add_parsers as add_trtllm_commands
 
+# the ready banner's last line: what a supervisor (or a test) waits for
+BANNER_END = "Ctrl-C stops the server."
+
 
 def _curl_example(server: TritonServer) -> str:
     body = {"text_input": "", "messages": json.dumps([{"role": "user", "content": "What is the capital of France?"}]),
@@ -69,7 +72,7 @@ def _fleet_lines(fleet: Fleet, golden: Path | None) -> str:
 
 def _ready_banner(fleet: Fleet, golden: Path | None) -> str:
     return (f"\nready.\n{_fleet_lines(fleet, golden)}\ntry:\n{_curl_example(fleet.servers[0])}\n\n"
-            f"Ctrl-C stops the server.")
+            f"{BANNER_END}")
 
 
 def _gateway_banner(fleet: Fleet, golden: Path | None, gateway: GatewayConfig, log_path: Path,
@@ -99,7 +102,7 @@ def _gateway_banner(fleet: Fleet, golden: Path | None, gateway: GatewayConfig, l
             f"  Triton API  http://127.0.0.1:{gateway.port}/v2/models/{{ensemble,llm_bls}}/generate[_stream] | infer\n"
             f"{grpc_line}{key_line}"
             f"  Triton, behind it on loopback:\n{_fleet_lines(fleet, golden)}"
-            f"\ntry:\n{curl}\n\n{python}\n\nCtrl-C stops the server.")
+            f"\ntry:\n{curl}\n\n{python}\n\n{BANNER_END}")
 
 
 def _local_key(gateway: GatewayConfig) -> str | None:

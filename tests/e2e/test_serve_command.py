@@ -10,7 +10,6 @@ import ipaddress
 import os
 import re
 import shlex
-import signal
 import stat
 import subprocess
 import sys
@@ -27,9 +26,9 @@ from tritonclient.utils import InferenceServerException
 
 from serving.launcher import ADMIN_KEY_ENV, ADMIN_KEY_GRPC_METADATA, ADMIN_KEY_HEADER, free_local_ports
 
-pytestmark = pytest.mark.e2e
+from .serve_process import read_until_banner, stop_with_ctrl_c
 
-BANNER_END = "Ctrl-C stops the server."
+pytestmark = pytest.mark.e2e
 
 
 @dataclass
@@ -52,27 +51,6 @@ class Serve:
         return f"http://127.0.0.1:{self.http}"
 
 
-def _read_until_ready(serve: Serve, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = serve.proc.stdout.readline()
-        if not line:
-            return
-        serve.output.append(line)
-        if line.strip() == BANNER_END:
-            return
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture(scope="module")
 def serve(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
     build_dir = tmp_path_factory.mktemp("serve")
@@ -86,12 +64,12 @@ def serve(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     started = Serve(proc, build_dir, http, grpc, metrics, gateway, gateway_grpc)
     try:
         t0 = time.monotonic()
-        _read_until_ready(started, 300)
+        read_until_banner(proc, started.output, 300)
         print(f"\n[serve ready in {time.monotonic() - t0:.1f} s on :{http}]")
         assert "ready." in started.text, started.text
         yield started
     finally:
-        _stop(proc)
+        stop_with_ctrl_c(proc, 60)
 
 
 def test_serve_prints_a_working_curl(serve: Serve):
@@ -186,7 +164,7 @@ def test_admin_apis_need_the_key_and_the_public_ones_do_not(serve: Serve):
 def test_serve_stops_cleanly_on_ctrl_c(serve: Serve):
     t0 = time.monotonic()
     triton = [p for p in psutil.Process(serve.proc.pid).children(recursive=True) if p.name() == "tritonserver"]
-    _stop(serve.proc)
+    stop_with_ctrl_c(serve.proc, 60)
     print(f"[serve stopped in {time.monotonic() - t0:.1f} s]")
     assert serve.proc.returncode == 0, serve.text + serve.proc.stdout.read()
     assert not [p for p in triton if p.is_running()]

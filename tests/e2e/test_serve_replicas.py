@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -25,9 +24,10 @@ from serving.fleet import Ports, free_base_ports, replica_ports, thread_budget, 
 from serving.launcher import ADMIN_KEY_ENV, free_local_ports
 from serving.probe_golden import golden_path, load_golden
 
+from .serve_process import read_until_banner, stop_with_ctrl_c
+
 pytestmark = pytest.mark.e2e
 
-BANNER_END = "Ctrl-C stops the server."
 REPLICAS = 2
 
 
@@ -43,27 +43,6 @@ class Fleet:
     @property
     def text(self) -> str:
         return "".join(self.output)
-
-
-def _read_until_ready(fleet: Fleet, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = fleet.proc.stdout.readline()
-        if not line:
-            return
-        fleet.output.append(line)
-        if line.strip() == BANNER_END:
-            return
-
-
-def _stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(90)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -83,13 +62,13 @@ def fleet(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     started = Fleet(proc, build_dir, layout, gateway)
     try:
-        _read_until_ready(started, 300)
+        read_until_banner(proc, started.output, 300)
         started.started_s = time.monotonic() - t0
         print(f"\n[{REPLICAS} replicas + gateway ready in {started.started_s:.1f} s]")
         assert "ready." in started.text, started.text
         yield started
     finally:
-        _stop(proc)
+        stop_with_ctrl_c(proc, 90)
 
 
 def test_the_banner_lists_every_replica_and_its_thread_share(fleet: Fleet):
@@ -144,7 +123,7 @@ def test_ctrl_c_stops_the_gateway_first_then_every_replica(fleet: Fleet):
     tritons = [p for p in tree if p.name() == "tritonserver"]
     assert len(tritons) == REPLICAS, [(p.pid, p.name()) for p in tree]
     t0 = time.monotonic()
-    _stop(fleet.proc)
+    stop_with_ctrl_c(fleet.proc, 90)
     print(f"[serve --replicas {REPLICAS} stopped in {time.monotonic() - t0:.1f} s; "
           f"{len(tree)} processes checked]")
     rest = fleet.proc.stdout.read()
