@@ -8,10 +8,10 @@ batch. So while decodes run, a step's prefill chunks are bounded in *time*:
 the streams' inter-token latency stays within (1 + ratio) x a decode-only
 step now, at its p99. Each paced step is planned at that bound divided by
 a margin, from how far steps have run over their plans lately
-(`step_spread.py`: the p99 of the last steps' seconds over their plan, a
-paced step's its aim, a decode-only step's its median; SPREAD_SAFETY times
-its excess, at most MAX_MARGIN), so that the bound holds at the tail, not
-on average, and the prompt gets what the machine's noise leaves it: a quiet
+(`step_spread.py`: the p99 of recent paced steps' seconds over their plan,
+and of decode-only steps' over their median; SPREAD_SAFETY times its
+excess, at most MAX_MARGIN), so that the bound holds at the tail, not on
+average, and the prompt gets what the machine's noise leaves it: a quiet
 machine plans near the bound, a noisy one further below.
 
 Cost model: a prefill token at position p costs 1 + p / C "units", C (the
@@ -53,14 +53,11 @@ DECODE_WINDOW = 9
 # the bound holds at this quantile of steps: the streams' ITL p99
 BOUND_QUANTILE = 0.99
 # recent steps whose spread over their plan sets the margin (an 8k prompt
-# beside 16 streams took ~280 paced steps on a 2-core machine): decode-only
-# and paced steps in one window, so that a long prompt's steps push out the
-# decode steps before it. In windows of their own (the larger spread counting),
-# the decode steps' got no sample while the prompt ran: two slow steps among
-# the 27 before an 8k prompt held every step of it at margin 1.27 while its
-# own steps' spread was 1.0-1.13 (docs/benchmarks.md, "Issue 18 on a Zen 4:
-# the steps' spread in one window")
+# beside 16 streams took ~280 paced steps on a 2-core machine)
 SPREAD_WINDOW = 128
+# paced steps before their own spread counts; until then the decode-only
+# steps' (the machine's noise alone, without the pacer's estimation error)
+MIN_PACED_SAMPLES = 16
 # the margin is this many times the spread's excess over 1 (1.08 -> 1.12):
 # the p99 of the last steps underestimates the p99 of a prompt's steps to
 # come, the more so the noisier the machine: planned at the spread itself,
@@ -88,8 +85,8 @@ class PrefillPacer:
         self._decode_steps: dict[int, deque[float]] = {}   # bucket of decode counts -> its last steps' seconds
         self._decode_s: dict[int, float] = {}               # bucket -> their median
         self.unit_s: float | None = None           # one unit of prefill
-        # decode-only steps over their bucket's median, paced steps over their aim
-        self._spread = StepSpread(SPREAD_WINDOW, BOUND_QUANTILE)
+        self._decode_spread = StepSpread(SPREAD_WINDOW, BOUND_QUANTILE)   # over the bucket's median
+        self._paced_spread = StepSpread(SPREAD_WINDOW, BOUND_QUANTILE)    # over the step's aim
 
     @staticmethod
     def _bucket(num_decodes: int) -> int:
@@ -130,7 +127,10 @@ class PrefillPacer:
 
     def margin(self) -> float:
         """How far below the bound a paced step is planned (>= 1)."""
-        return min(1.0 + SPREAD_SAFETY * max(self._spread.value() - 1.0, 0.0), MAX_MARGIN)
+        spread = self._decode_spread.value()
+        if len(self._paced_spread) >= MIN_PACED_SAMPLES:
+            spread = max(spread, self._paced_spread.value())
+        return min(1.0 + SPREAD_SAFETY * max(spread - 1.0, 0.0), MAX_MARGIN)
 
     def aim_s(self, num_decodes: int) -> float | None:
         """Seconds a paced step of `num_decodes` is planned to take; None = no limit."""
@@ -167,13 +167,13 @@ class PrefillPacer:
             steps = self._decode_steps.setdefault(bucket, deque(maxlen=DECODE_WINDOW))
             steps.append(seconds)
             median = self._decode_s[bucket] = statistics.median(steps)
-            self._spread.add(seconds, median)
+            self._decode_spread.add(seconds, median)
             return
         base = self.decode_step_s(num_decodes)
         if base is None:
             return   # cannot tell the prefill's share yet
         if aim_s is not None:
-            self._spread.add(seconds, aim_s)
+            self._paced_spread.add(seconds, aim_s)
         share = max(seconds - base, MIN_PREFILL_SHARE * seconds)
         self.unit_s = self._average(self.unit_s, share / prefill_units)
 
