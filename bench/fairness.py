@@ -9,6 +9,8 @@ the engine is driven offline in this process (no Triton in the numbers):
   ttft_alone       its time to first token on an idle engine, same settings
   itl_p99_control  the streams' ITL p99 over as many steps with no long prompt
                    (their own growth: each step adds a token to every context)
+  margin           how far below the bound the pacer planned the long prompt's
+                   steps (p50 / max; prefill_pacer.py: the steps' recent spread)
 
 and the two targets: ITL p99 during <= 3x ITL p50 before, TTFT <= 2x TTFT
 alone (against the same settings alone and against the fastest alone of the
@@ -86,6 +88,8 @@ class Measurement:
     # (long's start, its tokens, step s, the layers its chunk ran: fewer than
     # the model's in a layer slice)
     during_steps: list[tuple[int, int, float, int]] = field(default_factory=list)
+    # the pacer's margin as each of those steps was planned (none: no pacer)
+    margins: list[float] = field(default_factory=list)
     cores_used: float = 0.0
     num_layers: int = 0
 
@@ -109,6 +113,8 @@ class Measurement:
             "ttft_over_best_alone": self.ttft_s / best_alone_s,
             "steps_during": len(self.during_steps), "steps_alone": len(self.alone_steps),
             "sliced_steps_during": sum(1 for *_, layers in self.during_steps if 0 < layers < self.num_layers),
+            "margin_p50": statistics.median(self.margins) if self.margins else None,
+            "margin_max": max(self.margins) if self.margins else None,
             "alone_steps": self.alone_steps, "during_steps": self.during_steps,
         }
         out["meets_itl"] = out["itl_p99_over_p50_before"] <= ITL_P99_LIMIT
@@ -224,7 +230,10 @@ class Bench:
         arrived = time.perf_counter()
         for rid in last:
             last[rid] = max(last[rid], arrived)   # gaps from the arrival on belong to "during"
+        pacer = getattr(engine.scheduler, "pacer", None)   # engines before the pacer: none
         while not m.ttft_s:
+            if pacer is not None and pacer.enabled:
+                m.margins.append(pacer.margin())   # what this step's plan is divided by
             t0 = time.perf_counter()
             outs = self._stream_step(engine, last, m.itl_during_s)
             start, tokens = self._prefill_of(engine, "long")

@@ -17,10 +17,18 @@ def _control(row: dict[str, Any]) -> str:
     return "-" if ratio is None else f"{ratio:.1f}x"
 
 
+def _margin(row: dict[str, Any]) -> str:
+    """The pacer's margin over the long prompt's steps, p50 / max; '-'
+    without a pacer or in results written before it was recorded."""
+    if row.get("margin_p50") is None:
+        return "-"
+    return f"{row['margin_p50']:.2f} / {row['margin_max']:.2f}"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| point | ITL p50 before | ITL p50 / p99 / max during | p99 / p50 before | control: p99 / p50 before "
-            "| TTFT | TTFT alone | TTFT / alone (/ best alone) | steps | load / cores |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+            "| TTFT | TTFT alone | TTFT / alone (/ best alone) | steps | margin p50 / max | load / cores |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         mark_itl = "" if r["meets_itl"] else " ✗"
         mark_ttft = "" if r["meets_ttft"] and r["meets_ttft_best"] else " ✗"
@@ -28,7 +36,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {r['label']} | {r['itl_p50_before_ms']:.0f} ms | {r['itl_p50_during_ms']:.0f} / "
             f"{r['itl_p99_during_ms']:.0f} / {r['itl_max_during_ms']:.0f} ms | {r['itl_p99_over_p50_before']:.1f}x"
             f"{mark_itl} | {_control(r)} | {r['ttft_s']:.1f} s | {r['ttft_alone_s']:.1f} s | {r['ttft_over_alone']:.2f}x "
-            f"({r['ttft_over_best_alone']:.2f}x){mark_ttft} | {r['steps_during']} | {r['load_before']:.1f} / "
+            f"({r['ttft_over_best_alone']:.2f}x){mark_ttft} | {r['steps_during']} | {_margin(r)} | {r['load_before']:.1f} / "
             f"{r['cores_used']:.2f} |")
     return "\n".join(lines)
 

@@ -18,6 +18,7 @@ def _measurement() -> Measurement:
     m.itl_control_before_s = [0.020] * 10
     m.itl_control_s = [0.030] * 90 + [0.040] * 10
     m.during_steps = [(0, 512, 0.05, 30)] * 3 + [(512, 200, 0.05, 2)]
+    m.margins = [1.0, 1.1, 1.2, 1.3]
     return m
 
 
@@ -29,10 +30,13 @@ def test_the_summary_judges_both_targets_and_reports_the_control_growth():
     assert s["ttft_over_best_alone"] == pytest.approx(25.0 / 8.0)
     assert s["itl_p99_control_over_p50_before"] == pytest.approx(2.0)
     assert s["sliced_steps_during"] == 1
+    assert s["margin_p50"] == pytest.approx(1.15) and s["margin_max"] == 1.3
 
 
-def test_the_table_shows_the_control_and_reads_results_written_before_it():
+def test_the_table_shows_the_control_and_the_margin_and_reads_results_written_before_them():
     row = _measurement().summary(best_alone_s=10.0)
     assert "| 2.0x |" in table([row])
-    older = {k: v for k, v in row.items() if not k.startswith("itl_p99_control")}
+    assert "| 4 | 1.15 / 1.30 |" in table([row])
+    older = {k: v for k, v in row.items() if not k.startswith(("itl_p99_control", "margin_"))}
     assert "x ✗ | - |" in table([older])
+    assert "| 4 | - |" in table([older])
