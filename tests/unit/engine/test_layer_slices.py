@@ -13,7 +13,7 @@ from engine_fakes import FakeRunner, expected_tokens
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.core.layer_slices import MIN_SLICE_SHARE, PLAN_FILL, LayerSlicer
 from python_llm.engine.core.outputs import RequestOutput
-from python_llm.engine.core.prefill_pacer import SPREAD_SAFETY, SPREAD_WINDOW, PrefillPacer
+from python_llm.engine.core.prefill_pacer import PrefillPacer
 from python_llm.engine.core.request import RequestStatus
 from python_llm.engine.core.scheduler import Scheduler
 from python_llm.engine.core.scheduler_output import LayerSlice
@@ -179,26 +179,6 @@ def test_a_long_prompt_still_advances_when_the_decodes_alone_fill_the_step() -> 
     first = len(h.step_times)
     h.run_until_done("long", max_steps=400)
     assert max(h.step_times[first + 2:]) <= h.decode_s + MIN_SLICE_SHARE * DECODE_S + 0.1 * UNIT_S * 64 + 1e-9
-
-
-def test_slice_steps_keep_the_streams_spread_fresh() -> None:
-    """Two slow decode steps just before a long prompt widen the streams'
-    spread, the margin's floor. The prompt's steps are all paced, so no
-    decode-only step follows them while it runs; each slice step gives the
-    streams' share instead (the step less its slice), and once a window of
-    those has passed, the stalls no longer hold the prompt's margin up."""
-    h = sliced(True)
-    start_streams(h)
-    for stretch in [1.0] * 20 + [1.2, 1.2]:
-        h.decode_s = stretch * DECODE_S
-        h.step()
-    h.decode_s = DECODE_S
-    stalled = 1.0 + SPREAD_SAFETY * 0.2
-    assert h.sched.pacer.margin() == pytest.approx(stalled)
-    h.sched.add_request(req("long", prompt_len=1000, max_tokens=2, base=5000))
-    h.run_until_done("long")
-    assert len(h.runner.slice_history) > SPREAD_WINDOW
-    assert h.sched.pacer.margin() < stalled - 0.1
 
 
 def test_the_whole_prompt_is_computed_once_and_sampled_after_its_last_layer() -> None:

@@ -118,21 +118,6 @@ def test_paced_steps_are_planned_below_the_bound_by_their_spread() -> None:
     assert pacer.margin() == pytest.approx(margin_of(1.1))
 
 
-def test_the_streams_share_of_a_prompts_steps_is_the_floor_of_its_margin() -> None:
-    """While a long prompt runs no step is decode-only: the streams' share of
-    its slice steps is what says how noisy their own work is, and their
-    bursts keep the margin up even while the prompt's steps keep to plan."""
-    pacer = PrefillPacer(1.0)
-    for _ in range(DECODE_WINDOW):
-        pacer.observe(0.1, 8, 0.0)
-    pacer.observe(0.1 + 10 * 0.01, 8, 10.0)             # learns the unit: 10 ms
-    for i in range(40):
-        _, aim_s = pacer.plan(8)
-        pacer.observe(aim_s, 8, 10.0, aim_s)             # the prompt's steps keep to their plan
-        pacer.observe_streams_share(0.1 * (1.15 if i % 10 == 9 else 1.0), 8)   # the streams' part: bursts
-    assert pacer.margin() == pytest.approx(margin_of(1.15))
-
-
 def test_the_margin_has_a_cap() -> None:
     pacer = PrefillPacer(2.0)
     for seconds in (0.1, 0.1, 0.1, 0.5, 0.5):           # decode steps 5x their median: load, not noise

@@ -9,11 +9,10 @@ the streams' inter-token latency stays within (1 + ratio) x a decode-only
 step now, at its p99. Each paced step is planned at that bound divided by
 a margin, from how far steps have run over their plans lately
 (`step_spread.py`: the p99 of recent paced steps' seconds over their plan,
-and of the streams' own work over its median: decode-only steps, and while
-a long prompt runs in layer slices each step less its slice; SPREAD_SAFETY
-times its excess, at most MAX_MARGIN), so that the bound holds at the tail,
-not on average, and the prompt gets what the machine's noise leaves it: a
-quiet machine plans near the bound, a noisy one further below.
+and of decode-only steps' over their median; SPREAD_SAFETY times its
+excess, at most MAX_MARGIN), so that the bound holds at the tail, not on
+average, and the prompt gets what the machine's noise leaves it: a quiet
+machine plans near the bound, a noisy one further below.
 
 Cost model: a prefill token at position p costs 1 + p / C "units", C (the
 model's `attention_parity_context`) the context at which a token's
@@ -59,16 +58,6 @@ SPREAD_WINDOW = 128
 # paced steps before their own spread counts; until then the decode-only
 # steps' (the machine's noise alone, without the pacer's estimation error)
 MIN_PACED_SAMPLES = 16
-# The streams' spread is also the floor of the margin during a long prompt:
-# the paced steps' own spread alone followed quiet stretches down to a margin
-# of 1.00, and the next burst took the streams' ITL p99 past the bound (3.05x,
-# 3.11x on a Zen 4). But a long prompt's steps are all paced, so no
-# decode-only step refreshes that floor while it runs: fed by decode-only
-# steps alone, two slow ones among the 27 before an 8k prompt held all its 602
-# steps at margin 1.27 while they ran 0.96-1.13x their plans (TTFT 2.23x). So
-# each step of a slice also gives the streams' share, the step less its slice
-# (`observe_streams_share`; docs/benchmarks.md, "Issue 18 on a Zen 4: the
-# streams' spread kept fresh during a long prompt").
 # the margin is this many times the spread's excess over 1 (1.08 -> 1.12):
 # the p99 of the last steps underestimates the p99 of a prompt's steps to
 # come, the more so the noisier the machine: planned at the spread itself,
@@ -94,11 +83,9 @@ class PrefillPacer:
         self.min_tokens = min_tokens
         self.smoothing = smoothing
         self._decode_steps: dict[int, deque[float]] = {}   # bucket of decode counts -> its last steps' seconds
-        self._stream_shares: dict[int, deque[float]] = {}  # bucket -> its last slice steps' seconds less the slice
         self._decode_s: dict[int, float] = {}               # bucket -> their median
         self.unit_s: float | None = None           # one unit of prefill
-        # the streams' work over its median: decode-only steps, and slice steps less their slice
-        self._decode_spread = StepSpread(SPREAD_WINDOW, BOUND_QUANTILE)
+        self._decode_spread = StepSpread(SPREAD_WINDOW, BOUND_QUANTILE)   # over the bucket's median
         self._paced_spread = StepSpread(SPREAD_WINDOW, BOUND_QUANTILE)    # over the step's aim
 
     @staticmethod
@@ -189,18 +176,6 @@ class PrefillPacer:
             self._paced_spread.add(seconds, aim_s)
         share = max(seconds - base, MIN_PREFILL_SHARE * seconds)
         self.unit_s = self._average(self.unit_s, share / prefill_units)
-
-    def observe_streams_share(self, seconds: float, num_decodes: int) -> None:
-        """A step whose only prefill was a layer slice spent `seconds` on the
-        rest: the streams' decodes (`RunnerOutput.slice_seconds` tells them
-        apart). A sample of the machine's noise on the streams' own work,
-        against the median of the bucket's last DECODE_WINDOW such shares (they
-        grow with the streams' contexts), for the streams' spread."""
-        if not self.enabled or seconds <= 0 or not num_decodes:
-            return
-        shares = self._stream_shares.setdefault(self._bucket(num_decodes), deque(maxlen=DECODE_WINDOW))
-        shares.append(seconds)
-        self._decode_spread.add(seconds, statistics.median(shares))
 
     def _average(self, current: float | None, sample: float) -> float:
         return sample if current is None else current + self.smoothing * (sample - current)

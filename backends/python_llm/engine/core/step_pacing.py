@@ -106,9 +106,8 @@ class StepPacing:
         self._sent_at = self.clock()
 
     def observe(self, runner_output: RunnerOutput, requests: dict[str, Request]) -> None:
-        """The step ran: its time teaches the pacer, and when the step's only
-        prefill was its slice, the slicer (the slice's cost) and the pacer
-        (the streams' share: the step less the slice)."""
+        """The step ran: its time teaches the pacer, and the slicer when the
+        step's only prefill was its slice."""
         if not self.pacer.enabled:
             return
         step_s = self.clock() - self._sent_at
@@ -118,5 +117,3 @@ class StepPacing:
         req = None if layer_slice is None else requests.get(layer_slice.request_id)
         if req is not None and self.num_chunks == 1:
             self.slicer.observe(req, layer_slice, step_s, runner_output.slice_seconds)  # type: ignore[arg-type]
-            if runner_output.slice_seconds:
-                self.pacer.observe_streams_share(step_s - runner_output.slice_seconds, self.num_decodes)
