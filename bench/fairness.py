@@ -90,6 +90,9 @@ class Measurement:
     during_steps: list[tuple[int, int, float, int]] = field(default_factory=list)
     # the pacer's margin as each of those steps was planned (none: no pacer)
     margins: list[float] = field(default_factory=list)
+    # the pacer's decode-only step as the long prompt arrived: its aim's base,
+    # to tell against the streams' own ITL p50 before (None: no pacer)
+    pacer_decode_s: float | None = None
     cores_used: float = 0.0
     num_layers: int = 0
 
@@ -115,6 +118,10 @@ class Measurement:
             "sliced_steps_during": sum(1 for *_, layers in self.during_steps if 0 < layers < self.num_layers),
             "margin_p50": statistics.median(self.margins) if self.margins else None,
             "margin_max": max(self.margins) if self.margins else None,
+            "pacer_decode_ms": None if self.pacer_decode_s is None else 1e3 * self.pacer_decode_s,
+            "pacer_decode_over_p50_before": (None if self.pacer_decode_s is None
+                                             else self.pacer_decode_s / p50_before),
+            "itl_before_ms": [1e3 * gap for gap in self.itl_before_s],
             "alone_steps": self.alone_steps, "during_steps": self.during_steps,
         }
         out["meets_itl"] = out["itl_p99_over_p50_before"] <= ITL_P99_LIMIT
@@ -231,6 +238,8 @@ class Bench:
         for rid in last:
             last[rid] = max(last[rid], arrived)   # gaps from the arrival on belong to "during"
         pacer = getattr(engine.scheduler, "pacer", None)   # engines before the pacer: none
+        if pacer is not None and pacer.enabled:
+            m.pacer_decode_s = pacer.decode_step_s(len(last))
         while not m.ttft_s:
             if pacer is not None and pacer.enabled:
                 m.margins.append(pacer.margin())   # what this step's plan is divided by

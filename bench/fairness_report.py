@@ -25,10 +25,19 @@ def _margin(row: dict[str, Any]) -> str:
     return f"{row['margin_p50']:.2f} / {row['margin_max']:.2f}"
 
 
+def _pacer_decode(row: dict[str, Any]) -> str:
+    """The pacer's decode-only step as the long prompt arrived (its aim's
+    base) over the streams' ITL p50 before (the bound's); '-' without a
+    pacer or in results written before it was recorded."""
+    ratio = row.get("pacer_decode_over_p50_before")
+    return "-" if ratio is None else f"{ratio:.2f}x"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| point | ITL p50 before | ITL p50 / p99 / max during | p99 / p50 before | control: p99 / p50 before "
-            "| TTFT | TTFT alone | TTFT / alone (/ best alone) | steps | margin p50 / max | load / cores |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+            "| TTFT | TTFT alone | TTFT / alone (/ best alone) | steps | margin p50 / max "
+            "| pacer's decode / p50 before | load / cores |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         mark_itl = "" if r["meets_itl"] else " ✗"
         mark_ttft = "" if r["meets_ttft"] and r["meets_ttft_best"] else " ✗"
@@ -36,7 +45,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"| {r['label']} | {r['itl_p50_before_ms']:.0f} ms | {r['itl_p50_during_ms']:.0f} / "
             f"{r['itl_p99_during_ms']:.0f} / {r['itl_max_during_ms']:.0f} ms | {r['itl_p99_over_p50_before']:.1f}x"
             f"{mark_itl} | {_control(r)} | {r['ttft_s']:.1f} s | {r['ttft_alone_s']:.1f} s | {r['ttft_over_alone']:.2f}x "
-            f"({r['ttft_over_best_alone']:.2f}x){mark_ttft} | {r['steps_during']} | {_margin(r)} | {r['load_before']:.1f} / "
+            f"({r['ttft_over_best_alone']:.2f}x){mark_ttft} | {r['steps_during']} | {_margin(r)} | {_pacer_decode(r)} | {r['load_before']:.1f} / "
             f"{r['cores_used']:.2f} |")
     return "\n".join(lines)
 

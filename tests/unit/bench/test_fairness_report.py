@@ -19,6 +19,7 @@ def _measurement() -> Measurement:
     m.itl_control_s = [0.030] * 90 + [0.040] * 10
     m.during_steps = [(0, 512, 0.05, 30)] * 3 + [(512, 200, 0.05, 2)]
     m.margins = [1.0, 1.1, 1.2, 1.3]
+    m.pacer_decode_s = 0.021
     return m
 
 
@@ -31,12 +32,14 @@ def test_the_summary_judges_both_targets_and_reports_the_control_growth():
     assert s["itl_p99_control_over_p50_before"] == pytest.approx(2.0)
     assert s["sliced_steps_during"] == 1
     assert s["margin_p50"] == pytest.approx(1.15) and s["margin_max"] == 1.3
+    assert s["pacer_decode_ms"] == pytest.approx(21.0)
+    assert s["pacer_decode_over_p50_before"] == pytest.approx(1.05)
 
 
 def test_the_table_shows_the_control_and_the_margin_and_reads_results_written_before_them():
     row = _measurement().summary(best_alone_s=10.0)
     assert "| 2.0x |" in table([row])
-    assert "| 4 | 1.15 / 1.30 |" in table([row])
-    older = {k: v for k, v in row.items() if not k.startswith(("itl_p99_control", "margin_"))}
+    assert "| 4 | 1.15 / 1.30 | 1.05x |" in table([row])
+    older = {k: v for k, v in row.items() if not k.startswith(("itl_p99_control", "margin_", "pacer_"))}
     assert "x ✗ | - |" in table([older])
-    assert "| 4 | - |" in table([older])
+    assert "| 4 | - | - |" in table([older])
