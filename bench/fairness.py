@@ -11,6 +11,10 @@ the engine is driven offline in this process (no Triton in the numbers):
                    (their own growth: each step adds a token to every context)
   margin           how far below the bound the pacer planned the long prompt's
                    steps (p50 / max; prefill_pacer.py: the steps' recent spread)
+  terms            of TTFT / alone = c x s / (s - d): the prompt's mean step s
+                   (and over the pacer's aim), the streams' part d of a slice
+                   step (start -> end), the slices' cost c against the same
+                   tokens alone (fairness_terms.py)
 
 and the two targets: ITL p99 during <= 3x ITL p50 before, TTFT <= 2x TTFT
 alone (against the same settings alone and against the fastest alone of the
@@ -35,7 +39,7 @@ import resource
 import statistics
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +47,30 @@ from python_llm.engine.config import EngineConfig
 from python_llm.engine.core.sampling_params import SamplingParams
 from python_llm.engine.engine import LLMEngine
 
-from .fairness_report import ITL_P99_LIMIT, PACING_FIELD, TTFT_LIMIT, merge, plot, table
+from .fairness_measurement import Measurement, percentile
+from .fairness_report import ITL_P99_LIMIT, PACING_FIELD, TTFT_LIMIT, merge, plot, table, terms_table
 from .report import MachineInfo
 from .workload import Vocabulary
 
+
+
+class SliceSeconds:
+    """The runner's own seconds of each step's layer slice
+    (`RunnerOutput.slice_seconds`), read as the engine's runner returns them."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.runner = engine.runner
+        self.execute = self.runner.execute
+        self.last: float | None = None
+        self.runner.execute = self._execute
+
+    def _execute(self, scheduled: Any) -> Any:
+        result = self.execute(scheduled)
+        self.last = getattr(result, "slice_seconds", None)   # engines before slices: none
+        return result
+
+    def close(self) -> None:
+        self.runner.execute = self.execute
 
 
 @dataclass
@@ -69,75 +93,6 @@ def parse_point(text: str) -> Point:
     if pacing:
         overrides[PACING_FIELD] = 0.0
     return Point(f"fixed {text}", overrides)
-
-
-@dataclass
-class Measurement:
-    label: str
-    config: dict[str, Any]
-    load_before: float
-    long_tokens: int = 0
-    ttft_alone_s: float = 0.0
-    alone_steps: list[tuple[int, int, float]] = field(default_factory=list)   # (start, tokens, seconds)
-    itl_before_s: list[float] = field(default_factory=list)
-    itl_during_s: list[float] = field(default_factory=list)
-    # the control: the same streams and steps without the long prompt
-    itl_control_before_s: list[float] = field(default_factory=list)
-    itl_control_s: list[float] = field(default_factory=list)
-    ttft_s: float = 0.0
-    # (long's start, its tokens, step s, the layers its chunk ran: fewer than
-    # the model's in a layer slice)
-    during_steps: list[tuple[int, int, float, int]] = field(default_factory=list)
-    # the pacer's margin as each of those steps was planned (none: no pacer)
-    margins: list[float] = field(default_factory=list)
-    # the pacer's decode-only step as the long prompt arrived: its aim's base,
-    # to tell against the streams' own ITL p50 before (None: no pacer)
-    pacer_decode_s: float | None = None
-    cores_used: float = 0.0
-    num_layers: int = 0
-
-    def summary(self, best_alone_s: float) -> dict[str, Any]:
-        p50_before = statistics.median(self.itl_before_s)
-        p99_during = percentile(self.itl_during_s, 99)
-        out = {
-            "label": self.label, "config": self.config, "long_tokens": self.long_tokens,
-            "load_before": round(self.load_before, 2),
-            "cores_used": round(self.cores_used, 2),
-            "itl_p50_before_ms": 1e3 * p50_before,
-            "itl_p50_during_ms": 1e3 * statistics.median(self.itl_during_s),
-            "itl_p99_during_ms": 1e3 * p99_during,
-            "itl_max_during_ms": 1e3 * max(self.itl_during_s),
-            "itl_p99_over_p50_before": p99_during / p50_before,
-            "itl_p99_control_ms": 1e3 * percentile(self.itl_control_s, 99),
-            "itl_p99_control_over_p50_before": (percentile(self.itl_control_s, 99)
-                                                / statistics.median(self.itl_control_before_s)),
-            "ttft_s": self.ttft_s, "ttft_alone_s": self.ttft_alone_s,
-            "ttft_over_alone": self.ttft_s / self.ttft_alone_s,
-            "ttft_over_best_alone": self.ttft_s / best_alone_s,
-            "steps_during": len(self.during_steps), "steps_alone": len(self.alone_steps),
-            "sliced_steps_during": sum(1 for *_, layers in self.during_steps if 0 < layers < self.num_layers),
-            "margin_p50": statistics.median(self.margins) if self.margins else None,
-            "margin_max": max(self.margins) if self.margins else None,
-            "pacer_decode_ms": None if self.pacer_decode_s is None else 1e3 * self.pacer_decode_s,
-            "pacer_decode_over_p50_before": (None if self.pacer_decode_s is None
-                                             else self.pacer_decode_s / p50_before),
-            "itl_before_ms": [1e3 * gap for gap in self.itl_before_s],
-            "alone_steps": self.alone_steps, "during_steps": self.during_steps,
-        }
-        out["meets_itl"] = out["itl_p99_over_p50_before"] <= ITL_P99_LIMIT
-        out["meets_ttft"] = out["ttft_over_alone"] <= TTFT_LIMIT
-        out["meets_ttft_best"] = out["ttft_over_best_alone"] <= TTFT_LIMIT
-        return out
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
 def _cpu_seconds() -> float:
@@ -240,11 +195,15 @@ class Bench:
         pacer = getattr(engine.scheduler, "pacer", None)   # engines before the pacer: none
         if pacer is not None and pacer.enabled:
             m.pacer_decode_s = pacer.decode_step_s(len(last))
+        slices = SliceSeconds(engine)
         while not m.ttft_s:
             if pacer is not None and pacer.enabled:
                 m.margins.append(pacer.margin())   # what this step's plan is divided by
+                m.aims.append(pacer.aim_s(len(last)))
+            slices.last = None
             t0 = time.perf_counter()
             outs = self._stream_step(engine, last, m.itl_during_s)
+            m.slice_own_s.append(slices.last)
             start, tokens = self._prefill_of(engine, "long")
             m.during_steps.append((start, tokens, time.perf_counter() - t0, self._layers_of(engine, "long", tokens)))
             if any(o.request_id == "long" and o.new_token_ids for o in outs):
@@ -253,6 +212,7 @@ class Bench:
                 reached = max((s0 + n for s0, n, _, _ in m.during_steps if n), default=0)
                 raise RuntimeError(f"a stream ended before the long prompt's first token ({len(m.during_steps)} "
                                    f"steps, the prompt computed to ~{reached}): raise --stream-tokens")
+        slices.close()
         self._end_streams(engine, last)
 
     def control(self, engine: LLMEngine, m: Measurement) -> None:
@@ -342,6 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.merge:
         header, rows = merge(args.merge)
         print(table(rows))
+        print(terms_table(rows))
         result = {**header, "points": rows, "merged_from": args.merge}
         finish(args, result, rows, f"merged {len(args.merge)} runs, tag {header.get('tag') or '-'}")
         return
@@ -365,6 +326,7 @@ def main(argv: list[str] | None = None) -> None:
     best_alone = min(m.ttft_alone_s for m in measurements)
     rows = [m.summary(best_alone) for m in measurements]
     print(table(rows))
+    print(terms_table(rows))
     result = {"machine": dataclasses.asdict(machine), "quiet": quiet, "load_after": os.getloadavg(), "tag": args.tag,
               "load": {"streams": args.streams, "stream_prompt_tokens": args.stream_prompt_tokens,
                        "long_tokens": measurements[0].long_tokens, "threads": args.threads,

@@ -50,6 +50,33 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _num(value: float | None, form: str) -> str:
+    return "-" if value is None else format(value, form)
+
+
+def terms_table(rows: list[dict[str, Any]]) -> str:
+    """The terms of each point's TTFT / alone = c x s / (s - d)
+    (`fairness_terms.py`): s the long prompt's mean step, d the streams'
+    part of a step (the mean of its start and end: it grows linearly), c
+    the slices' cost against the same tokens alone; and that product
+    against the ratio measured. '-' where a point has no paced or sliced
+    steps, or for results written before the terms were recorded."""
+    head = ("| point | ITL p50 before | mean step s | s / aim | streams' part d, start → end | c "
+            "| c x s / (s - d) | TTFT / alone |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        s_ms = 1e3 * r["ttft_s"] / r["steps_during"] if r.get("steps_during") else None
+        start, end, c = r.get("streams_part_start_ms"), r.get("streams_part_end_ms"), r.get("slice_cost")
+        model = None
+        if s_ms is not None and start is not None and end is not None and c is not None and s_ms > (start + end) / 2:
+            model = c * s_ms / (s_ms - (start + end) / 2)
+        part = "-" if start is None or end is None else f"{start:.0f} → {end:.0f} ms"
+        lines.append(f"| {r['label']} | {r['itl_p50_before_ms']:.0f} ms | {_num(s_ms, '.1f')} ms | "
+                     f"{_num(r.get('fill'), '.2f')} | {part} | {_num(c, '.2f')} | {_num(model, '.2f')} | "
+                     f"{r['ttft_over_alone']:.2f}x |")
+    return "\n".join(lines)
+
+
 def plot(series: list[tuple[str, list[dict[str, Any]]]], path: Path, title: str) -> None:
     """Two panels against the token budget (max_num_batched_tokens): the
     streams' ITL p99 during the long prefill over their ITL p50 before, and

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("python_llm.engine.engine")
 
-from bench.fairness import Measurement  # noqa: E402
+from bench.fairness_measurement import Measurement  # noqa: E402
 from bench.fairness_report import table  # noqa: E402
 
 
