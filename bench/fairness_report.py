@@ -71,7 +71,8 @@ def terms_table(rows: list[dict[str, Any]]) -> str:
         if s_ms is not None and start is not None and end is not None and c is not None and s_ms > (start + end) / 2:
             model = c * s_ms / (s_ms - (start + end) / 2)
         part = "-" if start is None or end is None else f"{start:.0f} → {end:.0f} ms"
-        lines.append(f"| {r['label']} | {r['itl_p50_before_ms']:.0f} ms | {_num(s_ms, '.1f')} ms | "
+        step = "-" if s_ms is None else f"{s_ms:.1f} ms"
+        lines.append(f"| {r['label']} | {r['itl_p50_before_ms']:.0f} ms | {step} | "
                      f"{_num(r.get('fill'), '.2f')} | {part} | {_num(c, '.2f')} | {_num(model, '.2f')} | "
                      f"{r['ttft_over_alone']:.2f}x |")
     return "\n".join(lines)

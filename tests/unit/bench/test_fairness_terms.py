@@ -59,3 +59,4 @@ def test_the_terms_table_checks_the_product_against_the_ratio_measured():
     older = {k: v for k, v in row.items() if k not in ("fill", "slice_cost", "streams_part_start_ms",
                                                         "streams_part_end_ms")}
     assert terms_table([older]).splitlines()[-1] == "| default | 33 ms | 80.0 ms | - | - | - | - | 2.20x |"
+    assert "| default | 33 ms | - | 0.94 |" in terms_table([{**row, "steps_during": 0}])
