@@ -45,33 +45,53 @@ def _check_one_scrape(values: dict[str, float]) -> tuple[dict[str, float], dict[
     return requests, kv
 
 
+# the sink sets each llm_* gauge and then its derived router values, each a
+# call of its own to tritonserver: a scrape can fall between them (seen once
+# in ~30 scrapes: `scheduled` 2 against running 0). So a scrape whose views
+# disagree is taken again, and such races must stay rare.
+RACE_RETRIES = 3
+
+
+def _agreeing_scrape(url: str) -> tuple[dict[str, float], dict[str, float], bool]:
+    """(requests, kv, whether a scrape raced an update first)."""
+    for attempt in range(RACE_RETRIES + 1):
+        try:
+            return (*_check_one_scrape(scrape_metrics(url)), attempt > 0)
+        except AssertionError:
+            if attempt == RACE_RETRIES:
+                raise
+    raise AssertionError("unreachable")   # pragma: no cover
+
+
 def test_router_metrics_move_with_the_engines_own(start_triton):
     server = start_triton(**{"engine.max_num_seqs": 2})
     idle_requests, idle_kv = _check_one_scrape(scrape_metrics(server.metrics_url))
     assert (idle_requests["waiting"], idle_requests["scheduled"], idle_kv["fraction"]) == (0, 0, 0)
 
     seen_waiting = seen_scheduled = seen_fraction = 0.0
-    scrapes = 0
+    scrapes = races = 0
     started = time.monotonic()
     with BackgroundLoad(server.grpc_url, LOAD):
         wait_until(lambda: scrape_metrics(server.metrics_url)["llm_num_requests_waiting"] >= 1, 60, "a queue")
         deadline = time.monotonic() + 6
         while time.monotonic() < deadline:
-            requests, kv = _check_one_scrape(scrape_metrics(server.metrics_url))
+            requests, kv, raced = _agreeing_scrape(server.metrics_url)
+            races += raced
             seen_waiting = max(seen_waiting, requests["waiting"])
             seen_scheduled = max(seen_scheduled, requests["scheduled"])
             seen_fraction = max(seen_fraction, kv["fraction"])
             scrapes += 1
             time.sleep(0.2)
+    assert races <= scrapes // 5, f"{races} of {scrapes} scrapes fell between the two views' updates"
     # moved with the load
     assert seen_waiting >= 1 and seen_scheduled >= 1 and seen_fraction > 0, (seen_waiting, seen_scheduled,
                                                                               seen_fraction)
 
     def idle() -> bool:
-        requests, kv = _check_one_scrape(scrape_metrics(server.metrics_url))
+        requests, kv, _ = _agreeing_scrape(server.metrics_url)
         return requests["active"] == 0 and kv["used"] == 0 and kv["fraction"] == 0
 
     wait_until(idle, 60, "idle again")
-    print(f"\n[{scrapes} scrapes under load in {time.monotonic() - started:.1f} s: waiting up to {seen_waiting:.0f}, "
+    print(f"\n[{scrapes} scrapes under load in {time.monotonic() - started:.1f} s ({races} raced an update): waiting up to {seen_waiting:.0f}, "
           f"scheduled up to {seen_scheduled:.0f}, KV fraction up to {seen_fraction:.3f}]")
     server.stop()
