@@ -67,10 +67,11 @@ def terms_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         s_ms = 1e3 * r["ttft_s"] / r["steps_during"] if r.get("steps_during") else None
         start, end, c = r.get("streams_part_start_ms"), r.get("streams_part_end_ms"), r.get("slice_cost")
+        d_ms = None if start is None or end is None else (start + end) / 2
         model = None
-        if s_ms is not None and start is not None and end is not None and c is not None and s_ms > (start + end) / 2:
-            model = c * s_ms / (s_ms - (start + end) / 2)
-        part = "-" if start is None or end is None else f"{start:.0f} → {end:.0f} ms"
+        if s_ms is not None and d_ms is not None and c is not None and s_ms > d_ms:
+            model = c * s_ms / (s_ms - d_ms)
+        part = "-" if d_ms is None else f"{start:.0f} → {end:.0f} ms"
         step = "-" if s_ms is None else f"{s_ms:.1f} ms"
         lines.append(f"| {r['label']} | {r['itl_p50_before_ms']:.0f} ms | {step} | "
                      f"{_num(r.get('fill'), '.2f')} | {part} | {_num(c, '.2f')} | {_num(model, '.2f')} | "
