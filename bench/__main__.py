@@ -22,8 +22,10 @@ import logging
 import os
 import resource
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -32,14 +34,15 @@ from rich.console import Console
 from .engine_offline import EngineBenchSettings, run_engine_offline
 from .hf_baselines import (HFBenchSettings, load_model, run_continuous_batching, run_single,
                            run_static_batches, warm_up)
+from .output_agreement import HFReference, compare_to_reference
+from .random_model import build_random_model
 from .report import MachineInfo, Report
 from .result import MethodResult
-from .served_rounds import run_served_rounds
-from .triton_ensemble import TritonBenchSettings, run_triton_ensemble
-from .vllm_cpu import VLLM_VENV, VllmCpuSettings, VllmUnavailable, run_vllm_comparison, vllm_python
 from .workload import Vocabulary, WorkloadSpec, make_workload, total_output_tokens, total_prompt_tokens
 
 METHODS = ("engine", "engine-bf16", "vllm-cpu", "hf-single", "hf-batch", "hf-cb", "triton")
+# what runs on a GPU: the served row is the CPU deployment's, vLLM's row its CPU build
+DEVICE_METHODS = ("engine", "engine-bf16", "hf-single", "hf-batch", "hf-cb")
 DEFAULT_SEED = 20240603
 
 
@@ -64,9 +67,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="triton: N rounds of the offline engine then the ensemble on fresh seeds, the "
                              "served target judged on the median of the rounds' ratios (0: one served row)")
     parser.add_argument("--model-dir", default=None)
+    parser.add_argument("--device", default="cpu",
+                        help=f"cpu, or cuda[:N] for the rows that run there ({', '.join(DEVICE_METHODS)})")
+    parser.add_argument("--random-weights", type=int, default=None, metavar="SEED",
+                        help="the model folder's shape (config, tokenizer) with weights drawn from SEED, for "
+                             "a machine the real weights cannot reach (bench.random_model); speed only")
     parser.add_argument("--vllm-rounds", type=int, default=1,
                         help="vllm-cpu: interleaved engine / vLLM offline rounds (the rows give the median)")
-    parser.add_argument("--vllm-venv", default=str(VLLM_VENV), help="vllm-cpu: vLLM's venv (make bench-vllm-venv)")
+    parser.add_argument("--vllm-venv", default=None,
+                        help="vllm-cpu: vLLM's venv (default build/vllm-venv: make bench-vllm-venv)")
     parser.add_argument("--vllm-kv-gib", type=int, default=2, help="vllm-cpu: VLLM_CPU_KVCACHE_SPACE")
     parser.add_argument("--vllm-threads-bind", default=None,
                         help="vllm-cpu: VLLM_CPU_OMP_THREADS_BIND (default 0-<threads-1>)")
@@ -81,6 +90,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         parser.error(f"--only: unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
     args.only = chosen
+    if not (args.device == "cpu" or args.device.startswith("cuda")):
+        parser.error(f"--device: cpu or cuda[:N], got {args.device!r}")
+    off_device = sorted(set(chosen) - set(DEVICE_METHODS))
+    if args.device != "cpu" and off_device:
+        parser.error(f"--device {args.device}: {', '.join(off_device)} run on the CPU only; "
+                     f"choose from {', '.join(DEVICE_METHODS)}")
     args.hf_batch_sizes = [int(b) for b in args.hf_batch_sizes.split(",") if b.strip()]
     if args.requests <= 0 or args.hf_single_limit <= 0 or any(b <= 0 for b in args.hf_batch_sizes):
         parser.error("--requests, --hf-single-limit and batch sizes must be > 0")
@@ -122,7 +137,7 @@ def _attempt(report: Report, console: Console, name: str, run: Callable[[], list
 
 
 def _hf_rows(args: argparse.Namespace, model_dir: str, workload: list) -> list[MethodResult]:
-    settings = HFBenchSettings(model_dir=model_dir, dtype=args.dtype,
+    settings = HFBenchSettings(model_dir=model_dir, dtype=args.dtype, device=args.device,
                                cb_max_batch_tokens=args.max_num_batched_tokens,
                                cb_max_requests_per_batch=args.max_num_seqs)
     model = load_model(settings)
@@ -138,11 +153,16 @@ def _hf_rows(args: argparse.Namespace, model_dir: str, workload: list) -> list[M
 def _vllm_rows(args: argparse.Namespace, report: Report, console: Console, workload: list) -> None:
     """vLLM's CPU build and this engine through one harness; skipped, with
     the reason printed, when vLLM's venv is not there."""
+    # imported here, as are the served rows': a GPU machine has neither
+    # tritonclient nor vLLM, and runs the other rows
+    from .vllm_cpu import VLLM_VENV, VllmCpuSettings, VllmUnavailable, run_vllm_comparison, vllm_python
+
     settings = VllmCpuSettings(model_dir=args.model_dir, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
                                max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_gib=args.vllm_kv_gib,
                                threads_bind=args.vllm_threads_bind or f"0-{args.threads - 1}",
                                rounds=args.vllm_rounds, single_requests=args.single_requests,
-                               single_max_tokens=args.single_max_tokens, venv=Path(args.vllm_venv))
+                               single_max_tokens=args.single_max_tokens,
+                               venv=Path(args.vllm_venv) if args.vllm_venv else VLLM_VENV)
     engine = EngineBenchSettings(model_dir=args.model_dir, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
                                  max_num_batched_tokens=args.max_num_batched_tokens, num_threads=args.threads)
     singles = make_workload(WorkloadSpec(num_requests=args.single_requests, seed=args.seed + 1),
@@ -162,23 +182,63 @@ def _vllm_rows(args: argparse.Namespace, report: Report, console: Console, workl
     _attempt(report, console, "vllm-cpu", run)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    # wide enough that the table never wraps when the output is a file
-    console = Console(width=max(140, Console().width))
-    torch.set_num_threads(args.threads)
-    machine = MachineInfo.collect(torch.get_num_threads())
+def _attempt_agreement(report: Report, console: Console, args: argparse.Namespace, workload: list) -> None:
+    """The engine's fp32 greedy outputs against HF generate's, one request at
+    a time (no padding), where both rows ran: on a GPU the only check of the
+    engine's CUDA path against HF before its numbers are taken."""
+    engine, hf = report.find("engine-float32"), report.find("hf-single")
+    if not (engine and hf and engine.outputs and hf.outputs):
+        return
+    try:
+        reference = HFReference(args.model_dir, args.device)
+        agreement = compare_to_reference(engine.outputs[:len(hf.outputs)], hf.outputs,
+                                         [list(r.prompt_ids) for r in workload], reference)
+    except Exception as exc:   # noqa: BLE001 -- recorded and shown in the report
+        logging.getLogger(__name__).exception("agreement failed")
+        report.failures["hf-agreement"] = f"{type(exc).__name__}: {exc}"
+        return
+    finally:
+        gc.collect()
+    report.hf_agreement = {"line": agreement.line(), "identical": agreement.identical,
+                           "near_ties": agreement.near_ties, "mismatches": agreement.mismatches,
+                           "divergences": agreement.divergences}
+    console.print(f"  {agreement.line()}")
+
+
+def _model_dir(args: argparse.Namespace, temporary: ExitStack) -> str:
+    """The folder every row loads: --model-dir or the default model, or,
+    with --random-weights, that folder's shape with seeded random weights
+    (in a temporary folder `temporary` removes)."""
     if args.model_dir is None:
         from serving.default_model import ensure_default_model
         args.model_dir = str(ensure_default_model())
+    if args.random_weights is None:
+        return args.model_dir
+    folder = Path(temporary.enter_context(tempfile.TemporaryDirectory(prefix="bench-random-model-")))
+    return str(build_random_model(Path(args.model_dir), folder, args.random_weights))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    with ExitStack() as temporary:
+        args.model_dir = _model_dir(args, temporary)
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    # wide enough that the table never wraps when the output is a file
+    console = Console(width=max(140, Console().width))
+    torch.set_num_threads(args.threads)
+    machine = MachineInfo.collect(torch.get_num_threads(), args.device)
     spec = WorkloadSpec(num_requests=args.requests, seed=args.seed)
     workload = make_workload(spec, Vocabulary.from_model_dir(args.model_dir))
     report = Report(machine=machine, workload={
         "seed": args.seed, "requests": len(workload), "prompt_tokens": total_prompt_tokens(workload),
         "output_tokens": total_output_tokens(workload),
         "prompt_range": [spec.min_prompt_tokens, spec.max_prompt_tokens],
-        "output_range": [spec.min_output_tokens, spec.max_output_tokens], "model_dir": args.model_dir})
+        "output_range": [spec.min_output_tokens, spec.max_output_tokens], "model_dir": args.model_dir,
+        "device": args.device, "random_weights_seed": args.random_weights})
     console.print(f"machine: {machine.line()}")
     console.print(f"workload: seed {args.seed}, {len(workload)} requests, {report.workload['prompt_tokens']} "
                   f"prompt tokens, {report.workload['output_tokens']} output tokens (EOS ignored); "
@@ -190,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     for dtype in engine_dtypes:
         settings = EngineBenchSettings(model_dir=args.model_dir, dtype=dtype, max_num_seqs=args.max_num_seqs,
                                        max_num_batched_tokens=args.max_num_batched_tokens,
-                                       num_threads=args.threads)
+                                       num_threads=args.threads, device=args.device)
         _attempt(report, console, f"engine-{dtype}",
                  lambda s=settings: [run_engine_offline(s, workload, args.overhead_steps)])
     if {"hf-single", "hf-batch"} & set(args.only):
@@ -198,12 +258,15 @@ def main(argv: list[str] | None = None) -> int:
     if "vllm-cpu" in args.only:
         _vllm_rows(args, report, console, workload)
     if "hf-cb" in args.only:
-        cb_settings = HFBenchSettings(model_dir=args.model_dir, dtype=args.dtype,
+        cb_settings = HFBenchSettings(model_dir=args.model_dir, dtype=args.dtype, device=args.device,
                                       cb_max_batch_tokens=args.max_num_batched_tokens,
                                       cb_max_requests_per_batch=args.max_num_seqs)
         _attempt(report, console, "hf-cb",
                  lambda: [run_continuous_batching(load_model(cb_settings), cb_settings, workload)])
     if "triton" in args.only:
+        from .served_rounds import run_served_rounds
+        from .triton_ensemble import TritonBenchSettings, run_triton_ensemble
+
         triton = TritonBenchSettings(model_dir=args.model_dir, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
                                      max_num_batched_tokens=args.max_num_batched_tokens, num_threads=args.threads,
                                      postprocessing_instances=args.postprocessing_instances)
@@ -213,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             _attempt(report, console, "triton", lambda: [run_triton_ensemble(triton, workload)])
 
+    if args.dtype == "float32":
+        _attempt_agreement(report, console, args, workload)
     console.print()
     report.print(console, args.dtype)
     if args.markdown:

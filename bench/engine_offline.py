@@ -23,6 +23,7 @@ class EngineBenchSettings:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     num_threads: int = 2
+    device: str = "cpu"                # "cuda[:N]" on a GPU machine (the PyTorch paths)
     # room for every request at full length at once: a benchmark of
     # throughput, not of preemption
     kv_tokens: int = 32768
@@ -57,16 +58,17 @@ def engine_config(settings: EngineBenchSettings) -> EngineConfig:
     return EngineConfig(model_dir=settings.model_dir, dtype=settings.dtype, max_num_seqs=settings.max_num_seqs,
                         max_num_batched_tokens=settings.max_num_batched_tokens,
                         max_tokens_in_paged_kv_cache=settings.kv_tokens, num_threads=settings.num_threads,
-                        max_queue_size=0)
+                        max_queue_size=0, device=settings.device)
 
 
 def _sampling(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
-def timed_offline_run(engine: LLMEngine, workload: list[BenchRequest], label: str,
-                      prefix: str = "bench") -> tuple[float, int]:
-    """Every request at once, stepped to the end: (seconds, output tokens)."""
+def timed_offline_run(engine: LLMEngine, workload: list[BenchRequest], label: str, prefix: str = "bench",
+                      outputs: dict[str, list[int]] | None = None) -> tuple[float, int]:
+    """Every request at once, stepped to the end: (seconds, output tokens);
+    each request's tokens into `outputs` (by request id) where given."""
     for i, request in enumerate(workload):
         engine.add_request(f"{prefix}-{i}", list(request.prompt_ids), _sampling(request.max_tokens))
     pending = len(workload)
@@ -80,6 +82,8 @@ def timed_offline_run(engine: LLMEngine, workload: list[BenchRequest], label: st
                     raise RuntimeError(f"engine request {out.request_id} failed: {out.error}")
                 new_tokens += len(out.new_token_ids)
                 pending -= out.finished
+                if outputs is not None:
+                    outputs.setdefault(out.request_id, []).extend(out.new_token_ids)
             useful += new_tokens
             bar.update(new_tokens)
         seconds = time.perf_counter() - started
@@ -102,7 +106,8 @@ def run_engine_offline(settings: EngineBenchSettings, workload: list[BenchReques
     throughput) the per-step overhead at full batch."""
     engine = warmed_engine(settings, workload)
     steps_before = engine.stats().steps
-    seconds, useful = timed_offline_run(engine, workload, f"engine offline {settings.dtype}")
+    outputs: dict[str, list[int]] = {}
+    seconds, useful = timed_offline_run(engine, workload, f"engine offline {settings.dtype}", outputs=outputs)
     steps = engine.stats().steps - steps_before
     overhead = measure_step_overhead(engine, workload, settings.max_num_seqs, overhead_steps)
     return MethodResult(method=f"engine-{settings.dtype}", label="engine offline (all at once)",
@@ -110,7 +115,8 @@ def run_engine_offline(settings: EngineBenchSettings, workload: list[BenchReques
                         num_requests=len(workload),
                         extra={"steps": steps, "overhead_at_full_batch": overhead.summary(),
                                "max_num_seqs": settings.max_num_seqs,
-                               "max_num_batched_tokens": settings.max_num_batched_tokens})
+                               "max_num_batched_tokens": settings.max_num_batched_tokens},
+                        outputs=[outputs.get(f"bench-{i}", []) for i in range(len(workload))])
 
 
 def measure_step_overhead(engine: LLMEngine, workload: list[BenchRequest], batch: int,

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
-from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 from python_llm.engine.worker.runner import DTYPES
 
@@ -25,6 +24,7 @@ NO_EOS = -1   # what transformers' continuous batching reads as "no EOS"
 class HFBenchSettings:
     model_dir: str
     dtype: str = "float32"
+    device: str = "cpu"
     # transformers' continuous batching: the engine's limits, so both schedule alike
     cb_max_batch_tokens: int = 512
     cb_max_requests_per_batch: int = 64
@@ -35,7 +35,7 @@ class HFBenchSettings:
 def load_model(settings: HFBenchSettings) -> torch.nn.Module:
     model = AutoModelForCausalLM.from_pretrained(settings.model_dir, dtype=DTYPES[settings.dtype],
                                                  attn_implementation="sdpa")
-    return model.eval()
+    return model.to(settings.device).eval()
 
 
 def _pad_id(model: torch.nn.Module) -> int:
@@ -54,10 +54,13 @@ def _generate(model: torch.nn.Module, prompts: list[tuple[int, ...]], new_tokens
     for row, prompt in enumerate(prompts):
         input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
         attention_mask[row, width - len(prompt):] = 1
+    input_ids, attention_mask = input_ids.to(model.device), attention_mask.to(model.device)
     config = GenerationConfig(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                               pad_token_id=pad_id, eos_token_id=model.generation_config.eos_token_id)
     with torch.inference_mode():
         out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+    if out.is_cuda:   # the clock stops when the tokens exist, not when their kernels were queued
+        torch.cuda.synchronize(out.device)
     generated = out.shape[1] - width
     if generated != new_tokens:
         raise RuntimeError(f"HF generate produced {generated} tokens, {new_tokens} were asked")
@@ -73,16 +76,18 @@ def run_single(model: torch.nn.Module, settings: HFBenchSettings, workload: list
     """One request at a time (batch 1, no padding); only the first `limit`."""
     chosen = workload[:limit]
     pad = _pad_id(model)
+    outputs = []
     with progress_bar(total_output_tokens(chosen), "HF generate, one at a time") as bar:
         started = time.perf_counter()
         for request in chosen:
-            _generate(model, [request.prompt_ids], request.max_tokens, pad)
+            out = _generate(model, [request.prompt_ids], request.max_tokens, pad)
+            outputs.append(out[0, len(request.prompt_ids):])   # copied out after the clock stops
             bar.update(request.max_tokens)
         seconds = time.perf_counter() - started
     note = f"first {len(chosen)} of {len(workload)} requests" if len(chosen) < len(workload) else ""
     return MethodResult(method="hf-single", label="HF generate, one at a time", dtype=settings.dtype,
                         useful_output_tokens=total_output_tokens(chosen), seconds=seconds,
-                        num_requests=len(chosen), note=note)
+                        num_requests=len(chosen), note=note, outputs=[o.tolist() for o in outputs])
 
 
 def run_static_batches(model: torch.nn.Module, settings: HFBenchSettings, workload: list[BenchRequest],
@@ -113,6 +118,9 @@ def run_continuous_batching(model: torch.nn.Module, settings: HFBenchSettings,
     max_new_tokens for all requests, so this uses the manager it wraps
     (`continuous_batching_context_manager`) and gives each request its own
     max_new_tokens through `add_request` -- the same scheduler and paged cache."""
+    # imported here: older transformers (a GPU machine's) lack it, and the other rows need it not
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
     longest = max(r.max_tokens for r in workload)
     generation = GenerationConfig(do_sample=False, max_new_tokens=longest, eos_token_id=NO_EOS,
                                   pad_token_id=_pad_id(model))

@@ -34,13 +34,14 @@ class HFReference:
     """HF transformers fp32, one sequence, no cache: the reference the
     engine's equality tests use, here to judge the two candidates."""
 
-    def __init__(self, model_dir: str) -> None:
+    def __init__(self, model_dir: str, device: str = "cpu") -> None:
         from .hf_baselines import HFBenchSettings, load_model
-        self.model = load_model(HFBenchSettings(model_dir=model_dir, dtype="float32"))
+        self.model = load_model(HFBenchSettings(model_dir=model_dir, dtype="float32", device=device))
 
     def logprobs_at(self, context: list[int], candidates: list[int]) -> list[float]:
         with torch.inference_mode():
-            logits = self.model(input_ids=torch.tensor([context], dtype=torch.long)).logits[0, -1]
+            ids = torch.tensor([context], dtype=torch.long, device=self.model.device)
+            logits = self.model(input_ids=ids).logits[0, -1]
         logprobs = torch.log_softmax(logits.to(torch.float64), dim=-1)
         return [float(logprobs[t]) for t in candidates]
 
@@ -52,12 +53,13 @@ class Agreement:
     mismatches: int = 0
     bound_nats: float = NEAR_TIE_NATS
     divergences: list[dict[str, Any]] = field(default_factory=list)
+    against: str = "vLLM"
 
     def noise(self) -> dict[str, float]:
         """How far each engine's view of the candidates is from HF's, at the divergences."""
         result = {}
         for view in ("engine", "vllm"):
-            gaps = [abs(_finite(x) - h) for d in self.divergences
+            gaps = [abs(_finite(x) - h) for d in self.divergences if f"{view}_logprobs" in d
                     for x, h in zip(d[f"{view}_logprobs"], d["hf_logprobs"])]
             gaps = [g for g in gaps if math.isfinite(g)]
             if gaps:
@@ -66,7 +68,7 @@ class Agreement:
 
     def line(self) -> str:
         total = self.identical + self.near_ties + self.mismatches
-        text = (f"outputs vs vLLM: {self.identical}/{total} identical token for token, {self.near_ties} differing "
+        text = (f"outputs vs {self.against}: {self.identical}/{total} identical token for token, {self.near_ties} differing "
                 f"only from a near-tie (|Δ log-prob| < {self.bound_nats:g} nats under HF fp32), "
                 f"{self.mismatches} real mismatches")
         noise = self.noise()
@@ -108,6 +110,29 @@ def compare_outputs(ours: list[list[int]], theirs: list[list[int]], prompts: lis
             "engine_logprobs": ours_view["logprobs"], "engine_alone_token": ours_view["token"],
             "vllm_logprobs": vllm_view["logprobs"], "vllm_alone_token": vllm_view["token"],
             "near_tie": near_tie})
+    return agreement
+
+
+def compare_to_reference(ours: list[list[int]], hf_runs: list[list[int]], prompts: list[list[int]],
+                         reference: HFReference, bound: float = NEAR_TIE_NATS) -> Agreement:
+    """This engine's greedy outputs against HF generate's, one request at a
+    time, on the same model and device; at each first difference, whether
+    HF fp32 (one sequence, no cache) sees the two candidates as a near-tie."""
+    agreement = Agreement(bound_nats=bound, against="HF fp32 (one at a time)")
+    for i, (a, b) in enumerate(zip(ours, hf_runs)):
+        k = step_harness.first_difference(a, b)
+        if k is None:
+            agreement.identical += 1
+            continue
+        if k >= min(len(a), len(b)):
+            raise ValueError(f"request {i}: outputs of different lengths ({len(a)} and {len(b)} tokens)")
+        hf = reference.logprobs_at(list(prompts[i]) + a[:k], [a[k], b[k]])
+        near_tie = abs(hf[0] - hf[1]) < bound
+        agreement.near_ties += near_tie
+        agreement.mismatches += not near_tie
+        agreement.divergences.append({"request": i, "position": k, "output_tokens": len(a),
+                                      "engine_token": a[k], "hf_token": b[k], "hf_logprobs": hf,
+                                      "hf_gap": hf[0] - hf[1], "near_tie": near_tie})
     return agreement
 
 

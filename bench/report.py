@@ -31,9 +31,10 @@ class MachineInfo:
     torch_threads: int
     python: str
     date: str
+    accelerator: str = ""            # the GPU the rows ran on, where --device named one
 
     @classmethod
-    def collect(cls, torch_threads: int) -> "MachineInfo":
+    def collect(cls, torch_threads: int, device: str = "cpu") -> "MachineInfo":
         model = "unknown"
         try:
             for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -42,13 +43,18 @@ class MachineInfo:
                     break
         except OSError:
             pass
+        accelerator = ""
+        if device != "cpu":
+            import torch
+            accelerator = f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
         return cls(nproc=len(os.sched_getaffinity(0)), cpu_model=model, load_average=os.getloadavg(),
                    torch_threads=torch_threads, python=platform.python_version(),
-                   date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+                   date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), accelerator=accelerator)
 
     def line(self) -> str:
         load = ", ".join(f"{x:.2f}" for x in self.load_average)
-        return (f"{self.nproc} CPUs ({self.cpu_model}), load average at start {load}, "
+        gpu = f", rows on {self.accelerator}" if self.accelerator else ""
+        return (f"{self.nproc} CPUs ({self.cpu_model}){gpu}, load average at start {load}, "
                 f"torch threads {self.torch_threads}, Python {self.python}, {self.date}")
 
 
@@ -60,6 +66,7 @@ class Report:
     failures: dict[str, str] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)       # not run, and why (not a failure)
     vllm: dict[str, Any] | None = None                           # bench.vllm_cpu's comparison
+    hf_agreement: dict[str, Any] | None = None                   # the engine's outputs against hf-single's
 
     def best_static_hf(self) -> MethodResult | None:
         static = [r for r in self.results if r.method.startswith("hf-batch-")]
@@ -102,6 +109,8 @@ class Report:
             ratio = triton.tokens_per_s / engine.tokens_per_s
             lines.append(f"ensemble / engine offline ({dtype}): {ratio:.2f}x "
                          f"(target >= {ENSEMBLE_OVER_OFFLINE}x): {'met' if ratio >= ENSEMBLE_OVER_OFFLINE else 'NOT met'}")
+        if self.hf_agreement:
+            lines.append(self.hf_agreement["line"])
         lines += self.vllm_lines(dtype)
         overhead = self.overhead(dtype)
         if overhead and overhead.get("steps"):
@@ -158,7 +167,8 @@ class Report:
     def as_dict(self, dtype: str) -> dict[str, Any]:
         return {"machine": vars(self.machine), "workload": self.workload,
                 "results": [r.as_dict() for r in self.results], "failures": self.failures,
-                "skipped": self.skipped, "vllm_comparison": self.vllm, "targets": self.targets(dtype)}
+                "skipped": self.skipped, "vllm_comparison": self.vllm, "hf_agreement": self.hf_agreement,
+                "targets": self.targets(dtype)}
 
     def write_json(self, path: str | Path, dtype: str) -> None:
         Path(path).write_text(json.dumps(self.as_dict(dtype), indent=2) + "\n")

@@ -15,6 +15,9 @@ class MethodResult:
     num_requests: int
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # each request's generated tokens, in workload order, where the row kept
+    # them (for the output agreement; not written to the JSON)
+    outputs: list[list[int]] | None = field(default=None, repr=False)
 
     @property
     def tokens_per_s(self) -> float:
