@@ -14,7 +14,7 @@ set -euo pipefail
 out=${OUT:-build/bench/cuda}
 mkdir -p "$out"
 export PYTHONPATH=backends:. PYTHONUNBUFFERED=1
-shape=.device/model-shape
+shape=${SHAPE:-.device/model-shape}
 if [ ! -f "$shape/config.json" ]; then
     echo "no $shape: stage it here first (python -m bench.random_model stage --out $shape)" >&2
     exit 2

@@ -4,6 +4,9 @@ engine's greedy outputs against HF's, judged token for token."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,6 +72,23 @@ def test_bench_on_random_weights_agrees_with_hf_token_for_token(shape: Path, tmp
     agreement = report["hf_agreement"]
     assert (agreement["identical"], agreement["mismatches"]) == (3, 0), agreement["divergences"]
     assert not Path(report["workload"]["model_dir"]).exists()   # the temporary folder is gone
+
+
+def test_the_cuda_row_script_runs_both_dtypes_on_a_cpu(shape: Path, tmp_path: Path) -> None:
+    """bench/cuda_row.sh is what a session with a GPU runs first: it must not
+    have rotted by then. Here on the CPU and a tiny shape, both of its runs."""
+    repo = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "OUT": str(tmp_path), "DEVICE": "cpu", "PYTHON": sys.executable, "SHAPE": str(shape),
+           "BENCH_ARGS": "--requests 2 --hf-single-limit 2 --overhead-steps 2 --max-num-seqs 4"}
+    done = subprocess.run(["bash", "bench/cuda_row.sh"], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    fp32, bf16 = (json.loads((tmp_path / f"cuda_{dtype}.json").read_text()) for dtype in ("fp32", "bf16"))
+    assert not fp32["failures"] and not bf16["failures"], (fp32["failures"], bf16["failures"])
+    assert {r["method"] for r in fp32["results"]} == {"engine-float32", "hf-single", "hf-batch-16", "hf-batch-64"}
+    assert {r["method"] for r in bf16["results"]} == {"engine-bfloat16", "hf-batch-64"}
+    assert fp32["hf_agreement"]["identical"] == 2
+    assert "python" in (tmp_path / "machine.txt").read_text()
 
 
 @pytest.mark.parametrize("argv, message", [
