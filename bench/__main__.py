@@ -22,7 +22,6 @@ import logging
 import os
 import resource
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -31,11 +30,11 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
+from .bench_model import add_model_arguments, bench_model_dir, check_device
 from .engine_offline import EngineBenchSettings, run_engine_offline
 from .hf_baselines import (HFBenchSettings, load_model, run_continuous_batching, run_single,
                            run_static_batches, warm_up)
 from .output_agreement import HFReference, compare_to_reference
-from .random_model import build_random_model
 from .report import MachineInfo, Report
 from .result import MethodResult
 from .workload import Vocabulary, WorkloadSpec, make_workload, total_output_tokens, total_prompt_tokens
@@ -66,12 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--served-rounds", type=int, default=0,
                         help="triton: N rounds of the offline engine then the ensemble on fresh seeds, the "
                              "served target judged on the median of the rounds' ratios (0: one served row)")
-    parser.add_argument("--model-dir", default=None)
-    parser.add_argument("--device", default="cpu",
-                        help=f"cpu, or cuda[:N] for the rows that run there ({', '.join(DEVICE_METHODS)})")
-    parser.add_argument("--random-weights", type=int, default=None, metavar="SEED",
-                        help="the model folder's shape (config, tokenizer) with weights drawn from SEED, for "
-                             "a machine the real weights cannot reach (bench.random_model); speed only")
+    add_model_arguments(parser, f"the rows that run there: {', '.join(DEVICE_METHODS)}")
     parser.add_argument("--vllm-rounds", type=int, default=1,
                         help="vllm-cpu: interleaved engine / vLLM offline rounds (the rows give the median)")
     parser.add_argument("--vllm-venv", default=None,
@@ -90,8 +84,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         parser.error(f"--only: unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
     args.only = chosen
-    if not (args.device == "cpu" or args.device.startswith("cuda")):
-        parser.error(f"--device: cpu or cuda[:N], got {args.device!r}")
+    check_device(parser, args.device)
     off_device = sorted(set(chosen) - set(DEVICE_METHODS))
     if args.device != "cpu" and off_device:
         parser.error(f"--device {args.device}: {', '.join(off_device)} run on the CPU only; "
@@ -205,24 +198,11 @@ def _attempt_agreement(report: Report, console: Console, args: argparse.Namespac
     console.print(f"  {agreement.line()}")
 
 
-def _model_dir(args: argparse.Namespace, temporary: ExitStack) -> str:
-    """The folder every row loads: --model-dir or the default model, or,
-    with --random-weights, that folder's shape with seeded random weights
-    (in a temporary folder `temporary` removes)."""
-    if args.model_dir is None:
-        from serving.default_model import ensure_default_model
-        args.model_dir = str(ensure_default_model())
-    if args.random_weights is None:
-        return args.model_dir
-    folder = Path(temporary.enter_context(tempfile.TemporaryDirectory(prefix="bench-random-model-")))
-    return str(build_random_model(Path(args.model_dir), folder, args.random_weights))
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     with ExitStack() as temporary:
-        args.model_dir = _model_dir(args, temporary)
+        args.model_dir = bench_model_dir(args.model_dir, args.random_weights, temporary)
         return _run(args)
 
 

@@ -9,7 +9,8 @@
 # There:        device run, carry [".device"], command: bash bench/cuda_row.sh
 #               (about 5 minutes after the machine starts; results in $OUT)
 # A dry run on a CPU, smaller:
-#   DEVICE=cpu PYTHON=.venv/bin/python BENCH_ARGS="--requests 8" bash bench/cuda_row.sh
+#   DEVICE=cpu PYTHON=.venv/bin/python BENCH_ARGS="--requests 8" \
+#   FAIRNESS_ARGS="--long-tokens 1024 --streams 4" bash bench/cuda_row.sh
 set -euo pipefail
 out=${OUT:-build/bench/cuda}
 mkdir -p "$out"
@@ -28,7 +29,12 @@ read -r -a extra <<< "${BENCH_ARGS:-}"
 common=(--device "$device" --model-dir "$shape" --random-weights 0 --markdown "${extra[@]}")
 # fp32: the engine, HF one at a time (its outputs judged against the engine's)
 # and HF static batches; then bf16, the dtype a GPU serves in
-timeout 300 "$python" -m bench "${common[@]}" --only engine,hf-single,hf-batch --hf-batch-sizes 16,64 \
+# (the timeouts add up to 510 s, inside one call's 600; expected ~3 minutes)
+timeout 240 "$python" -m bench "${common[@]}" --only engine,hf-single,hf-batch --hf-batch-sizes 16,64 \
     --json "$out/cuda_fp32.json" 2>&1 | tee "$out/cuda_fp32.log" || echo "fp32 run: exit $?"
-timeout 200 "$python" -m bench "${common[@]}" --dtype bfloat16 --only engine,hf-batch --hf-batch-sizes 64 \
+timeout 150 "$python" -m bench "${common[@]}" --dtype bfloat16 --only engine,hf-batch --hf-batch-sizes 64 \
     --json "$out/cuda_bf16.json" 2>&1 | tee "$out/cuda_bf16.log" || echo "bf16 run: exit $?"
+# and the fairness point: 16 streams decoding, a context-length prompt arrives
+read -r -a fairness_extra <<< "${FAIRNESS_ARGS:-}"
+timeout 120 "$python" -m bench.fairness --device "$device" --model-dir "$shape" --random-weights 0 --points default \
+    "${fairness_extra[@]}" --json "$out/fairness.json" 2>&1 | tee "$out/fairness.log" || echo "fairness run: exit $?"

@@ -39,6 +39,7 @@ import resource
 import statistics
 import subprocess
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from python_llm.engine.config import EngineConfig
 from python_llm.engine.core.sampling_params import SamplingParams
 from python_llm.engine.engine import LLMEngine
 
+from .bench_model import add_model_arguments, bench_model_dir, check_device
 from .fairness_measurement import Measurement, percentile
 from .fairness_report import ITL_P99_LIMIT, PACING_FIELD, TTFT_LIMIT, merge, plot, table, terms_table
 from .report import MachineInfo
@@ -117,7 +119,7 @@ class Bench:
     def engine(self, point: Point) -> LLMEngine:
         a = self.args
         config = EngineConfig(model_dir=a.model_dir, num_threads=a.threads, max_tokens_in_paged_kv_cache=a.kv_tokens,
-                              max_queue_size=0, max_tokens_limit=a.stream_tokens, **point.overrides)
+                              max_queue_size=0, max_tokens_limit=a.stream_tokens, device=a.device, **point.overrides)
         engine = LLMEngine(config)
         engine.generate_results([(self.prompt(64), _greedy(4))])   # warm-up: allocators, kernels
         engine.freeze_heap()   # as the served engine does: no full collection stalls a step
@@ -285,7 +287,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--kv-tokens", type=int, default=49152, help="16 streams x 2,048 + the 8k prompt fit")
     p.add_argument("--seed", type=int, default=20241201)
-    p.add_argument("--model-dir", default=None)
+    add_model_arguments(p)
     p.add_argument("--wait-quiet", type=float, default=0.0, help="minutes to wait for a quiet machine first")
     p.add_argument("--json", dest="json_path", default=None, help="default: build/bench/fairness.json")
     p.add_argument("--png", default=None)
@@ -294,7 +296,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "(TTFT against the fastest alone among them), print the table, draw --png")
     p.add_argument("--compare", nargs="+", metavar="JSON", default=[],
                    help="with --png: also draw these result files, as series named by their tag")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    check_device(p, args.device)
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -306,11 +310,14 @@ def main(argv: list[str] | None = None) -> None:
         result = {**header, "points": rows, "merged_from": args.merge}
         finish(args, result, rows, f"merged {len(args.merge)} runs, tag {header.get('tag') or '-'}")
         return
-    if args.model_dir is None:
-        from serving.default_model import ensure_default_model
-        args.model_dir = str(ensure_default_model())
+    with ExitStack() as temporary:
+        args.model_dir = bench_model_dir(args.model_dir, args.random_weights, temporary)
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     quiet = wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else "not waited for"
-    machine = MachineInfo.collect(args.threads)
+    machine = MachineInfo.collect(args.threads, args.device)
     print(f"{machine.line()}; {quiet}", flush=True)
     bench = Bench(args)
     measurements = []

@@ -74,12 +74,13 @@ def test_bench_on_random_weights_agrees_with_hf_token_for_token(shape: Path, tmp
     assert not Path(report["workload"]["model_dir"]).exists()   # the temporary folder is gone
 
 
-def test_the_cuda_row_script_runs_both_dtypes_on_a_cpu(shape: Path, tmp_path: Path) -> None:
+def test_the_cuda_row_script_runs_both_dtypes_and_fairness_on_a_cpu(shape: Path, tmp_path: Path) -> None:
     """bench/cuda_row.sh is what a session with a GPU runs first: it must not
-    have rotted by then. Here on the CPU and a tiny shape, both of its runs."""
+    have rotted by then. Here on the CPU and a tiny shape, all three of its runs."""
     repo = Path(__file__).resolve().parents[3]
     env = {**os.environ, "OUT": str(tmp_path), "DEVICE": "cpu", "PYTHON": sys.executable, "SHAPE": str(shape),
-           "BENCH_ARGS": "--requests 2 --hf-single-limit 2 --overhead-steps 2 --max-num-seqs 4"}
+           "BENCH_ARGS": "--requests 2 --hf-single-limit 2 --overhead-steps 2 --max-num-seqs 4",
+           "FAIRNESS_ARGS": "--long-tokens 200 --streams 2 --steps-before 4 --stream-tokens 256 --kv-tokens 1024"}
     done = subprocess.run(["bash", "bench/cuda_row.sh"], cwd=repo, env=env, capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -88,6 +89,8 @@ def test_the_cuda_row_script_runs_both_dtypes_on_a_cpu(shape: Path, tmp_path: Pa
     assert {r["method"] for r in fp32["results"]} == {"engine-float32", "hf-single", "hf-batch-16", "hf-batch-64"}
     assert {r["method"] for r in bf16["results"]} == {"engine-bfloat16", "hf-batch-64"}
     assert fp32["hf_agreement"]["identical"] == 2
+    fairness = json.loads((tmp_path / "fairness.json").read_text())
+    assert [p["label"] for p in fairness["points"]] == ["default"] and fairness["load"]["long_tokens"] == 200
     assert "python" in (tmp_path / "machine.txt").read_text()
 
 
