@@ -13,7 +13,8 @@ from .random_model import build_random_model
 
 def add_model_arguments(parser: argparse.ArgumentParser, device_rows: str = "") -> None:
     parser.add_argument("--model-dir", default=None, help="a Hugging Face folder (default: the default model)")
-    parser.add_argument("--device", default="cpu", help="cpu, or cuda[:N]" + (f" ({device_rows})" if device_rows else ""))
+    parser.add_argument("--device", default="cpu",
+                        help="cpu, or cuda[:N]" + (f" ({device_rows})" if device_rows else ""))
     parser.add_argument("--random-weights", type=int, default=None, metavar="SEED",
                         help="the model folder's shape (config, tokenizer) with weights drawn from SEED, for "
                              "a machine the real weights cannot reach (bench.random_model); speed only")

@@ -9,7 +9,8 @@ the weights are drawn there with `build`, from a seed.
 Speed does not depend on the weights' values, so a throughput row on such a
 folder measures what the real model would give. Outputs do: tokens from
 random weights are compared engine against HF only, never against the real
-model's, and near-ties are far more common (the logits are nearly flat).
+model's, and near-ties are likelier (the logits are flatter than a trained
+model's).
 
     python -m bench.random_model stage --out .device/model-shape
     python -m bench.random_model build --shape .device/model-shape --out /tmp/model --seed 0
