@@ -17,7 +17,6 @@ Output tokens/s = requested output tokens / wall time of the measured part
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import os
 import resource
@@ -30,7 +29,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from .bench_model import add_model_arguments, bench_model_dir, check_device
+from .bench_model import add_model_arguments, bench_model_dir, check_device, release_memory
 from .engine_offline import EngineBenchSettings, run_engine_offline
 from .hf_baselines import (HFBenchSettings, load_model, run_continuous_batching, run_single,
                            run_static_batches, warm_up)
@@ -126,7 +125,7 @@ def _attempt(report: Report, console: Console, name: str, run: Callable[[], list
         logging.getLogger(__name__).exception("%s failed", name)
         report.failures[name] = f"{type(exc).__name__}: {exc}"
     finally:
-        gc.collect()
+        release_memory()
 
 
 def _hf_rows(args: argparse.Namespace, model_dir: str, workload: list) -> list[MethodResult]:
@@ -191,7 +190,7 @@ def _attempt_agreement(report: Report, console: Console, args: argparse.Namespac
         report.failures["hf-agreement"] = f"{type(exc).__name__}: {exc}"
         return
     finally:
-        gc.collect()
+        release_memory()
     report.hf_agreement = {"line": agreement.line(), "identical": agreement.identical,
                            "near_ties": agreement.near_ties, "mismatches": agreement.mismatches,
                            "divergences": agreement.divergences}

@@ -4,6 +4,7 @@ and the folder they resolve to."""
 from __future__ import annotations
 
 import argparse
+import gc
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
@@ -36,3 +37,13 @@ def bench_model_dir(model_dir: str | None, random_weights: int | None, temporary
         return model_dir
     folder = Path(temporary.enter_context(tempfile.TemporaryDirectory(prefix="bench-random-model-")))
     return str(build_random_model(Path(model_dir), folder, random_weights))
+
+
+def release_memory() -> None:
+    """Collect, and give a GPU's cached blocks back to its driver: an engine
+    on CUDA sizes its KV cache as a share of the memory free, so the next
+    engine of the same process then gets what the first one got."""
+    gc.collect()
+    import torch
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()

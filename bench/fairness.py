@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import json
 import os
 import random
@@ -48,7 +47,7 @@ from python_llm.engine.config import EngineConfig
 from python_llm.engine.core.sampling_params import SamplingParams
 from python_llm.engine.engine import LLMEngine
 
-from .bench_model import add_model_arguments, bench_model_dir, check_device
+from .bench_model import add_model_arguments, bench_model_dir, check_device, release_memory
 from .fairness_measurement import Measurement, percentile
 from .fairness_report import ITL_P99_LIMIT, PACING_FIELD, TTFT_LIMIT, merge, plot, table, terms_table
 from .report import MachineInfo
@@ -252,7 +251,7 @@ class Bench:
         m.cores_used = (_cpu_seconds() - cpu0) / (time.perf_counter() - wall0)
         engine.shutdown()
         del engine
-        gc.collect()
+        release_memory()
         return m
 
 
