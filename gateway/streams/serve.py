@@ -4,10 +4,10 @@ response shared by the first connection and every resume.
 Before the 200: the request waits for its stream's first event for up to one
 keep-alive interval, so that a refusal (bad input the text stages found, an
 overloaded engine) is still an HTTP status. A request still queued or
-prefilling after that gets its 200 and SSE comment lines (`: keep-alive`)
-every interval until its first token: a proxy with a 60 s read timeout in
-between never sees a silent minute. A refusal after that point arrives as the
-stream's last event."""
+prefilling after that gets its 200 and an SSE comment line (`: keep-alive`)
+every interval while no event flows (queueing, prefill, a stall, a
+migration): a proxy with a 60 s read timeout in between never sees a silent
+minute. A refusal after that point arrives as the stream's last event."""
 from __future__ import annotations
 
 import asyncio
@@ -31,7 +31,14 @@ from .shared import SharedStreams
 log = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-KEEPALIVE = b": keep-alive\n\n"
+# A comment LINE, not a comment block: no blank line after it, so it ends no
+# event and no decoder dispatches anything. With "\n\n" the openai SDK and
+# httpx-sse, which keep the last `id:` across events as the SSE spec says,
+# dispatched an event with empty data after any event with an id (ours all
+# have one), and the SDK's json.loads("") failed the stream. A comment line is
+# ignored wherever it falls (WHATWG "event stream interpretation"): before the
+# first event, between events, or as a stream's last bytes.
+KEEPALIVE = b": keep-alive\n"
 STREAM_ID_HEADER = "X-Stream-Id"
 # nginx's status for "the client closed the request": only ever logged, nobody receives it
 CLIENT_CLOSED_REQUEST = 499
