@@ -94,7 +94,8 @@ async def _rate(one, streams: int, max_tokens: int, offset: int) -> float:
     return sum(tokens for _, tokens in counts) / (time.perf_counter() - started)
 
 
-async def measure(grpc_url: str, gateway_url: str, key: str, args: argparse.Namespace) -> Results:
+async def measure(grpc_url: str, gateway_url: str, metrics_url: str, key: str, args: argparse.Namespace) -> Results:
+    """`metrics_url`: the gateway's /metrics, on its ops port (not gateway_url's)."""
     results = Results(args.streams, args.max_tokens)
     config = ClientConfig(url=grpc_url, transport="grpc", retry=RetryConfig(max_attempts=1),
                           max_connections=args.streams)
@@ -112,7 +113,7 @@ async def measure(grpc_url: str, gateway_url: str, key: str, args: argparse.Name
                 getattr(results, f"{name}_tok_s").append(rate)
                 print(f"round {round_index + 1} {name:8s} {rate:8.1f} output tok/s at {args.streams} streams",
                       flush=True)
-        before = _phase_totals((await http.get("/metrics")).text)
+        before = _phase_totals((await http.get(metrics_url)).text)
         results.gateway_phase_mean_ms = _means(before)
         for pair in range(args.pairs):
             order = ("direct", "gateway") if pair % 2 == 0 else ("gateway", "direct")
@@ -121,7 +122,7 @@ async def measure(grpc_url: str, gateway_url: str, key: str, args: argparse.Name
                 getattr(results, f"{name}_ttft_ms").append((first or 0.0) * 1000)
         print(f"TTFT at concurrency 1: direct p50 {statistics.median(results.direct_ttft_ms):.1f} ms, "
               f"gateway p50 {statistics.median(results.gateway_ttft_ms):.1f} ms", flush=True)
-        after = _phase_totals((await http.get("/metrics")).text)
+        after = _phase_totals((await http.get(metrics_url)).text)
         results.gateway_phase_mean_ms_c1 = _means({key: after[key] - before.get(key, 0.0) for key in after})
     return results
 
@@ -171,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     triton.start()
     try:
         gateway.start()
-        results = asyncio.run(measure(triton.grpc_url, f"http://127.0.0.1:{gateway_port}", key, args))
+        results = asyncio.run(measure(triton.grpc_url, f"http://127.0.0.1:{gateway_port}", str(gateway.metrics_url),
+                                      key, args))
     finally:
         gateway.stop()
         triton.stop()

@@ -242,7 +242,7 @@ def run_policy(policy: str, settings: DeploymentSettings, workload: Workload, ar
             result = asyncio.run(run_workload(workload, f"http://127.0.0.1:{gateway_port}", key, args.concurrency,
                                               args.max_tokens))
         after = {name: scrape(httpx.get(s.metrics_url).text, _ENGINE) for name, s in servers.items()}
-        sent = routed(httpx.get(f"http://127.0.0.1:{gateway_port}/metrics").text)
+        sent = routed(httpx.get(str(gateway.metrics_url)).text)      # the ops port: /metrics is not public
     finally:
         gateway.stop()
         for server in servers.values():

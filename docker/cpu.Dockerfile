@@ -52,8 +52,9 @@ USER 10001:10001
 # golden answer (LLM_BUILD_DIR/probe/SmolLM2-135M-Instruct.json), once, at build
 RUN python -m serving prepare-model
 
-# HTTP, gRPC, metrics (Triton); the gateway's OpenAI API and gRPC door. Health checks
-# belong to the role: `probe` (inference check) for triton, GET /health for the gateway
-EXPOSE 8000 8001 8002 9000 9001
+# HTTP, gRPC, metrics (Triton); the gateway's OpenAI API, gRPC door and ops port
+# (/metrics, /admin/*: loopback unless LLM__GATEWAY__OPS_HOST says otherwise). Health
+# checks belong to the role: `probe` (inference check) for triton, GET /health for the gateway
+EXPOSE 8000 8001 8002 9000 9001 9002
 ENTRYPOINT ["/app/docker/entrypoint.sh"]
 CMD ["triton"]

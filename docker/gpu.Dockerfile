@@ -53,6 +53,6 @@ USER 10001:10001
 # no GPU is needed to build). Larger models come on the PVC (see the README's Deploy).
 RUN python -m serving prepare-model
 
-EXPOSE 8000 8001 8002 9000 9001
+EXPOSE 8000 8001 8002 9000 9001 9002
 ENTRYPOINT ["/app/docker/entrypoint.sh"]
 CMD ["triton"]

@@ -7,6 +7,7 @@ rest (`--settings FILE`, `LLM__GATEWAY__*`, `--set gateway.field=value`)."""
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 from collections.abc import Sequence
@@ -24,15 +25,23 @@ def load_config(settings_file: str | None, assignments: Sequence[str]) -> Gatewa
 
 
 def serve(config: GatewayConfig, log_level: str) -> int:
+    import asyncio
+
     import uvicorn
 
     from . import logs
     from .app import build_policy, create_app
     from .drain import DrainingServer
+    from .ops import OpsBindError, ops_server, serve_together
 
     logs.configure(log_level)
     app = create_app(config, build_policy(config))
     state = app.state
+    try:
+        ops = ops_server(config, app)      # /metrics and /admin/*: their own listener, bound first
+    except OpsBindError as exc:
+        logging.getLogger("gateway").error("%s", exc)
+        return 1
     # access_log off: the gateway writes its own, with request ids and no secrets
     server = DrainingServer(uvicorn.Config(state.asgi, host=config.host, port=config.port, log_config=None,
                                            access_log=False, lifespan="on", timeout_graceful_shutdown=10),
@@ -42,7 +51,9 @@ def serve(config: GatewayConfig, log_level: str) -> int:
     # re-raises the signal to the handler it found: a no-op one makes a clean stop exit 0
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    server.run()
+    # the loop uvicorn's own run() would pick
+    with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
+        runner.run(serve_together(server, ops))
     return 0 if server.started else 1
 
 

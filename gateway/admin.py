@@ -1,5 +1,5 @@
-"""The operator's endpoints, behind their own key (never an API key):
-`GET /admin/replicas` (each replica's state), `POST
+"""The operator's endpoints, on the ops listener only (ops.py), behind their
+own key (never an API key): `GET /admin/replicas` (each replica's state), `POST
 /admin/replicas/{name}/drain` (no new requests to it; its in-flight ones
 finish) and `/resume`, `GET /admin/degradation` (the degradation level, its
 signals' window values and thresholds). The key is read from `gateway.admin_key_file`, or
@@ -24,12 +24,15 @@ log = logging.getLogger(__name__)
 router = APIRouter(include_in_schema=False)
 
 
-def admin_key(config: GatewayConfig) -> str:
+def admin_key_path(config: GatewayConfig) -> Path:
     if config.admin_key_file:
-        path = Path(config.admin_key_file)
-    else:
-        from serving.paths import BUILD_DIR       # late: only the default location needs it
-        path = BUILD_DIR / "gateway_admin_key"
+        return Path(config.admin_key_file)
+    from serving.paths import BUILD_DIR       # late: only the default location needs it
+    return BUILD_DIR / "gateway_admin_key"
+
+
+def admin_key(config: GatewayConfig) -> str:
+    path = admin_key_path(config)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

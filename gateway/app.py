@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import logs
@@ -24,7 +24,7 @@ from .config import GatewayConfig
 from .degrade import DegradingPolicy, build_degradation
 from .errors import GatewayError
 from .guard import ASGIApp, BodyGuard, Message, Receive, Scope, Send
-from .metrics import IN_FLIGHT, REGISTRY, REQUEST_DURATION, REQUESTS, exposition
+from .metrics import IN_FLIGHT, REGISTRY, REQUEST_DURATION, REQUESTS
 from .openai.responses_routes import router as responses_router
 from .openai.routes import router as openai_router
 from .policy import Policy
@@ -35,16 +35,16 @@ from .triton.http_routes import route_label as triton_route
 from .triton.http_routes import router as triton_router
 from .triton.responses import TritonErrorShape
 from .upstream import Upstream
-from .admin import router as admin_router
 from .drain import DrainGuard, DrainState
 from .fleet import build_fleet
+from .ops import create_ops_app
 
 access_log = logging.getLogger("gateway.access")
 
 # the routes metrics are labelled by; anything else is "other", so that random
 # paths cannot create label values
 _ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/models": "models",
-           "/metrics": "metrics", "/health": "health"}
+           "/health": "health"}
 
 
 def build_policy(config: GatewayConfig) -> Policy:
@@ -182,7 +182,6 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream | None 
     app.include_router(responses_router)
     app.include_router(streams_router)
     app.include_router(triton_router)
-    app.include_router(admin_router)
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
@@ -209,18 +208,16 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream | None 
             return JSONResponse({"status": "draining"}, status_code=503)
         return JSONResponse({"status": "ok", "replicas_routable": len(fleet.routable())})
 
-    @app.get("/metrics", include_in_schema=False)
-    async def metrics() -> Response:
-        body, content_type = exposition()
-        return Response(body, media_type=content_type)
-
     # Triton's error shape under /v2, whichever layer refused (the guard too)
     guarded = TritonErrorShape(BodyGuard(app, config.max_body_bytes, config.max_json_depth))
     app.state.asgi = RequestContextMiddleware(DrainGuard(guarded, drain))
+    # /metrics and /admin/* only on the ops listener (ops.py), never on this public app
+    app.state.ops_asgi = create_ops_app(app)
     return app
 
 
 def asgi_app(config: GatewayConfig, policy: Policy | None = None, upstream: Upstream | None = None) -> ASGIApp:
-    """The whole stack as one ASGI callable (what uvicorn serves)."""
+    """The public stack as one ASGI callable (what the public uvicorn serves; the ops
+    endpoints are `create_app(...).state.ops_asgi`, served by ops.py)."""
     app = create_app(config, policy or build_policy(config), upstream)
     return app.state.asgi

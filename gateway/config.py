@@ -51,6 +51,13 @@ class GatewayConfig:
     host: str = "0.0.0.0"                 # the public front door (Triton itself stays on loopback)
     port: int = 9000
     public_grpc_port: int = 9001                # KServe v2 GRPCInferenceService for the public models; 0: off
+    # the operational endpoints (/metrics with its per-key labels, /admin/*) on a
+    # listener of their own, never on the public port: loopback by default, so only
+    # this machine (Prometheus, an operator) reaches them; a pod sets 0.0.0.0 for
+    # Prometheus and keeps the port out of its public Service. 9002: next to 9000
+    # and 9001, as Triton's metrics 8002 is to 8000 / 8001. 0: off
+    ops_host: str = "127.0.0.1"
+    ops_port: int = 9002
     upstream_grpc_url: str = "127.0.0.1:8001"  # the one replica, when `replicas` is empty
     # several replicas, by name (a TOML table each; JSON in the environment / --set)
     replicas: dict[str, ReplicaConfig] = field(default_factory=dict)
@@ -104,7 +111,7 @@ class GatewayConfig:
     degrade_max_tokens: int = 256
     degrade_fallback_model: str = ""           # a model on the replicas (e.g. a smaller one); empty: no level 4
     drain_timeout_s: float = 30.0         # SIGTERM: in-flight streams get this long to finish
-    admin_key_file: str = ""              # the key of /admin/* (drain a replica); empty: <build dir>/gateway_admin_key
+    admin_key_file: str = ""              # the key of /admin/* (ops port); empty: <build dir>/gateway_admin_key
     keys_file: str = ""                   # the API key store (hashes only); empty: <build dir>/gateway_keys.json
     redis_url: str = ""                   # shared rate-limit counters for several gateway processes; empty: memory
     max_body_bytes: int = 1_048_576

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,14 +18,36 @@ class GatewayStartError(RuntimeError):
     pass
 
 
+def _ops_port_assigned(assignments: list[str]) -> int | None:
+    given = [a.partition("=")[2] for a in assignments if a.partition("=")[0].strip() == "gateway.ops_port"]
+    return int(given[-1]) if given else None
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 class GatewayProcess:
     def __init__(self, assignments: list[str], log_path: Path, *, port: int, settings_file: str | None = None,
-                 probe_host: str = "127.0.0.1") -> None:
-        """`port`: the gateway.port the child will listen on, for the health probe."""
+                 probe_host: str = "127.0.0.1", ops_port: int | None = None) -> None:
+        """`port`: the gateway.port the child will listen on, for the health probe.
+        `ops_port`: its gateway.ops_port (/metrics, /admin/*; 0: off); None: the
+        one `assignments` sets, else a free loopback port chosen now, so that
+        gateways side by side (tests, benchmarks) never meet on the default."""
+        if ops_port is None:
+            ops_port = _ops_port_assigned(assignments)
+        if ops_port is None:
+            ops_port = _free_port()
+            assignments = [*assignments, f"gateway.ops_port={ops_port}"]
         self.assignments = assignments
         self.log_path = log_path
         self.settings_file = settings_file
         self.health_url = f"http://{probe_host}:{port}/health"
+        # the operational endpoints, never on the public port (gateway/ops.py); None when off
+        self.ops_url = f"http://{probe_host}:{ops_port}" if ops_port else None
+        self.metrics_url = f"{self.ops_url}/metrics" if self.ops_url else None
         self.process: subprocess.Popen[bytes] | None = None
 
     def command(self) -> list[str]:

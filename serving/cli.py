@@ -100,9 +100,20 @@ def _gateway_banner(fleet: Fleet, golden: Path | None, gateway: GatewayConfig, l
     return (f"\nready.\n  OpenAI API  {base_url}  (the gateway, listening on {gateway.host}:{gateway.port}; "
             f"log {log_path})\n"
             f"  Triton API  http://127.0.0.1:{gateway.port}/v2/models/{{ensemble,llm_bls}}/generate[_stream] | infer\n"
-            f"{grpc_line}{key_line}"
+            f"{grpc_line}{key_line}{_ops_line(gateway)}"
             f"  Triton, behind it on loopback:\n{_fleet_lines(fleet, golden)}"
             f"\ntry:\n{curl}\n\n{python}\n\n{BANNER_END}")
+
+
+def _ops_line(gateway: GatewayConfig) -> str:
+    """Where /metrics and /admin/* are: the ops listener, never the public port."""
+    if not gateway.ops_port:
+        return "  Ops         off (gateway.ops_port = 0): no /metrics, no /admin/*\n"
+    from gateway.admin import admin_key_path     # late: it brings FastAPI
+    host = "127.0.0.1" if gateway.ops_host in ("0.0.0.0", "::", "") else gateway.ops_host
+    url = f"http://[{host}]:{gateway.ops_port}" if ":" in host else f"http://{host}:{gateway.ops_port}"
+    return (f"  Ops         {url}/metrics, {url}/admin/*  (listening on {gateway.ops_host}:{gateway.ops_port}, "
+            f"not the public port; admin: Bearer key in {admin_key_path(gateway)})\n")
 
 
 def _local_key(gateway: GatewayConfig) -> str | None:
@@ -115,7 +126,8 @@ def _start_gateway(args: argparse.Namespace, fleet: Fleet, golden: Path | None,
                    gateway: GatewayConfig) -> GatewayProcess:
     # the child reads the same settings sources; its upstreams are these replicas
     process = GatewayProcess([*(args.set or []), *gateway_assignments(fleet.replicas, golden)],
-                             log_path=BUILD_DIR / "gateway.log", settings_file=args.settings, port=gateway.port)
+                             log_path=BUILD_DIR / "gateway.log", settings_file=args.settings, port=gateway.port,
+                             ops_port=gateway.ops_port)
     process.start()
     return process
 

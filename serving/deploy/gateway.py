@@ -1,8 +1,11 @@
-"""The gateway: 2+ replicas behind a Service (the one public door), their
-PodDisruptionBudget, and the Redis they share (rate limits, resumable
-streams, a DELETE through any replica) with a NetworkPolicy that admits only
-gateways. Keys and the admin key come from a Secret the operator creates
-(`<app>-gateway`: `keys.json`, `admin_key`)."""
+"""The gateway: 2+ replicas behind a Service (the one public door: the API
+ports only), their PodDisruptionBudget, and the Redis they share (rate limits,
+resumable streams, a DELETE through any replica) with a NetworkPolicy that
+admits only gateways. The ops port (/metrics, /admin/*) listens on the pod IP
+for Prometheus, found through a headless Service of its own, and a
+NetworkPolicy admits only the monitoring namespace to it (an operator reaches
+/admin with `kubectl port-forward`). Keys and the admin key come from a
+Secret the operator creates (`<app>-gateway`: `keys.json`, `admin_key`)."""
 from __future__ import annotations
 
 import math
@@ -25,10 +28,19 @@ def termination_grace_s(settings: DeploymentSettings, profile: K8sProfile) -> in
 
 
 def container_ports(settings: DeploymentSettings) -> list[dict[str, Any]]:
+    """The public ports: what the Service exposes."""
     ports = [{"name": "http", "containerPort": settings.gateway.port, "protocol": "TCP"}]
     if settings.gateway.public_grpc_port:
         ports.append({"name": "grpc", "containerPort": settings.gateway.public_grpc_port, "protocol": "TCP"})
     return ports
+
+
+def ops_ports(settings: DeploymentSettings) -> list[dict[str, Any]]:
+    """The ops port, when it listens beyond the pod's loopback (for Prometheus); never in the public Service."""
+    g = settings.gateway
+    if not g.ops_port or g.ops_host in ("127.0.0.1", "localhost", "::1"):
+        return []
+    return [{"name": "ops", "containerPort": g.ops_port, "protocol": "TCP"}]
 
 
 def gateway_container(settings: DeploymentSettings, profile: K8sProfile, names: Names, *, name: str = "gateway",
@@ -44,7 +56,7 @@ def gateway_container(settings: DeploymentSettings, profile: K8sProfile, names: 
         "envFrom": settings_env_from(names),
         # the gateway writes nothing but under its build dir: a tmpfs, the root stays read-only
         "env": env({"LLM_BUILD_DIR": "/tmp/triton-llm", **(overrides or {})}),
-        "ports": container_ports(settings),
+        "ports": container_ports(settings) + ops_ports(settings),
         "resources": {"requests": {"cpu": profile.gateway_cpu, "memory": profile.gateway_memory},
                       "limits": {"cpu": profile.gateway_cpu, "memory": profile.gateway_memory}},
         # /health answers 503 once draining: out of the Service before anything is refused
@@ -93,6 +105,34 @@ def service(settings: DeploymentSettings, profile: K8sProfile, names: Names) -> 
              for p in container_ports(settings)]
     return {"apiVersion": "v1", "kind": "Service", "metadata": meta(names.gateway, profile, names.labels("gateway")),
             "spec": {"type": profile.gateway_service_type, "selector": names.selector("gateway"), "ports": ports}}
+
+
+def ops_service(settings: DeploymentSettings, profile: K8sProfile, names: Names) -> list[dict[str, Any]]:
+    """Headless (no virtual IP, nothing proxied): only names the pods' ops port for
+    the ServiceMonitor; not-ready pods too, so a draining gateway is still scraped."""
+    ports = [{"name": p["name"], "port": p["containerPort"], "targetPort": p["name"], "protocol": "TCP"}
+             for p in ops_ports(settings)]
+    if not ports:
+        return []
+    return [{"apiVersion": "v1", "kind": "Service",
+             "metadata": meta(names.gateway_ops, profile, names.labels("gateway")),
+             "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": names.selector("gateway"),
+                      "ports": ports}}]
+
+
+def network_policy(settings: DeploymentSettings, profile: K8sProfile, names: Names) -> dict[str, Any]:
+    """The API ports from anywhere; the ops port from the monitoring namespace only.
+    Kubelet probes come from the node and are not subject to it."""
+    rules: list[dict[str, Any]] = [{"ports": [{"protocol": "TCP", "port": p["containerPort"]}
+                                              for p in container_ports(settings)]}]
+    for p in ops_ports(settings):
+        rules.append({"from": [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": profile.monitoring_namespace}}}],
+            "ports": [{"protocol": "TCP", "port": p["containerPort"]}]})
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": meta(names.gateway, profile, names.labels("gateway")),
+            "spec": {"podSelector": {"matchLabels": names.selector("gateway")}, "policyTypes": ["Ingress"],
+                     "ingress": rules}}
 
 
 def disruption_budget(profile: K8sProfile, names: Names) -> dict[str, Any]:

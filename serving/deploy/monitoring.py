@@ -16,6 +16,7 @@ import yaml
 from ..paths import REPO_ROOT
 from ..settings import DeploymentSettings
 from .common import meta
+from .gateway import ops_ports
 from .names import Names
 from .profile import K8sProfile
 from .triton import QUEUE_METRIC
@@ -31,7 +32,9 @@ def _labels(names: Names, profile: K8sProfile, component: str) -> dict[str, str]
     return {**names.labels(component), **profile.monitoring_labels}
 
 
-def service_monitors(profile: K8sProfile, names: Names) -> list[dict[str, Any]]:
+def service_monitors(settings: DeploymentSettings, profile: K8sProfile, names: Names) -> list[dict[str, Any]]:
+    """Triton's metrics port; the gateways' ops port (its headless Service, gateway.py),
+    never the public one, which has no /metrics."""
     def monitor(component: str, port: str) -> dict[str, Any]:
         return {"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
                 "metadata": meta(f"{profile.app}-{component}", profile, _labels(names, profile, component)),
@@ -39,7 +42,7 @@ def service_monitors(profile: K8sProfile, names: Names) -> list[dict[str, Any]]:
                          "selector": {"matchLabels": names.selector(component)},
                          "namespaceSelector": {"matchNames": [profile.namespace]},
                          "endpoints": [{"port": port, "path": "/metrics", "interval": SCRAPE_INTERVAL}]}}
-    return [monitor("triton", "metrics"), monitor("gateway", "http")]
+    return [monitor("triton", "metrics"), *([monitor("gateway", "ops")] if ops_ports(settings) else [])]
 
 
 def rule_files() -> list[Path]:
@@ -89,4 +92,4 @@ def adapter_config(profile: K8sProfile, names: Names) -> dict[str, Any]:
 
 
 def objects(settings: DeploymentSettings, profile: K8sProfile, names: Names) -> list[dict[str, Any]]:
-    return [*service_monitors(profile, names), prometheus_rule(profile, names), dashboards(profile, names)]
+    return [*service_monitors(settings, profile, names), prometheus_rule(profile, names), dashboards(profile, names)]

@@ -19,6 +19,10 @@ class Names:
         return f"{self.app}-gateway"
 
     @property
+    def gateway_ops(self) -> str:         # the headless Service Prometheus finds the gateways' ops port by
+        return f"{self.app}-gateway-ops"
+
+    @property
     def redis(self) -> str:
         return f"{self.app}-redis"
 

@@ -4,7 +4,7 @@ numbered files to `kubectl apply -f` in order:
     00-namespace.yaml          the namespace
     10-settings.yaml           the settings ConfigMap (LLM__* for every pod) [+ the golden answer]
     20-triton.yaml             Triton: headless Service, StatefulSet, PDB, HPA, NetworkPolicy
-    30-gateway.yaml            gateway: Service, Deployment, PDB; Redis
+    30-gateway.yaml            gateway: Service (API ports), headless ops Service, Deployment, PDB, NetworkPolicy; Redis
     40-monitoring.yaml         ServiceMonitors, PrometheusRule, Grafana dashboard (prometheus-operator)
     41-prometheus-adapter.yaml the HPA's custom metric (prometheus-adapter's rules, its namespace)
     50-inference-pool.yaml     the InferencePool (only with inference_pool=true)
@@ -56,9 +56,9 @@ def render(settings: DeploymentSettings, profile: K8sProfile, golden: Path | Non
                                             settings.gateway.port if profile.inference_pool else None)]
     if profile.autoscale:
         triton_objects.append(triton.autoscaler(profile, names))
-    gateway_objects = [gateway.service(settings, profile, names),
+    gateway_objects = [gateway.service(settings, profile, names), *gateway.ops_service(settings, profile, names),
                        gateway.deployment(settings, profile, names, checksum, golden is not None),
-                       gateway.disruption_budget(profile, names)]
+                       gateway.disruption_budget(profile, names), gateway.network_policy(settings, profile, names)]
     if profile.redis and settings.gateway.redis_url.startswith(f"redis://{names.redis}."):
         gateway_objects += gateway.redis(profile, names, ("gateway", "triton") if profile.inference_pool
                                          else ("gateway",))

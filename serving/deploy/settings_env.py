@@ -6,7 +6,8 @@ manifests show what this deployment changed; `DeploymentSettings.load` on the
 result gives back the same settings (tests/unit/deploy checks the round trip).
 
 `for_cluster` fills in what the cluster decides, for settings left at their
-defaults: the Triton replicas' DNS name, the in-cluster Redis, the key files
+defaults: the Triton replicas' DNS name, the in-cluster Redis, the gateway's
+ops port on the pod IP (for Prometheus, not in the public Service), the key files
 mounted from Secrets, the golden answer, the thread count from the CPU limit,
 CUDA on the gpu profile."""
 from __future__ import annotations
@@ -31,6 +32,7 @@ ADMIN_KEY_FILE = f"{GATEWAY_SECRET_DIR}/admin_key"
 TRITON_HTTP_PORT = 8000
 DEFAULT_GRPC_PORT = 8001
 REDIS_PORT = 6379
+OPS_HOST_IN_POD = "0.0.0.0"
 
 
 def _dump(section: Any) -> dict[str, Any]:
@@ -84,6 +86,9 @@ def for_cluster(settings: DeploymentSettings, profile: K8sProfile, names: Names,
         changes["gateway.probe_golden_file"] = GOLDEN_MOUNT
     elif not g.probe_golden_file and e.model_dir == DEFAULT_MODEL_DIR:
         changes["gateway.probe_golden_file"] = IMAGE_GOLDEN
+    if g.ops_port and g.ops_host == defaults.ops_host:
+        # the pod IP, for Prometheus; the public Service keeps to the API ports (gateway.py)
+        changes["gateway.ops_host"] = OPS_HOST_IN_POD
     if g.host != defaults.host:
         raise ValueError(f"gateway.host: {g.host!r}; in a pod the gateway must listen on {defaults.host!r}")
     if e.num_threads <= 0:
@@ -93,5 +98,5 @@ def for_cluster(settings: DeploymentSettings, profile: K8sProfile, names: Names,
     return settings.replace(**changes) if changes else settings
 
 
-__all__ = ["ADMIN_KEY_FILE", "DEFAULT_MODEL_DIR", "GOLDEN_MOUNT", "IMAGE_GOLDEN", "KEYS_FILE", "TRITON_HTTP_PORT",
-           "for_cluster", "grpc_port", "settings_env"]
+__all__ = ["ADMIN_KEY_FILE", "DEFAULT_MODEL_DIR", "GOLDEN_MOUNT", "IMAGE_GOLDEN", "KEYS_FILE", "OPS_HOST_IN_POD",
+           "TRITON_HTTP_PORT", "for_cluster", "grpc_port", "settings_env"]

@@ -35,7 +35,7 @@ class FleetGateway:
     free_key: str = ""
 
     def metric(self, name: str, replica: str) -> float:
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        text = httpx.get(self.process.metrics_url, timeout=10).text
         total = 0.0
         for line in text.splitlines():
             if line.startswith(name + "{") and f'replica="{replica}"' in line:
@@ -59,7 +59,7 @@ class FleetGateway:
         probe outcomes and its last warnings (a failed wait shows them; the
         log is gone after a CI run)."""
         try:
-            text = httpx.get(f"{self.url}/metrics", timeout=10).text
+            text = httpx.get(self.process.metrics_url, timeout=10).text
             probes = [line for line in text.splitlines() if line.startswith("gateway_replica_probes_total{")]
         except httpx.HTTPError as exc:   # the report must not hide the failure it explains
             probes = [f"the gateway's /metrics did not answer: {exc!r} (alive: {self.process.alive()})"]
@@ -77,7 +77,7 @@ class FleetGateway:
     def total(self, name: str, **labels: str) -> float:
         """A metric summed over the series that carry `labels`."""
         wanted = [f'{k}="{v}"' for k, v in labels.items()]
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        text = httpx.get(self.process.metrics_url, timeout=10).text
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith(name) and not line.startswith(name + "_created")
                    and all(w in line for w in wanted))

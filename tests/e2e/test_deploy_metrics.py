@@ -1,6 +1,6 @@
 """Every metric that a Grafana panel, a recording or alert rule, the
 prometheus-adapter rule or the HPA reads is exposed by a live stack: a real
-tritonserver's metrics port and a real gateway's /metrics (the gateway
+tritonserver's metrics port and a real gateway's /metrics on its ops port (the gateway
 started with the image's `gateway` command and compose's kind of settings:
 replicas found by DNS, the golden answer, a key store), after one request.
 The names are parsed from the files themselves (tests/unit/deploy/references.py
@@ -48,7 +48,7 @@ def _health(url: str) -> bool:
 @pytest.fixture(scope="module")
 def gateway(triton_server: TritonServer, model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     work = tmp_path_factory.mktemp("deploy-gateway")
-    port, = free_local_ports(1)
+    port, ops_port = free_local_ports(2)
     keys = KeyStore(work / "keys.json")
     key = keys.create("paid", label="deploy-metrics").key
     golden = ensure_golden(model_dir, build_dir=BUILD_DIR)
@@ -58,6 +58,7 @@ def gateway(triton_server: TritonServer, model_dir: Path, tmp_path_factory: pyte
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
         "LLM_BUILD_DIR": str(work / "build"),
         "LLM__GATEWAY__HOST": "127.0.0.1", "LLM__GATEWAY__PORT": str(port), "LLM__GATEWAY__PUBLIC_GRPC_PORT": "0",
+        "LLM__GATEWAY__OPS_PORT": str(ops_port),        # /metrics: the ops port, as Prometheus scrapes it
         # found by name, as compose and Kubernetes find the replicas
         "LLM__GATEWAY__DISCOVERY_DNS": f"127.0.0.1:{triton_server.options.grpc_port}",
         "LLM__GATEWAY__DISCOVERY_METRICS_PORT": str(triton_server.options.metrics_port),
@@ -74,7 +75,7 @@ def gateway(triton_server: TritonServer, model_dir: Path, tmp_path_factory: pyte
         while not _health(f"{url}/health"):
             assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
-        yield {"url": url, "key": key, "log": log}
+        yield {"url": url, "key": key, "log": log, "metrics_url": f"http://127.0.0.1:{ops_port}/metrics"}
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
@@ -91,7 +92,7 @@ def test_every_referenced_metric_is_exposed(gateway: dict, triton_server: Triton
                         headers={"Authorization": f"Bearer {gateway['key']}"},
                         json={"model": "ensemble", "prompt": "1, 2, 3,", "max_tokens": 4, "temperature": 0})
     assert answer.status_code == 200, answer.text
-    expositions = {"gateway": Exposition.parse(httpx.get(f"{gateway['url']}/metrics", timeout=10).text),
+    expositions = {"gateway": Exposition.parse(httpx.get(gateway["metrics_url"], timeout=10).text),
                    "triton": Exposition.parse(httpx.get(triton_server.metrics_url, timeout=10).text)}
     settings = DeploymentSettings.load(environ={}, default_model_dir=lambda: "/models/m")
     manifests = render(settings, load_profile("cpu", ["inference_pool=true"]))

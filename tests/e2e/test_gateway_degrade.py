@@ -39,7 +39,7 @@ class DegradingGateway:
     free_key: str
 
     def metric(self, name: str, labels: str = "") -> float | None:
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        text = httpx.get(self.process.metrics_url, timeout=10).text
         for line in text.splitlines():
             if line.startswith(f"{name}{labels} ") or line.startswith(f"{name}{labels}{{"):
                 return float(line.rsplit(" ", 1)[1])

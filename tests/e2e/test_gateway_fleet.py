@@ -87,7 +87,7 @@ def test_draining_a_replica_under_load_loses_nothing(gateway, replicas):
     load = Load(gateway, 8).start()
     wait_until(lambda: load.started() >= 4, 60, "streams started")
     headers = {"Authorization": f"Bearer {gateway.admin_key}", "Content-Length": "0"}
-    drained = httpx.post(f"{gateway.url}/admin/replicas/r1/drain", headers=headers, timeout=10)
+    drained = httpx.post(f"{gateway.process.ops_url}/admin/replicas/r1/drain", headers=headers, timeout=10)
     assert drained.status_code == 200 and drained.json()["draining"] is True
     routed_before = gateway.routed("r1")
     after = Load(gateway, 4, max_tokens=8).start().wait()
@@ -96,7 +96,7 @@ def test_draining_a_replica_under_load_loses_nothing(gateway, replicas):
           f"{gateway.routed('r1') - routed_before:.0f} sent to r1]")
     assert all(o.done for o in outcomes + after), [o.error for o in outcomes + after if not o.done]
     assert gateway.routed("r1") == routed_before
-    resumed = httpx.post(f"{gateway.url}/admin/replicas/r1/resume", headers=headers, timeout=10)
+    resumed = httpx.post(f"{gateway.process.ops_url}/admin/replicas/r1/resume", headers=headers, timeout=10)
     assert resumed.status_code == 200 and resumed.json()["routable"] is True
 
 
@@ -138,7 +138,7 @@ def test_a_replica_with_corrupted_weights_is_ejected_and_gets_no_user_traffic(re
               f"{gateway.routed('bad'):.0f} user requests sent to it, {gateway.routed('good'):.0f} to the good one]")
         assert all(o.done for o in outcomes), [o.error for o in outcomes]
         assert gateway.routed("bad") == 0, "user traffic reached the replica with corrupted weights"
-        assert 'outcome="wrong_answer"' in httpx.get(f"{gateway.url}/metrics", timeout=10).text
+        assert 'outcome="wrong_answer"' in httpx.get(gateway.process.metrics_url, timeout=10).text
     finally:
         gateway.process.stop()
         broken.stop()

@@ -203,7 +203,7 @@ def test_ids_trace_and_metrics(gateway):
     print(f"\n[access log line written {took * 1000:.0f} ms after the response]")
     log = gateway.process.log_path.read_text()
     assert QUESTION not in log and gateway.key not in log
-    metrics = httpx.get(f"{gateway.root}/metrics").text
+    metrics = httpx.get(gateway.process.metrics_url).text
     assert 'gateway_requests_total{route="chat",status="200",tier="paid"}' in metrics
     assert "gateway_key_completion_tokens_total" in metrics
 
@@ -278,7 +278,7 @@ def test_tiers_limit_models_requests_and_tokens_before_triton(triton_server, tmp
         assert int(headers["retry-after"]) >= 1 and headers["x-ratelimit-remaining-tokens"] == "0", headers
         after = scrape_metrics(triton_server.metrics_url).get("nv_inference_request_success", 0.0)
         assert after == before_debt, "a 429 reached Triton"
-        metrics = httpx.get(f"{gateway.root}/metrics").text
+        metrics = httpx.get(gateway.process.metrics_url).text
         assert 'gateway_rate_limited_total{kind="qps",tier="one_rps"} 1.0' in metrics, metrics[-3000:]
         assert 'gateway_rate_limited_total{kind="tps",tier="one_tps"} 1.0' in metrics
     finally:

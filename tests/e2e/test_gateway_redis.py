@@ -22,15 +22,16 @@ from tests.unit.gateway.redis_server import RedisServer, redis_server  # noqa: F
 
 pytestmark = pytest.mark.e2e
 
-# one gateway process: uvicorn serving gateway.app with the settings in argv[1]
+# one gateway process (`python -m gateway serve`'s own serve) with the settings in argv[1],
+# the public port argv[2] and the ops port (/metrics) argv[3]
 _GATEWAY = """
 import json, sys
-import uvicorn
-from gateway.app import asgi_app
+from gateway.__main__ import serve
 from gateway.config import GatewayConfig, TierConfig
 raw = json.loads(sys.argv[1])
 raw["tiers"] = {name: TierConfig(**tier) for name, tier in raw["tiers"].items()}
-uvicorn.run(asgi_app(GatewayConfig(**raw)), host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
+raw.update(host="127.0.0.1", port=int(sys.argv[2]), ops_port=int(sys.argv[3]))
+sys.exit(serve(GatewayConfig(**raw), "WARNING"))
 """
 
 TIERS = {
@@ -43,8 +44,9 @@ COUNT = [{"role": "user", "content": "Count from 1 to 100, one number per line."
 
 
 class Gateway:
-    def __init__(self, process: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], port: int, log: Path, ops_port: int) -> None:
         self.process, self.url, self.log = process, f"http://127.0.0.1:{port}", log
+        self.metrics_url = f"http://127.0.0.1:{ops_port}/metrics"
 
     def chat(self, key: str, messages: list[dict[str, str]], **body: Any) -> httpx.Response:
         payload = {"model": "ensemble", "messages": messages, "temperature": 0.0, **body}
@@ -52,7 +54,7 @@ class Gateway:
                           headers={"Authorization": f"Bearer {key}"})
 
     def rejections(self, tier: str, kind: str) -> float:
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        text = httpx.get(self.metrics_url, timeout=10).text
         prefix = f'gateway_rate_limited_total{{kind="{kind}",tier="{tier}"}} '
         return sum(float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix))
 
@@ -68,12 +70,13 @@ def fleet(triton_server: Any, redis_server: RedisServer,  # noqa: F811
                            "public_grpc_port": 0})
     gateways: list[Gateway] = []
     try:
-        for port in free_local_ports(2):
+        ports = free_local_ports(4)
+        for port, ops_port in zip(ports[:2], ports[2:]):
             log = folder / f"gateway-{port}.log"
             with open(log, "wb") as out:
-                process = subprocess.Popen([sys.executable, "-c", _GATEWAY, settings, str(port)], cwd=REPO_ROOT,
-                                           stdout=out, stderr=subprocess.STDOUT)
-            gateways.append(Gateway(process, port, log))
+                process = subprocess.Popen([sys.executable, "-c", _GATEWAY, settings, str(port), str(ops_port)],
+                                           cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
+            gateways.append(Gateway(process, port, log, ops_port))
         for gateway in gateways:
             _wait_ready(gateway)
         assert gateways[0].chat(keys["warm"], PARIS, max_tokens=2).status_code == 200

@@ -40,6 +40,7 @@ class Serve:
     metrics: int
     gateway: int
     gateway_grpc: int
+    ops: int                 # the gateway's ops port (/metrics, /admin/*), loopback
     output: list[str] = field(default_factory=list)
 
     @property
@@ -54,14 +55,15 @@ class Serve:
 @pytest.fixture(scope="module")
 def serve(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve]:
     build_dir = tmp_path_factory.mktemp("serve")
-    http, grpc, metrics, gateway, gateway_grpc = free_local_ports(5)
+    http, grpc, metrics, gateway, gateway_grpc, ops = free_local_ports(6)
     env = {**os.environ, "LLM_BUILD_DIR": str(build_dir), "LLM_MODEL_DIR": str(model_dir)}
     env.pop(ADMIN_KEY_ENV, None)     # serve's own default: a generated key
     proc = subprocess.Popen([sys.executable, "-m", "serving", "serve", "--http-port", str(http),
                              "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-                             "--set", f"gateway.port={gateway}", "--set", f"gateway.public_grpc_port={gateway_grpc}"],
+                             "--set", f"gateway.port={gateway}", "--set", f"gateway.public_grpc_port={gateway_grpc}",
+                             "--set", f"gateway.ops_port={ops}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    started = Serve(proc, build_dir, http, grpc, metrics, gateway, gateway_grpc)
+    started = Serve(proc, build_dir, http, grpc, metrics, gateway, gateway_grpc, ops)
     try:
         t0 = time.monotonic()
         read_until_banner(proc, started.output, 300)
@@ -104,12 +106,18 @@ def test_triton_listens_on_loopback_only(serve: Serve):
     assert {port for _, port in sockets} >= {serve.http, serve.grpc, serve.metrics}, sockets
     assert {address for address, _ in sockets} <= {"127.0.0.1", "::1"}, sockets
     # nothing else serve started (the Python stubs) listens beyond loopback either,
-    # but the gateway, the public front door, on its two ports (HTTP and the gRPC door)
+    # but the gateway, the public front door, on its two ports (HTTP and the gRPC door);
+    # its ops port (/metrics, /admin/*) is on loopback
     for process in tree:
         listening = _listening(process)
         if any(port == serve.gateway for _, port in listening):
             assert "gateway" in " ".join(process.cmdline()), process
-            assert {p for _, p in listening} == {serve.gateway, serve.gateway_grpc}, listening
+            assert {p for _, p in listening} == {serve.gateway, serve.gateway_grpc, serve.ops}, listening
+            assert {a for a, p in listening if p == serve.ops} == {"127.0.0.1"}, listening
+            assert f"Ops         http://127.0.0.1:{serve.ops}/metrics" in serve.text, serve.text
+            with httpx.Client(timeout=10) as http:
+                assert http.get(f"http://127.0.0.1:{serve.gateway}/metrics").status_code == 404
+                assert http.get(f"http://127.0.0.1:{serve.ops}/metrics").status_code == 200
             continue
         assert {address for address, _ in listening} <= {"127.0.0.1", "::1"}, process
     print(f"[tritonserver {triton[0].pid} listens on {sorted(sockets)}; checked {len(tree)} processes "

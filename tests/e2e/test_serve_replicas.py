@@ -51,14 +51,15 @@ def fleet(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     base = free_base_ports(REPLICAS)
     layout = replica_ports(base, REPLICAS)
     taken = {p for ports in layout for p in ports.all()}
-    gateway = next(p for p in free_local_ports(4) if p not in taken)
+    gateway, ops = [p for p in free_local_ports(6) if p not in taken][:2]
     env = {**os.environ, "LLM_BUILD_DIR": str(build_dir), "LLM_MODEL_DIR": str(model_dir)}
     env.pop(ADMIN_KEY_ENV, None)
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "serving", "serve", "--replicas", str(REPLICAS),
                              "--http-port", str(base.http), "--grpc-port", str(base.grpc),
                              "--metrics-port", str(base.metrics),
-                             "--set", f"gateway.port={gateway}", "--set", "gateway.public_grpc_port=0"],
+                             "--set", f"gateway.port={gateway}", "--set", "gateway.public_grpc_port=0",
+                             "--set", f"gateway.ops_port={ops}"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     started = Fleet(proc, build_dir, layout, gateway)
     try:

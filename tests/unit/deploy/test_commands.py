@@ -70,7 +70,10 @@ def test_compose_agrees_with_the_settings_and_the_images():
     assert host == "triton" and grpc == "8001"
     assert int(env["LLM__GATEWAY__DISCOVERY_METRICS_PORT"]) == defaults.discovery_metrics_port
     published = {p.rsplit(":", 1)[1] for p in services["gateway"]["ports"]}
-    assert published == {str(defaults.port), str(defaults.public_grpc_port)}
+    assert published == {str(defaults.port), str(defaults.public_grpc_port), str(defaults.ops_port)}
+    # the ops port (/metrics, /admin/*) on the compose network for Prometheus; on the host, loopback only
+    assert env["LLM__GATEWAY__OPS_HOST"] == "0.0.0.0"
+    assert f"127.0.0.1:{defaults.ops_port}:{defaults.ops_port}" in services["gateway"]["ports"]
     # the golden file the CPU image bakes in (docker/cpu.Dockerfile: prepare-model at build)
     dockerfile = (REPO_ROOT / "docker" / "cpu.Dockerfile").read_text()
     assert "LLM_BUILD_DIR=/var/lib/triton-llm/build" in dockerfile and "prepare-model" in dockerfile
@@ -83,4 +86,4 @@ def test_compose_agrees_with_the_settings_and_the_images():
     triton_job = next(j for j in prometheus["scrape_configs"] if j["job_name"] == "triton")
     assert triton_job["dns_sd_configs"][0]["port"] == defaults.discovery_metrics_port
     gateway_job = next(j for j in prometheus["scrape_configs"] if j["job_name"] == "gateway")
-    assert gateway_job["static_configs"][0]["targets"] == [f"gateway:{defaults.port}"]
+    assert gateway_job["static_configs"][0]["targets"] == [f"gateway:{defaults.ops_port}"]

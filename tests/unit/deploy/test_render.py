@@ -68,11 +68,12 @@ def test_a_changed_setting_shows_in_the_manifests():
 
 def test_ports_follow_the_settings():
     objs = objects("gateway.port=9100", "gateway.public_grpc_port=9101", "gateway.discovery_metrics_port=8102",
-                   "gateway.discovery_dns=triton.example.svc.cluster.local:8101")
+                   "gateway.discovery_dns=triton.example.svc.cluster.local:8101", "gateway.ops_port=9102")
     gateway = container(objs, "gateway", "Deployment", "triton-llm-gateway")
-    assert {p["name"]: p["containerPort"] for p in gateway["ports"]} == {"http": 9100, "grpc": 9101}
+    assert {p["name"]: p["containerPort"] for p in gateway["ports"]} == {"http": 9100, "grpc": 9101, "ops": 9102}
     service = objs[("Service", "triton-llm-gateway")]
-    assert [p["port"] for p in service["spec"]["ports"]] == [9100, 9101]
+    assert [p["port"] for p in service["spec"]["ports"]] == [9100, 9101]       # the API only
+    assert [p["port"] for p in objs[("Service", "triton-llm-gateway-ops")]["spec"]["ports"]] == [9102]
     triton = container(objs, "triton")
     assert {p["name"]: p["containerPort"] for p in triton["ports"]} == {"http": 8000, "grpc": 8101, "metrics": 8102}
     env = {e["name"]: e.get("value") for e in triton["env"]}
@@ -85,7 +86,38 @@ def test_ports_follow_the_settings():
 
 def test_no_public_grpc_port_no_grpc_port():
     objs = objects("gateway.public_grpc_port=0")
-    assert [p["name"] for p in container(objs, "gateway", "Deployment", "triton-llm-gateway")["ports"]] == ["http"]
+    ports = container(objs, "gateway", "Deployment", "triton-llm-gateway")["ports"]
+    assert [p["name"] for p in ports] == ["http", "ops"]
+
+
+def test_the_ops_port_is_reachable_by_prometheus_but_not_through_the_public_service():
+    objs = objects()
+    assert config_env(objs)["LLM__GATEWAY__OPS_HOST"] == "0.0.0.0"       # the pod IP, not its loopback
+    public = objs[("Service", "triton-llm-gateway")]["spec"]
+    assert [p["name"] for p in public["ports"]] == ["http", "grpc"]
+    ops = objs[("Service", "triton-llm-gateway-ops")]
+    assert ops["spec"]["clusterIP"] == "None" and ops["spec"]["publishNotReadyAddresses"] is True
+    assert ops["spec"]["ports"] == [{"name": "ops", "port": 9002, "targetPort": "ops", "protocol": "TCP"}]
+    assert ops["spec"]["selector"] == public["selector"]
+    monitor = objs[("ServiceMonitor", "triton-llm-gateway")]["spec"]
+    assert monitor["endpoints"][0]["port"] == "ops" and monitor["endpoints"][0]["path"] == "/metrics"
+    assert monitor["selector"]["matchLabels"].items() <= ops["metadata"]["labels"].items()
+    assert monitor["jobLabel"] in ops["metadata"]["labels"]               # job="gateway", as the rules expect
+    # the API ports from anywhere, the ops port from the monitoring namespace only
+    policy = objs[("NetworkPolicy", "triton-llm-gateway")]["spec"]
+    assert policy["ingress"][0] == {"ports": [{"protocol": "TCP", "port": 9000}, {"protocol": "TCP", "port": 9001}]}
+    assert policy["ingress"][1] == {"from": [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "monitoring"}}}], "ports": [{"protocol": "TCP", "port": 9002}]}
+    assert container(objs, "gateway", "Deployment", "triton-llm-gateway")["readinessProbe"]["httpGet"]["port"] == "http"
+    # an InferencePool's sidecar keeps its ops port on the pod's loopback
+    sidecar = container(objects(k8s=("inference_pool=true",)), "openai")
+    assert {e["name"]: e["value"] for e in sidecar["env"]}["LLM__GATEWAY__OPS_HOST"] == "127.0.0.1"
+    assert [p["name"] for p in sidecar["ports"]] == ["http"]
+    # off: nothing to scrape, nothing rendered for it
+    off = objects("gateway.ops_port=0")
+    assert ("Service", "triton-llm-gateway-ops") not in off and ("ServiceMonitor", "triton-llm-gateway") not in off
+    ports = container(off, "gateway", "Deployment", "triton-llm-gateway")["ports"]
+    assert [p["name"] for p in ports] == ["http", "grpc"]
 
 
 def test_the_gateway_discovers_the_headless_service_and_shares_redis():

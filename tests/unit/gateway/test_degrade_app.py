@@ -182,7 +182,7 @@ def test_degradation_off_and_the_admin_view(tmp_path: Path):
     assert off.state.degradation is None and isinstance(off.state.policy, FakePolicy)
 
     async def get(app: Any) -> httpx.Response:
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app.state.asgi), base_url="http://gw") as c:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app.state.ops_asgi), base_url="http://gw") as c:
             return await c.get("/admin/degradation", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
     assert asyncio.run(get(off)).json() == {"level": 0, "max_level": 0, "enabled": False}
     on = create_app(GatewayConfig(admin_key_file=str(key_file)), FakePolicy())

@@ -240,10 +240,11 @@ def test_admin_endpoints_need_the_admin_key_and_drain_a_replica(tmp_path):
     admin = {"Authorization": "Bearer s3cret-admin-key", "Content-Length": "0"}
 
     async def scenario():
-        denied = await call(app.state.asgi, "POST", "/admin/replicas/a/drain", headers={**AUTH, "Content-Length": "0"})
-        drained = await call(app.state.asgi, "POST", "/admin/replicas/a/drain", headers=admin)
-        listed = await call(app.state.asgi, "GET", "/admin/replicas", headers=admin)
-        missing = await call(app.state.asgi, "POST", "/admin/replicas/zz/drain", headers=admin)
+        ops = app.state.ops_asgi          # the ops listener's app: /admin is nowhere else
+        denied = await call(ops, "POST", "/admin/replicas/a/drain", headers={**AUTH, "Content-Length": "0"})
+        drained = await call(ops, "POST", "/admin/replicas/a/drain", headers=admin)
+        listed = await call(ops, "GET", "/admin/replicas", headers=admin)
+        missing = await call(ops, "POST", "/admin/replicas/zz/drain", headers=admin)
         await app.state.fleet.aclose()
         return denied, drained, listed, missing
 

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from gateway.config import TierConfig
+from gateway.metrics import exposition
 from tests.unit.gateway.openai_fakes import AUTH, HANG, ev, harness, overloaded_script, simple_script
 
 CHAT = {"model": "ensemble", "messages": [{"role": "user", "content": "Hi"}], "temperature": 0}
@@ -291,10 +292,7 @@ def test_metrics_count_requests_and_key_usage():
     h = harness(simple_script("x", "y"))
     run(post(h, "/v1/chat/completions", CHAT))
 
-    async def get():
-        async with h.client() as client:
-            return await client.get("/metrics")
-    text = run(get()).text
+    text = exposition()[0].decode()     # what the ops listener serves (test_ops.py)
     assert 'gateway_requests_total{route="chat",status="200",tier="free"}' in text
     assert 'gateway_key_completion_tokens_total{key_id="k1",tier="free"}' in text
     assert "gateway_time_to_first_token_seconds_bucket" in text and "gateway_added_latency_seconds" in text

@@ -14,6 +14,7 @@ import tritonclient.http as httpclient
 
 from client.errors import ServerConnectionError
 from gateway.config import TierConfig
+from gateway.metrics import exposition
 from tests.unit.gateway.openai_fakes import AUTH, HANG, harness, overloaded_script
 from tests.unit.gateway.triton_fakes import engine, tev
 
@@ -257,7 +258,7 @@ def test_metrics_label_the_triton_routes():
     run(call(h, "POST", "/v2/models/ensemble/generate", json=BODY))
     run(call(h, "POST", "/v2/models/ensemble/generate_stream", json=BODY))
     run(call(h, "GET", "/v2/models/nope/whatever"))
-    text = run(call(h, "GET", "/metrics")).text
+    text = exposition()[0].decode()     # what the ops listener serves (test_ops.py)
     assert 'gateway_requests_total{route="generate",status="200",tier="free"}' in text
     assert 'gateway_requests_total{route="generate_stream",status="200",tier="free"}' in text
     assert 'route="triton_metadata",status="404"' in text
