@@ -118,6 +118,8 @@ def read_sync(gateway: Gateway, kind: str, read: Read) -> None:
             note(read, kind, item)
     except Exception as exc:        # the failure is the finding: kept for the assertion's message
         read.error = repr(exc)
+    finally:
+        client.close()
 
 
 async def read_async(gateway: Gateway, kind: str, read: Read) -> None:
