@@ -5,6 +5,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ensemble.public_bounds import BOUNDS, bound_problem, validate_words
 from ensemble.request_key import mint_request_key as new_request_key
 from ensemble.request_key import parse_request_key
 
@@ -76,21 +77,15 @@ class GenerationOptions:
     request_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        _check_min("max_tokens", self.max_tokens, 1)
-        _check_min("top_k", self.top_k, 0)
-        _check_min("min_tokens", self.min_tokens, 0)
-        _check_min("seed", self.seed, 0)
-        _check_min("token_timeout_ms", self.token_timeout_ms, 1)
-        if self.temperature is not None and self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (got {self.temperature})")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1] (got {self.top_p})")
+        # the server's own value rules (ensemble/public_bounds.py), refused here before sending
+        for name in BOUNDS:
+            problem = bound_problem(name, getattr(self, name, None))
+            if problem is not None:
+                raise ValueError(f"{name}: {problem}")
         if self.segment is not None and self.segment not in SEGMENTS:
             raise ValueError(f"segment must be one of {SEGMENTS} (got {self.segment!r})")
         for name in ("stop_words", "bad_words"):
-            words = getattr(self, name)
-            if words is not None and (isinstance(words, str) or not all(isinstance(w, str) and w for w in words)):
-                raise ValueError(f"{name} must be a list of non-empty strings")
+            validate_words(name, getattr(self, name))     # InvalidInputError is a ValueError
         if self.messages is not None:
             _check_messages(self.messages)
         if self.continuation_ids is not None and (
@@ -102,11 +97,6 @@ class GenerationOptions:
             raise ValueError("request_id must not be empty")
         if self.request_key is not None:
             check_request_key(self.request_key)
-
-
-def _check_min(name: str, value: int | None, minimum: int) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
-        raise ValueError(f"{name} must be an integer >= {minimum} (got {value!r})")
 
 
 def _check_messages(messages: list[dict[str, str]]) -> None:

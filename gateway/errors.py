@@ -21,8 +21,16 @@ class GatewayError(Exception):
     headers: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # a caller's string quoted back may hold lone surrogates (invalid UTF-8
+        # in its JSON): the answer must still encode, so they are shown escaped
+        self.message = _encodable(self.message)
+        self.param = None if self.param is None else _encodable(self.param)
         super().__init__(self.message)
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": _TYPES.get(self.status, "api_error"),
                           "param": self.param, "code": self.code}}
+
+
+def _encodable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

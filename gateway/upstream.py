@@ -18,7 +18,7 @@ from client import (AsyncLLMClient, ClientConfig, ClientTimeoutError, FirstToken
                     RequestError, RetryConfig, ServerConnectionError, StreamEvent, TimeoutConfig)
 from client.errors import OVERLOADED_MARKER
 
-from ensemble.public_tensors import PUBLIC_INPUTS
+from ensemble.public_tensors import PUBLIC_INPUTS, PUBLIC_TO_LLM
 
 from .errors import GatewayError
 from .metrics import UPSTREAM_ERRORS
@@ -33,12 +33,19 @@ OVERLOAD_RETRY_AFTER_S = 1
 # caller's own per-token timeout (`token_timeout_ms`, enforced by the engine)
 # may be shorter, never longer
 UPSTREAM_TOKEN_TIMEOUT_S = 60.0
-# the text stages answer `<field>: <what>` (interface.md, "Errors"); Triton may prefix it
-_FIELD_ERROR = re.compile(r"(?:^|[\s,'])([a-z_]+): ")
+# the text stages and the LLM step answer `<field>: <what>` (interface.md,
+# "Errors"), the LLM step also `<public name> (<its own name>): <what>`; Triton
+# may prefix it ("in ensemble 'ensemble', ")
+_FIELD_ERROR = re.compile(r"(?:^|[\s,'(\[])([a-z_]+)(?: \([a-z_]+\))?: ")
 # public input → the parameter a caller sent
 # (its own name, except where OpenAI names it otherwise)
 _PARAMS = {spec.name: {"text_input": "prompt", "stop_words": "stop"}.get(spec.name, spec.name)
            for spec in PUBLIC_INPUTS}
+# the LLM step's inputs that come from a public one under another name: its
+# refusal of one is the caller's input too (a 400), not an engine failure
+_PARAMS.update({llm: _PARAMS[public] for public, llm in PUBLIC_TO_LLM.items()})
+_PARAMS.update({"input_ids": "prompt", "request_output_len": "max_tokens", "stop_words_list": "stop",
+                "stop_words_ids": "stop", "bad_words_list": "bad_words", "bad_words_ids": "bad_words"})
 
 
 class UpstreamFailure(Exception):
@@ -68,8 +75,8 @@ def map_error(exc: BaseException) -> GatewayError:
             UPSTREAM_ERRORS.labels(kind="overloaded").inc()
             return GatewayError(503, "The engine is overloaded; retry after the delay in Retry-After.",
                                 code="overloaded", headers={"Retry-After": str(OVERLOAD_RETRY_AFTER_S)})
-        match = _FIELD_ERROR.search(exc.message)
-        if match and match.group(1) in _PARAMS:
+        match = next((m for m in _FIELD_ERROR.finditer(exc.message) if m.group(1) in _PARAMS), None)
+        if match is not None:
             UPSTREAM_ERRORS.labels(kind="invalid_input").inc()
             message = exc.message[match.start(1):]
             return GatewayError(400, message, param=_PARAMS[match.group(1)])

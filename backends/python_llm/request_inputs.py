@@ -12,6 +12,7 @@ import numpy as np
 
 from ensemble.errors import InvalidInputError
 from ensemble.inbound.word_lists import parse_word_list
+from ensemble.public_bounds import bound_problem
 from ensemble.request_key import mint_request_key, parse_request_key
 
 from .engine.core.sampling_params import InvalidRequestError, SamplingParams
@@ -102,12 +103,11 @@ def parse_llm_request(tensors: Mapping[str, np.ndarray]) -> LLMRequest:
                                   f"of {len(prompt)} tokens must keep at least one prompt token")
     prompt, continuation = prompt[:len(prompt) - continued], prompt[len(prompt) - continued:]
 
-    # TensorRT-LLM's length penalty only rescores beams; this engine samples one
-    # sequence per request, so anything but the neutral value would be ignored
+    # public_bounds: anything but the neutral value would be ignored (no beam search)
     length_penalty = float(_scalar(tensors, "len_penalty", 1.0))
-    if length_penalty != 1.0:
-        raise InvalidRequestError(f"length_penalty (len_penalty): {length_penalty} applies to beam search only, "
-                                  f"which this engine does not do; send 1.0 or leave it out")
+    problem = bound_problem("length_penalty", length_penalty)
+    if problem is not None:
+        raise InvalidRequestError(f"length_penalty (len_penalty): {problem}")
     # pad_id has nothing to pad: outputs are never padded (accepted for TensorRT-LLM clients)
     end_id = _scalar(tensors, "end_id", None)
     # absent or negative: None, the engine's "all of the model's EOS ids"

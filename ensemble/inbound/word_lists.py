@@ -16,30 +16,11 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ..errors import InvalidInputError
+# the word lists' value rules live with the other public inputs' (re-exported here)
+from ..public_bounds import MAX_WORD_CHARS, MAX_WORDS, validate_words  # noqa: F401
 
-MAX_WORDS = 64
-MAX_WORD_CHARS = 256
 # Contexts a word can follow mid-text; the context's own tokens are cut off again.
 _CONTEXTS = ("", " ", "\n")
-
-
-def validate_words(field: str, words: Sequence[str] | None) -> list[str]:
-    """The request's word list, checked: strings, non-empty, bounded."""
-    if words is None:
-        return []
-    if isinstance(words, str):
-        raise InvalidInputError(field, "must be a list of strings, not one string")
-    words = list(words)
-    if len(words) > MAX_WORDS:
-        raise InvalidInputError(field, f"{len(words)} words; at most {MAX_WORDS}")
-    for index, word in enumerate(words):
-        if not isinstance(word, str):
-            raise InvalidInputError(field, f"item {index} is not a string")
-        if not word:
-            raise InvalidInputError(field, f"item {index} is empty")
-        if len(word) > MAX_WORD_CHARS:
-            raise InvalidInputError(field, f"item {index} is longer than {MAX_WORD_CHARS} characters")
-    return words
 
 
 def word_spellings(word: str, tokenizer: Tokenizer) -> list[list[int]]:

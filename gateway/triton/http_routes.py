@@ -14,7 +14,6 @@ still come before the answer starts. Errors are Triton's `{"error": "..."}`
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -27,7 +26,7 @@ from ..openai.routes import authenticated
 from ..policy import Caller
 from ..streams import serve_resumable
 from ..upstream import UpstreamFailure
-from . import calls, metadata
+from . import body_json, calls, metadata
 from .inputs import ValidatedCall, validate
 from .outputs import check_requested, generate_json, infer_json, output_names, visible
 from .responses import Answer, WholeAnswer, dumps, error_event, sse
@@ -62,10 +61,7 @@ def _request_id() -> str:
 
 async def _json(request: Request, raw: bytes | None = None) -> Any:
     raw = await request.body() if raw is None else raw
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as exc:
-        raise GatewayError(400, f"The body is not valid JSON: {exc}") from None
+    return body_json.parse(raw)
 
 
 async def _admitted(request: Request, caller: Caller, call: ValidatedCall, version: str,

@@ -1,7 +1,8 @@
-"""A bounded fuzz of the gateway's gRPC door against the real stack: about a
-hundred generated ModelInfer requests, each also sent on a ModelStreamInfer
-stream, with one thing wrong (an unknown input, a wrong datatype, a wrong
-shape or batch, non-UTF-8 bytes, a wrong number of values), encoded as
+"""A bounded fuzz of the gateway's gRPC door against the real stack: 250
+generated ModelInfer requests, each also sent on a ModelStreamInfer
+stream (500 requests), with one thing wrong (an unknown input, a wrong
+datatype, a wrong shape or batch, non-UTF-8 bytes, a wrong number of values,
+a value out of its input's range or not finite), encoded as
 `contents` or as `raw_input_contents`. Each is refused with an error naming
 the input (INVALID_ARGUMENT on ModelInfer, `error_message` on the stream),
 and none reaches Triton's front: Triton's own request counters
@@ -20,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from ensemble.public_bounds import BOUNDS
 from ensemble.public_tensors import PUBLIC_INPUTS
 from gateway.triton.inputs import shown, wire_datatype
 from gateway.triton.raw import encode_raw
@@ -30,7 +32,7 @@ from tests.e2e.triton_calls import scrape_metrics
 
 pytestmark = pytest.mark.e2e
 
-EXAMPLES = 100
+EXAMPLES = 250                  # each sent twice: ModelInfer and ModelStreamInfer
 KNOWN = {spec.name: wire_datatype(spec) for spec in PUBLIC_INPUTS}
 WORD_LISTS = {spec.name for spec in PUBLIC_INPUTS if spec.dims == (-1,)}
 BYTES_INPUTS = sorted(name for name, datatype in KNOWN.items() if datatype == "BYTES")
@@ -82,13 +84,23 @@ def _values(datatype: str, count: int) -> tuple[object, ...]:
     return (1,) * count
 
 
+# values out of each numeric input's range (ensemble/public_bounds.py) or not finite
+OUT_OF_RANGE = {
+    **{name: [bound.low - 1 if not bound.low_open else bound.low] for name, bound in BOUNDS.items()
+       if bound.low is not None and KNOWN.get(name) == "INT32"},
+    **{name: [float("nan"), float("inf"), -float("inf")] for name, datatype in KNOWN.items() if datatype == "FP32"},
+    "top_p": [0.0, 1.5, float("nan")], "temperature": [-1.0], "repetition_penalty": [0.0, -2.0],
+    "length_penalty": [1.5, 0.0, -1.0], "continuation_ids": [-1],
+}
+OUT_OF_RANGE.pop("priority", None)      # the tier decides the priority: a caller's is ignored, not refused
+
 GOOD_TEXT = Tensor("text_input", "BYTES", (1, 1), (b"Say hello",))
 GOOD_MAX = Tensor("max_tokens", "INT32", (1, 1), (2,))
 
 
 @st.composite
 def cases(draw: st.DrawFn) -> Case:
-    kind = draw(st.sampled_from(["unknown", "datatype", "shape", "utf8", "count"]))
+    kind = draw(st.sampled_from(["unknown", "datatype", "shape", "utf8", "count", "range"]))
     if kind == "unknown":
         name = draw(st.text(st.characters(blacklist_categories=("Cs",)), max_size=80).filter(lambda n: n not in KNOWN))
         datatype = draw(st.sampled_from(DATATYPES))
@@ -112,6 +124,10 @@ def cases(draw: st.DrawFn) -> Case:
         name = draw(st.sampled_from(BYTES_INPUTS))
         value = draw(st.binary(min_size=1, max_size=40).filter(_not_utf8))
         bad = Tensor(name, "BYTES", (1, 1), (value,))
+    elif kind == "range":
+        name = draw(st.sampled_from(sorted(OUT_OF_RANGE)))
+        value = draw(st.sampled_from(OUT_OF_RANGE[name]))
+        bad = Tensor(name, KNOWN[name], (1, 1), (value,))
     else:
         name = draw(st.sampled_from(sorted(KNOWN)))
         count = draw(st.sampled_from([0, 2, 3]))
@@ -154,7 +170,8 @@ def test_malformed_grpc_requests_are_refused_naming_the_input_before_triton(door
     with grpc.insecure_channel(url) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
 
-        @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+        @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+                  suppress_health_check=list(HealthCheck))
         @given(case=cases())
         def check(case: Case) -> None:
             prefix = f"{shown(case.culprit)}:"
@@ -176,5 +193,6 @@ def test_malformed_grpc_requests_are_refused_naming_the_input_before_triton(door
         answer = stub.ModelInfer(good, metadata=metadata, timeout=120)
         assert answer.outputs and answer.id == "fuzz"
     assert triton_requests(triton_server) > before
-    print(f"\n[gRPC fuzz: {sum(seen.values())} refused cases (declared datatypes {sorted(seen)}) in {took:.1f} s, "
-          f"Triton's request counters unchanged]")
+    assert 2 * sum(seen.values()) >= 500, seen          # ModelInfer + the same on a stream, each refused
+    print(f"\n[gRPC fuzz: {2 * sum(seen.values())} refused requests ({sum(seen.values())} cases, declared datatypes "
+          f"{sorted(seen)}) in {took:.1f} s, Triton's request counters unchanged]")

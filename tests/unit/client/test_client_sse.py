@@ -108,11 +108,11 @@ async def test_connection_drop_mid_stream_is_an_error_result_and_stops_ensemble(
 
 
 def test_options_are_validated():
-    with pytest.raises(ValueError, match=r"^max_tokens must be an integer >= 1 \(got 0\)$"):
+    with pytest.raises(ValueError, match=r"^max_tokens: must be >= 1, got 0$"):
         GenerationOptions(max_tokens=0)
-    with pytest.raises(ValueError, match=r"^top_p must be in \(0, 1\] \(got 1\.5\)$"):
+    with pytest.raises(ValueError, match=r"^top_p: must be in \(0, 1\], got 1\.5$"):
         GenerationOptions(top_p=1.5)
-    with pytest.raises(ValueError, match=r"^stop_words must be a list of non-empty strings$"):
+    with pytest.raises(ValueError, match=r"^stop_words: must be a list of strings, not one string$"):
         GenerationOptions(stop_words="END")  # a bare string is not a list of words
     with pytest.raises(ValueError, match=r"^messages\[0\] must be a dict with string 'role' and 'content'$"):
         GenerationOptions(messages=[{"role": "user"}])

@@ -10,6 +10,13 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable
 
+from ensemble.public_bounds import bound_problem
+
+
+# the settings whose value rules are the public inputs' of the same name
+_BOUNDED = ("max_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "presence_penalty",
+            "frequency_penalty", "min_tokens", "token_timeout_ms", "seed")
+
 
 class InvalidRequestError(ValueError):
     """Bad input from a client. The message names the field: '<field>: <what>'."""
@@ -42,25 +49,12 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first field that breaks a rule."""
-        def bad(name: str, what: str) -> InvalidRequestError:
-            return InvalidRequestError(f"{name}: {what}")
-
-        if self.max_tokens is not None and self.max_tokens <= 0:
-            raise bad("max_tokens", f"must be > 0, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise bad("temperature", f"must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise bad("top_k", f"must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise bad("top_p", f"must be in (0, 1], got {self.top_p}")
-        if self.repetition_penalty <= 0:
-            raise bad("repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
-        if self.min_tokens < 0:
-            raise bad("min_tokens", f"must be >= 0, got {self.min_tokens}")
-        if self.token_timeout_ms is not None and self.token_timeout_ms < 0:
-            raise bad("token_timeout_ms", f"must be >= 0, got {self.token_timeout_ms}")
-        if self.seed is not None and not 0 <= self.seed < 2**64:
-            raise bad("seed", f"must fit in uint64, got {self.seed}")
+        # the value rules are the public inputs' (ensemble/public_bounds.py), so the
+        # gateway and the client library refuse exactly what the engine would
+        for name in _BOUNDED:
+            problem = bound_problem(name, getattr(self, name))
+            if problem is not None:
+                raise InvalidRequestError(f"{name}: {problem}")
 
     @property
     def greedy(self) -> bool:
