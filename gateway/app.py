@@ -25,6 +25,8 @@ from .degrade import DegradingPolicy, build_degradation
 from .errors import GatewayError
 from .guard import ASGIApp, BodyGuard, Message, Receive, Scope, Send
 from .metrics import IN_FLIGHT, REGISTRY, REQUEST_DURATION, REQUESTS
+from .openai.fields import MODEL_NOT_FOUND
+from .openai.openapi import published_schema
 from .openai.responses_routes import router as responses_router
 from .openai.routes import router as openai_router
 from .policy import Policy
@@ -137,10 +139,13 @@ def _validation_error(exc: RequestValidationError) -> GatewayError:
     if kind == "extra_forbidden":
         return GatewayError(400, f"Unrecognized request argument supplied: {param}", param=param,
                             code="unrecognized_parameter")
-    if kind in ("json_invalid", "model_attributes_type") or (kind == "missing" and not location):
+    # not an object at all; a field that should be one is named like any other
+    if kind == "json_invalid" or (kind in ("model_attributes_type", "model_type", "missing") and not location):
         return GatewayError(400, "The body must be a JSON object (OpenAI request format).",
                             code="invalid_json")
     message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    if kind == MODEL_NOT_FOUND:         # a name not served: 404, as OpenAI answers it
+        return GatewayError(404, message, param="model", code="model_not_found")
     return GatewayError(400, f"{param}: {message}" if param else message, param=param, code="invalid_value")
 
 
@@ -174,6 +179,8 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream | None 
 
     app = FastAPI(title="triton-llm-stack gateway", version="1", lifespan=lifespan,
                   docs_url=None, redoc_url=None)
+    # generated from the request models, with this deployment's gateway.max_n (openai/openapi.py)
+    app.openapi = lambda: published_schema(app, config.max_n)  # type: ignore[method-assign]
     # every route reaches Triton through the fleet: routing, health, failover
     app.state.config, app.state.policy, app.state.upstream = config, served, fleet
     app.state.fleet, app.state.streams, app.state.drain = fleet, streams, drain
@@ -194,7 +201,8 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream | None 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = "Not found." if exc.status_code == 404 else str(exc.detail)
-        return _error_response(GatewayError(exc.status_code, message))
+        # a 405's `Allow` (and any other header the exception carries) is kept
+        return _error_response(GatewayError(exc.status_code, message, headers=dict(exc.headers or {})))
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:

@@ -27,6 +27,7 @@ from ..policy import Caller
 from ..streams import serve
 from ..streams.serve import CLIENT_CLOSED_REQUEST, registry_of, serve_resumable
 from ..upstream import UpstreamFailure
+from .body import OpenAIRoute
 from .chunks import ChatFormat
 from .generation import Generation, engine_failure
 from .responses_events import ResponseState, error_event
@@ -35,7 +36,7 @@ from .routes import _ERRORS, BYTES_PER_TOKEN_BOUND, authenticated, check_model, 
 from .serve import Job, WholeResponse
 from .translate import UpstreamRequest, capped_max_tokens, prompt_bytes
 
-router = APIRouter()
+router = APIRouter(route_class=OpenAIRoute)     # bodies read by body.parse_body, as in routes.py
 
 
 def _upstream(body: ResponseRequest, caller: Caller, request_id: str) -> UpstreamRequest:

@@ -1,15 +1,16 @@
 """The OpenAI Responses API request (`POST /v1/responses`), validated field by
 field like the other OpenAI bodies: text in, text out. What this stack cannot
 honour (tools, reasoning, structured output, a stored conversation to continue)
-is refused naming the field, never silently ignored."""
+is refused naming the field, never silently ignored. As in schemas.py, each
+refusal is the field's type, so the published schema says what is accepted."""
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from ..upstream import UPSTREAM_TOKEN_TIMEOUT_S
-from .schemas import _Strict
+from .fields import ServedModel, positive_fp32, refused
+from .schemas import STREAM_OPTIONS_NOTE, Nothing, TokenTimeout, Tokens, _Strict, only_when_streaming
 
 _TEXT_PARTS = ("input_text", "output_text")
 
@@ -33,33 +34,44 @@ class InputMessage(_Strict):
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
+class PlainTextFormat(_Strict):
+    type: Literal["text"]
+
+
 class TextFormat(_Strict):
-    format: dict[str, Any] | None = None
+    format: Annotated[PlainTextFormat | None,
+                      refused("only {'type': 'text'} is supported (no structured output)")] = None
     verbosity: str | None = None
 
-    @field_validator("format")
-    @classmethod
-    def _plain_text(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and value.get("type") != "text":
-            raise ValueError("only {'type': 'text'} is supported (no structured output)")
-        return value
 
-
-class StreamOptions(_Strict):
+class ResponseStreamOptions(_Strict):
     include_obfuscation: bool | None = None
 
 
+_NO_TOOLS = "not supported by this server (no tools, no extra output fields)"
+_NOT_STORED = "not supported by this server (no reasoning models, no stored conversations)"
+
+
+def _cross_field_rules(model_schema: dict[str, Any]) -> None:
+    """The model validator's two rules, said in the schema too."""
+    only_when_streaming(model_schema)
+    model_schema["allOf"].append({"not": {"properties": {"background": {"const": True}, "store": {"const": False}},
+                                          "required": ["background", "store"]}})
+
+
 class ResponseRequest(_Strict):
-    model: str = Field(min_length=1, max_length=256)
-    input: Union[str, list[InputMessage]]
+    model_config = ConfigDict(json_schema_extra=_cross_field_rules)
+
+    model: ServedModel
+    input: Union[str, Annotated[list[InputMessage], Field(min_length=1)]]
     instructions: str | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
+    max_output_tokens: Tokens | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_p: positive_fp32(1) | None = None
     stream: bool | None = False
-    stream_options: StreamOptions | None = None
+    stream_options: ResponseStreamOptions | None = Field(default=None, description=STREAM_OPTIONS_NOTE)
     # runs to its end whether or not anyone reads; read or resumed with GET /v1/responses/{id}
-    background: bool | None = False
+    background: bool | None = Field(default=False, description="requires `store` (not false)")
     store: bool | None = True
     # accepted and not acted on: they describe the caller or hint at caching
     user: str | None = Field(default=None, max_length=512)
@@ -71,15 +83,15 @@ class ResponseRequest(_Strict):
     truncation: Literal["disabled"] | None = None
     text: TextFormat | None = None
     # refused unless empty: this server has no tools, reasoning or stored conversations
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    reasoning: Any = None
-    previous_response_id: str | None = None
-    conversation: Any = None
-    include: list[str] | None = None
+    tools: Annotated[Nothing | None, refused(_NO_TOOLS)] = None
+    tool_choice: Annotated[Literal["none"] | None, refused("not supported by this server (no tool calling)")] = None
+    reasoning: Annotated[None, refused(_NOT_STORED)] = None
+    previous_response_id: Annotated[None, refused(_NOT_STORED)] = None
+    conversation: Annotated[None, refused(_NOT_STORED)] = None
+    include: Annotated[Nothing | None, refused(_NO_TOOLS)] = None
     top_logprobs: int | None = Field(default=None, ge=0, le=0)
     # this stack's extension, as on the other routes
-    token_timeout_ms: int | None = Field(default=None, ge=1, le=int(UPSTREAM_TOKEN_TIMEOUT_S * 1000))
+    token_timeout_ms: TokenTimeout | None = None
 
     @field_validator("input", mode="before")
     @classmethod
@@ -96,27 +108,6 @@ class ResponseRequest(_Strict):
                     if kind not in _TEXT_PARTS:
                         raise ValueError(f"[{index}].content[{part_index}]: parts of type '{kind}' are not "
                                          f"supported; only {' and '.join(_TEXT_PARTS)}")
-        return value
-
-    @field_validator("tools", "include")
-    @classmethod
-    def _empty(cls, value: list[Any] | None) -> list[Any] | None:
-        if value:
-            raise ValueError("not supported by this server (no tools, no extra output fields)")
-        return value
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _no_tool_choice(cls, value: Any) -> Any:
-        if value not in (None, "none"):
-            raise ValueError("not supported by this server (no tool calling)")
-        return value
-
-    @field_validator("reasoning", "conversation", "previous_response_id")
-    @classmethod
-    def _absent(cls, value: Any) -> Any:
-        if value is not None:
-            raise ValueError("not supported by this server (no reasoning models, no stored conversations)")
         return value
 
     @model_validator(mode="after")

@@ -19,7 +19,9 @@ from ..config import TierConfig
 from ..errors import GatewayError
 from ..policy import Admission, Caller, Policy
 from ..upstream import PUBLIC_MODELS, Upstream
+from .body import OpenAIRoute
 from .chunks import ChatFormat, CompletionFormat, Format
+from .fields import ServedModel
 from .generation import Generation
 from .schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from ..hangup import HungUp, unless_hung_up
@@ -27,7 +29,8 @@ from ..streams.serve import CLIENT_CLOSED_REQUEST, serve_resumable
 from .serve import Job, error_event, produce_stream, whole
 from .translate import UpstreamRequest, chat_upstream, completion_upstream, prompt_bytes
 
-router = APIRouter()
+# the bodies are read by body.parse_body: a 400 naming the field for what JSON cannot carry
+router = APIRouter(route_class=OpenAIRoute)
 
 # the admission is charged this lower bound of the prompt's tokens before the
 # engine has counted them (no BPE vocabulary averages more than 8 bytes a
@@ -135,7 +138,7 @@ async def list_models(caller: Caller = Depends(authenticated)) -> JSONResponse:
 
 
 @router.get("/v1/models/{model}", responses=_ERRORS)
-async def get_model(model: str, caller: Caller = Depends(authenticated)) -> JSONResponse:
+async def get_model(model: ServedModel, caller: Caller = Depends(authenticated)) -> JSONResponse:
     if model not in _visible(caller):
         raise GatewayError(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
     return JSONResponse(_model_card(model))

@@ -7,29 +7,53 @@ Parameters that only describe the caller or hint at caching (`user`,
 `metadata`, `store`, `prompt_cache_key`...) are accepted and not acted on.
 vLLM's extensions `top_k`, `min_tokens`, `repetition_penalty` and `ignore_eos`
 are accepted too: benchmark tools (AIPerf, genai-perf) send them; so is this
-stack's `token_timeout_ms` (the engine's per-token timeout, passed through)."""
+stack's `token_timeout_ms` (the engine's per-token timeout, passed through).
+
+The published OpenAPI schema is generated from these models: a refusal is the
+field's type (gateway/openai/fields.py), not a check beside it, so the schema
+says what is accepted. Only the rules that relate two fields stay validators,
+and each is said in the schema too (`allOf` on the model, `cross_field`)."""
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from ..upstream import UPSTREAM_TOKEN_TIMEOUT_S
+from .fields import FP32_MAX, INT32_MAX, FalseOnly, ServedModel, positive_fp32, refused, unsupported
 
 MAX_STOP_SEQUENCES = 16
 # the one content part type; image_url, input_audio, file... are refused
 _TEXT_PART = "text"
+_NO_TOOLS = "not supported by this server"
+
+NonEmpty = Annotated[str, Field(min_length=1)]
+Tokens = Annotated[int, Field(ge=1, le=INT32_MAX)]          # an INT32 tensor upstream
+Nothing = Annotated[list[Any], Field(max_length=0)]          # an empty list: the neutral value
+# a per-token deadline under a second is shorter than a prefill on this stack's
+# CPU engine: every request would end in a timeout (504), whatever it asked
+MIN_TOKEN_TIMEOUT_MS = 1000
+TokenTimeout = Annotated[int, Field(ge=MIN_TOKEN_TIMEOUT_MS, le=int(UPSTREAM_TOKEN_TIMEOUT_S * 1000),
+                                    description="this stack's extension: the engine ends the request (an error, "
+                                                "504 `upstream_timeout`) when no token follows for this long")]
+SEED_MAX = 2 ** 64 - 1          # a UINT64 tensor upstream
+STREAM_OPTIONS_NOTE = "only with `stream: true` (else 400)"
 
 
-def _unsupported(name: str, hint: str = "") -> str:
-    return f"'{name}' is not supported by this server{hint}"
+def only_when_streaming(model_schema: dict[str, Any]) -> None:
+    """`stream_options` only with `stream: true`, said in the schema too."""
+    model_schema.setdefault("allOf", []).append(
+        {"anyOf": [{"properties": {"stream_options": {"type": "null"}}},
+                   {"properties": {"stream": {"const": True}}, "required": ["stream"]}]})
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: no "5" for 5 or 1 for true, as the schema's types say; no NaN or
+    # Infinity, which JSON has no literal for
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
-class StreamOptions(_Strict):
+class ChatStreamOptions(_Strict):
     include_usage: bool | None = None
     # OpenAI pads chunks with random text against side channels; there is nothing to pad here
     include_obfuscation: bool | None = None
@@ -40,16 +64,23 @@ class TextPart(_Strict):
     text: str
 
 
+def _role_refusal(value: Any) -> str | None:
+    if value in ("tool", "function"):
+        return f"role '{value}' is not supported (this server has no tool calling)"
+    return None
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    role: Annotated[Literal["system", "developer", "user", "assistant"], refused(_role_refusal)]
     content: Union[str, list[TextPart], None] = None
     name: str | None = None
     # what an SDK echoes back when a previous answer is appended to the conversation
     refusal: str | None = None
     annotations: Any = None
-    tool_calls: list[Any] | None = None
-    function_call: Any = None
-    audio: Any = None
+    tool_calls: Annotated[Nothing | None,
+                          refused("tool_calls are not supported (this server has no tool calling)")] = None
+    function_call: Annotated[None, refused(_NO_TOOLS)] = None
+    audio: Annotated[None, refused(_NO_TOOLS)] = None
     tool_call_id: str | None = None
 
     @field_validator("content", mode="before")
@@ -64,27 +95,6 @@ class ChatMessage(_Strict):
                     raise ValueError(f"content[{index}]: parts of type '{kind}' are not supported; only 'text'")
         return value
 
-    @field_validator("role")
-    @classmethod
-    def _no_tool_roles(cls, value: str) -> str:
-        if value in ("tool", "function"):
-            raise ValueError(f"role '{value}' is not supported (this server has no tool calling)")
-        return value
-
-    @field_validator("tool_calls")
-    @classmethod
-    def _no_tool_calls(cls, value: list[Any] | None) -> list[Any] | None:
-        if value:
-            raise ValueError("tool_calls are not supported (this server has no tool calling)")
-        return value
-
-    @field_validator("function_call", "audio")
-    @classmethod
-    def _must_be_empty(cls, value: Any) -> Any:
-        if value is not None:
-            raise ValueError("not supported by this server")
-        return value
-
     def text(self) -> str:
         if self.content is None:
             return ""
@@ -93,53 +103,51 @@ class ChatMessage(_Strict):
         return "".join(part.text or "" for part in self.content)
 
 
+def _stop_refusal(value: Any) -> str | None:
+    words = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    if len(words) > MAX_STOP_SEQUENCES:
+        return f"at most {MAX_STOP_SEQUENCES} stop sequences"
+    if any(word == "" for word in words):
+        return "stop sequences must not be empty"
+    return None
+
+
 class _Sampling(_Strict):
     """What both endpoints share."""
-    model: str = Field(min_length=1, max_length=256)
+    model_config = ConfigDict(json_schema_extra=only_when_streaming)
+
+    model: ServedModel
     stream: bool | None = False
-    stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    stream_options: ChatStreamOptions | None = Field(default=None, description=STREAM_OPTIONS_NOTE)
+    max_tokens: Tokens | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    n: int | None = Field(default=None, ge=1)
-    seed: int | None = Field(default=None, ge=0, lt=2 ** 64)
-    stop: Union[str, list[str], None] = None
+    top_p: positive_fp32(1) | None = None
+    # the deployment's bound (gateway.max_n) is added to the published schema
+    # by gateway/openai/openapi.py and checked by translate.check_n
+    n: int | None = Field(default=None, ge=1, le=INT32_MAX,
+                          description="at most `gateway.max_n`; on completions n × number of prompts too")
+    seed: int | None = Field(default=None, ge=0, le=SEED_MAX)
+    stop: Annotated[Union[NonEmpty, Annotated[list[NonEmpty], Field(max_length=MAX_STOP_SEQUENCES)], None],
+                    refused(_stop_refusal)] = None
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: Annotated[Annotated[dict[str, float], Field(max_length=0)] | None,
+                          refused(unsupported("logit_bias"))] = None
     user: str | None = Field(default=None, max_length=512)
     # vLLM-compatible extensions
-    top_k: int | None = Field(default=None, ge=0)
-    min_tokens: int | None = Field(default=None, ge=0)
-    repetition_penalty: float | None = Field(default=None, gt=0)
+    top_k: int | None = Field(default=None, ge=0, le=INT32_MAX)
+    min_tokens: int | None = Field(default=None, ge=0, le=INT32_MAX)
+    repetition_penalty: positive_fp32(FP32_MAX) | None = None
     ignore_eos: bool | None = None
-    # this stack's extension: the engine ends the request (finish_reason
-    # "timeout", an error event) when no token follows for this long
-    token_timeout_ms: int | None = Field(default=None, ge=1, le=int(UPSTREAM_TOKEN_TIMEOUT_S * 1000))
+    token_timeout_ms: TokenTimeout | None = None
 
     @field_validator("stream_options")
     @classmethod
-    def _only_when_streaming(cls, value: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+    def _only_when_streaming(cls, value: ChatStreamOptions | None,
+                             info: ValidationInfo) -> ChatStreamOptions | None:
         # as OpenAI answers it: options for a stream that will not happen are a mistake
         if value is not None and not info.data.get("stream"):
             raise ValueError("only allowed when 'stream' is true")
-        return value
-
-    @field_validator("stop")
-    @classmethod
-    def _stop_words(cls, value: str | list[str] | None) -> str | list[str] | None:
-        words = [value] if isinstance(value, str) else value or []
-        if len(words) > MAX_STOP_SEQUENCES:
-            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
-        if any(not word for word in words):
-            raise ValueError("stop sequences must not be empty")
-        return value
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value:
-            raise ValueError(_unsupported("logit_bias"))
         return value
 
     def stop_words(self) -> list[str] | None:
@@ -153,11 +161,22 @@ class _Sampling(_Strict):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+class TextResponseFormat(_Strict):
+    type: Literal["text"]
+
+
+def _top_logprobs_refusal(value: Any) -> str | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return unsupported("top_logprobs", " (only the chosen tokens' log-probs: "
+                                           "send logprobs=true and top_logprobs 0 or nothing)")
+    return None
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: Tokens | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: Annotated[Annotated[int, Field(ge=0, le=0)] | None, refused(_top_logprobs_refusal)] = None
     # accepted, not acted on: they describe the caller or hint at storage and caching
     metadata: dict[str, str] | None = None
     store: bool | None = None
@@ -166,107 +185,52 @@ class ChatCompletionRequest(_Sampling):
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
     parallel_tool_calls: bool | None = None   # meaningless without tools, which are refused
-    # refused unless absent or neutral
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    functions: list[Any] | None = None
-    function_call: Any = None
-    response_format: Any = None
-    audio: Any = None
-    modalities: list[str] | None = None
-    prediction: Any = None
-    reasoning_effort: Any = None
-    verbosity: Any = None
-    web_search_options: Any = None
-    moderation: Any = None
     prompt_cache_options: Any = None
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_top_logprobs(cls, value: int | None) -> int | None:
-        if value:
-            raise ValueError(_unsupported("top_logprobs", " (only the chosen tokens' log-probs: "
-                                                          "send logprobs=true and top_logprobs 0 or nothing)"))
-        return value
-
-    @field_validator("tools", "functions")
-    @classmethod
-    def _no_tools(cls, value: list[Any] | None) -> list[Any] | None:
-        if value:
-            raise ValueError(_unsupported("tools", " (no tool calling)"))
-        return value
-
-    @field_validator("tool_choice", "function_call")
-    @classmethod
-    def _no_tool_choice(cls, value: Any) -> Any:
-        if value not in (None, "none"):
-            raise ValueError(_unsupported("tool choice", " (no tool calling; only 'none')"))
-        return value
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_format(cls, value: Any) -> Any:
-        if value is not None and not (isinstance(value, dict) and value == {"type": "text"}):
-            raise ValueError(_unsupported("response_format", " (only {'type': 'text'})"))
-        return value
-
-    @field_validator("modalities")
-    @classmethod
-    def _text_modality(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None and value != ["text"]:
-            raise ValueError(_unsupported("modalities", " (only ['text'])"))
-        return value
-
-    @field_validator("audio", "prediction", "reasoning_effort", "verbosity", "web_search_options", "moderation")
-    @classmethod
-    def _absent(cls, value: Any) -> Any:
-        if value is not None:
-            raise ValueError("not supported by this server")
-        return value
+    # refused unless absent or neutral: the type is the neutral value
+    tools: Annotated[Nothing | None, refused(unsupported("tools", " (no tool calling)"))] = None
+    tool_choice: Annotated[Literal["none"] | None,
+                           refused(unsupported("tool choice", " (no tool calling; only 'none')"))] = None
+    functions: Annotated[Nothing | None, refused(unsupported("tools", " (no tool calling)"))] = None
+    function_call: Annotated[Literal["none"] | None,
+                             refused(unsupported("tool choice", " (no tool calling; only 'none')"))] = None
+    response_format: Annotated[TextResponseFormat | None,
+                               refused(unsupported("response_format", " (only {'type': 'text'})"))] = None
+    modalities: Annotated[Annotated[list[Literal["text"]], Field(min_length=1, max_length=1)] | None,
+                          refused(unsupported("modalities", " (only ['text'])"))] = None
+    audio: Annotated[None, refused(_NO_TOOLS)] = None
+    prediction: Annotated[None, refused(_NO_TOOLS)] = None
+    reasoning_effort: Annotated[None, refused(_NO_TOOLS)] = None
+    verbosity: Annotated[None, refused(_NO_TOOLS)] = None
+    web_search_options: Annotated[None, refused(_NO_TOOLS)] = None
+    moderation: Annotated[None, refused(_NO_TOOLS)] = None
 
     def output_limit(self) -> int | None:
         # max_completion_tokens is the current name; max_tokens the deprecated one
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
+def _prompt_refusal(value: Any) -> str | None:
+    if value == []:
+        return "must not be empty"
+    prompts = value if isinstance(value, list) else [value]
+    if any(p == "" for p in prompts):
+        return "prompts must not be empty strings"
+    if any(isinstance(p, (int, list)) and not isinstance(p, bool) for p in prompts):
+        return "token-id prompts are not supported; send text"
+    return None
+
+
 class CompletionRequest(_Sampling):
     # token-id prompts are refused: the public models take text
-    prompt: Union[str, list[str]]
-    logprobs: int | None = Field(default=None, ge=0, le=5)
-    echo: bool | None = None
-    suffix: str | None = None
-    best_of: int | None = Field(default=None, ge=1)
-
-    @field_validator("prompt")
-    @classmethod
-    def _one_text_prompt(cls, value: str | list[str]) -> str | list[str]:
-        prompts = [value] if isinstance(value, str) else value
-        if not prompts:
-            raise ValueError("must not be empty")
-        if any(not p for p in prompts):
-            raise ValueError("prompts must not be empty strings")
-        return value
-
-    @field_validator("logprobs")
-    @classmethod
-    def _chosen_only(cls, value: int | None) -> int | None:
-        if value:
-            raise ValueError(_unsupported("logprobs > 0", " (only the chosen tokens' log-probs: logprobs=0)"))
-        return value
-
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, value: bool | None) -> bool | None:
-        if value:
-            raise ValueError(_unsupported("echo"))
-        return value
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, value: str | None) -> str | None:
-        if value:
-            raise ValueError(_unsupported("suffix"))
-        return value
+    prompt: Annotated[Union[NonEmpty, Annotated[list[NonEmpty], Field(min_length=1)]], refused(_prompt_refusal)] = \
+        Field(description="at most `gateway.max_n` prompts, n × prompts too")
+    logprobs: Annotated[Annotated[int, Field(ge=0, le=0)] | None, refused(
+        lambda v: unsupported("logprobs > 0", " (only the chosen tokens' log-probs: logprobs=0)")
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None)] = None
+    echo: Annotated[FalseOnly, refused(unsupported("echo"))] = None
+    suffix: Annotated[Annotated[str, Field(max_length=0)] | None, refused(unsupported("suffix"))] = None
+    best_of: int | None = Field(default=None, ge=1, le=INT32_MAX,
+                                description="only equal to `n`: this server does not rank candidates")
 
     def prompts(self) -> list[str]:
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
