@@ -155,6 +155,7 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream | None 
     streams = streams or build_streams(config)
     fleet = build_fleet(config, upstream)
     drain = DrainState()
+    drain.on_drain.append(streams.expire_unread)     # no drain waits out a hung-up stream's grace period
     # under sustained overload the levels apply where every door passes: the
     # policy (caps, shedding, one-piece streams) and the fleet (fallback model)
     degradation = build_degradation(config)

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 class DrainState:
     def __init__(self) -> None:
         self.draining = False
+        # called in the event loop as the drain starts (the streams' expire_unread)
+        self.on_drain: list[Callable[[], None]] = []
 
     def begin(self) -> None:
         if not self.draining:
@@ -78,6 +80,8 @@ class DrainingServer(uvicorn.Server):
 
     async def _drain(self) -> None:
         started = time.monotonic()
+        for hook in self.drain_state.on_drain:
+            hook()
         while self._busy() > 0 and time.monotonic() - started < self._drain_timeout_s:
             await asyncio.sleep(0.1)
         left = self._busy()

@@ -61,10 +61,12 @@ class GatewayProcess:
     def start(self, ready_timeout_s: float = 60.0) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            # its own process group: a terminal's Ctrl-C goes to the parent, which stops it in order
-            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                            cwd=Path(__file__).resolve().parent.parent, start_new_session=True,
-                                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            # its own process group: a terminal's Ctrl-C goes to the parent, which stops it in order;
+            # killed with its parent, however that dies (serving/children.py)
+            from serving.children import spawn     # late: the gateway alone never spawns itself
+            self.process = spawn(self.command(), signal.SIGKILL, stdout=log, stderr=subprocess.STDOUT,
+                                 cwd=Path(__file__).resolve().parent.parent, start_new_session=True,
+                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

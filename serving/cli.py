@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from gateway.config import GatewayConfig
@@ -27,6 +28,7 @@ from .probe_golden import ensure_golden
 from .repository import render_repository
 from .settings import DeploymentSettings
 from .settings_args import add_settings_args, settings_from_args
+from .supervisor import Backoff, Supervisor, reclaim_stale_gateway
 from .trtllm.command import add_parsers as add_trtllm_commands
 
 # the ready banner's last line: what a supervisor (or a test) waits for
@@ -187,10 +189,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print("stopped before every replica was ready.", flush=True)
         return 0
     gateway: GatewayProcess | None = None
+    metrics_port = options.settings.server.supervisor_metrics_port
+    if metrics_port and Supervisor.serve_metrics(metrics_port):
+        print(f"serve's own metrics: http://127.0.0.1:{metrics_port}/metrics (serving_replica_restarts_total, "
+              f"serving_replica_up)", flush=True)
     if args.no_gateway:
         print(_ready_banner(fleet, golden), flush=True)
     else:
         config = options.settings.gateway
+        reclaim_stale_gateway(fleet.servers[0].grpc_url)
         try:
             gateway = _start_gateway(args, fleet, golden, config)
         except GatewayStartError as exc:
@@ -198,44 +205,42 @@ def cmd_serve(args: argparse.Namespace) -> int:
             fleet.stop()
             return 1
         print(_gateway_banner(fleet, golden, config, gateway.log_path, _local_key(config)), flush=True)
-    code = _watch(fleet, gateway, stop)
+    supervisor = Supervisor(fleet, Backoff.from_settings(options.settings.server))
+    code = _watch(fleet, gateway, stop, supervisor)
+    supervisor.stop()
     return _stop_all(fleet, gateway, options.settings.gateway, code)
 
 
 def _stop_all(fleet: Fleet, gateway: GatewayProcess | None, config: GatewayConfig, code: int) -> int:
     """The gateway first, so it drains its streams while the replicas still
-    answer; then every replica."""
+    answer; then every replica. Each step says what it waits for."""
     if gateway is not None:
-        print("stopping the gateway...", flush=True)
+        print(f"stopping the gateway... (it finishes the requests it admitted, up to {config.drain_timeout_s:g} s)",
+              flush=True)
+        t0 = time.monotonic()
         gateway.stop(timeout_s=config.drain_timeout_s + 10.0)
+        print(f"  gateway stopped in {time.monotonic() - t0:.1f} s", flush=True)
+    server = fleet.servers[0]
+    waits = (f"(each waits up to {server.options.settings.server.exit_timeout_s} s for its in-flight inferences, "
+             f"then unloads its models; killed after {server.stop_timeout_s:g} s)")
+    t0 = time.monotonic()
     if len(fleet.replicas) == 1:
-        print("stopping tritonserver...", flush=True)
-        print(f"stopped (exit code {fleet.stop()[fleet.replicas[0].name]}).")
+        print(f"stopping tritonserver... {waits}", flush=True)
+        print(f"stopped (exit code {fleet.stop()[fleet.replicas[0].name]}) in {time.monotonic() - t0:.1f} s.")
     else:
-        print(f"stopping {len(fleet.replicas)} tritonservers...", flush=True)
+        print(f"stopping {len(fleet.replicas)} tritonservers... {waits}", flush=True)
         codes = fleet.stop()
-        print(f"stopped (exit codes {', '.join(f'{name} {c}' for name, c in codes.items())}).")
+        print(f"stopped (exit codes {', '.join(f'{name} {c}' for name, c in codes.items())}) in "
+              f"{time.monotonic() - t0:.1f} s.")
     return code
 
 
-def _watch(fleet: Fleet, gateway: GatewayProcess | None, stop: threading.Event) -> int:
-    """Until Ctrl-C (0), or until the gateway, the only replica or every
-    replica dies on its own (its code, or 1). With several replicas one that
-    dies is reported and the others go on serving: routing around it is the
-    gateway's job."""
-    single = len(fleet.replicas) == 1
+def _watch(fleet: Fleet, gateway: GatewayProcess | None, stop: threading.Event, supervisor: Supervisor) -> int:
+    """Until Ctrl-C (0), or until the gateway dies on its own (its code, or
+    1). A replica that exits is restarted (serving/supervisor.py); routing
+    around it meanwhile is the gateway's job."""
     while not stop.wait(0.5):
-        for replica, code in fleet.dead():
-            if single:
-                print(f"tritonserver exited on its own (code {code}); see {replica.server.log_path}",
-                      file=sys.stderr)
-                return code or 1
-            print(f"replica {replica.name}: tritonserver exited on its own (code {code}); see "
-                  f"{replica.server.log_path}; {fleet.alive()} of {len(fleet.replicas)} replicas left",
-                  file=sys.stderr, flush=True)
-        if not fleet.alive():
-            print("every replica has exited", file=sys.stderr)
-            return 1
+        supervisor.poll()
         if gateway is not None and not gateway.alive():
             code = gateway.process.returncode if gateway.process else 1
             print(f"the gateway exited on its own (code {code}); see {gateway.log_path}", file=sys.stderr)

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .allocator import preload_allocator
+from .children import (children_of, find_leftovers, group_alive, kill_and_wait, postprocessing_state_prefix,
+                       remove_shm, shm_prefix, spawn)
 from .openmp_env import apply_openmp_defaults
 from .paths import BUILD_DIR, REPO_ROOT
 from .repository import render_repository
@@ -34,6 +36,13 @@ _ERROR_LINE = re.compile(r"^E\d{4} .*?\] (.*)$")
 _HARMLESS = ("CudaDriverHelper", "NVML", "DCGM", "pinned")
 # Lines after which the server will never become ready, though it may not exit.
 _FATAL = ("error while loading shared libraries", "failed to load", "Traceback (most recent call last)")
+# After its exit timeout (in-flight inferences) tritonserver still unloads its
+# models and ends its stubs: this long before it is killed.
+_UNLOAD_MARGIN_S = 5.0
+# Triton's Python-based backends in the repository; each takes the shm prefix
+# in its own --backend-config (a prefix given to "python" alone leaves theirs
+# at Triton's shared default).
+_PYTHON_BACKENDS = ("python", "python_llm")
 
 
 # Triton's own front is for the gateway and trusted callers only: single
@@ -145,6 +154,11 @@ class TritonServer:
         self.admin_key_path = options.work_dir / "admin_key"
         self.admin_key = check_admin_key(options.admin_key) if options.admin_key is not None else new_admin_key()
         self._log_handle = None
+        self.starts = 0
+        # ours alone, so a start can tell its own leftovers from anybody else's
+        self.shm_prefix = shm_prefix(options.work_dir)
+        # every /dev/shm file of this server's: the backend's segments, the postprocessing state
+        self.shm_files = (self.shm_prefix, postprocessing_state_prefix(options.work_dir / "model_repository"))
         warning = exposure_warning(options.address)
         if warning:
             log.warning(warning)
@@ -184,9 +198,16 @@ class TritonServer:
 
     @property
     def pid(self) -> int:
+        """The tritonserver's own pid (`process` is serving.reaper, its parent)."""
         if self.process is None:
             raise RuntimeError("server not started")
-        return self.process.pid
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            found = children_of(self.process.pid)
+            if found:
+                return found[0]
+            time.sleep(0.05)
+        raise RuntimeError(f"tritonserver not running under its reaper {self.process.pid}")
 
     # -- lifecycle -----------------------------------------------------------
     def command(self, repository: Path, backends: Path) -> list[str]:
@@ -202,12 +223,17 @@ class TritonServer:
             f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}",
             "--allow-metrics=true", "--allow-cpu-metrics=true", "--metrics-interval-ms=1000",
             f"--log-verbose={o.log_verbose}",
+            # Triton 2.51 counts an ensemble request cancelled mid-generation as in
+            # flight forever, and waits this long for it at exit (default 30 s)
+            f"--exit-timeout-secs={o.settings.server.exit_timeout_s}",
+            *(f"--backend-config={b},shm-region-prefix-name={self.shm_prefix}{b}_" for b in _PYTHON_BACKENDS),
             *o.extra_args,
         ]
 
     def start(self) -> "TritonServer":
         o = self.options
         o.work_dir.mkdir(parents=True, exist_ok=True)
+        self.reclaim_stale()
         if o.admin_key is None:
             self.admin_key = new_admin_key()
         # before the server exists, so whoever sees it ready can read the key
@@ -225,12 +251,17 @@ class TritonServer:
         libs = str(find_triton().libraries)
         env["LD_LIBRARY_PATH"] = libs + (os.pathsep + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_handle = open(self.log_path, "wb")
+        # a restart appends: the log of the run that died says why
+        self._log_handle = open(self.log_path, "ab" if self.starts else "wb")
+        self.starts += 1
         cmd = self.command(repository, backends)
         log.info("starting tritonserver", extra={"log": str(self.log_path), "http_port": o.http_port,
                                                  "allocator": str(allocator) if allocator else "system"})
-        self.process = subprocess.Popen(cmd, env=env, stdout=self._log_handle, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+        # under serving.reaper, which removes its shm segments however it ends;
+        # SIGTERM to the reaper when the launcher dies: the same stop as ours
+        reaper = [sys.executable, "-m", "serving.reaper", ",".join(self.shm_files), str(self.stop_timeout_s), "--"]
+        self.process = spawn([*reaper, *cmd], signal.SIGTERM, env=env, stdout=self._log_handle,
+                             stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO_ROOT)
         try:
             self.wait_ready(o.ready_timeout_s)
         except BaseException:
@@ -274,15 +305,50 @@ class TritonServer:
         except FileNotFoundError:
             return ""
 
-    def stop(self, timeout_s: float = 30.0) -> int | None:
+    @property
+    def stop_timeout_s(self) -> float:
+        """How long a stop waits for tritonserver's own exit before SIGKILL."""
+        return self.options.settings.server.exit_timeout_s + _UNLOAD_MARGIN_S
+
+    def reclaim_stale(self) -> None:
+        """What an earlier server of this work dir left running (its launcher
+        was killed before it could stop it: a tritonserver, stubs) is killed,
+        and its shm segments removed, each said in the log. Ours alone: a
+        process is ours by this work dir's repository in its command line and
+        stale only when it lost its launcher; a segment by our prefix, and
+        only when no live process maps it. A live server of this work dir
+        (another serve) is an error, never killed."""
+        found = find_leftovers(str((self.options.work_dir / "model_repository").resolve()))
+        busy = [pid for pid in found.in_use if "tritonserver" in Path(f"/proc/{pid}/comm").read_text(errors="replace")]
+        if busy:
+            raise TritonStartError(f"a tritonserver (pid {', '.join(map(str, busy))}) already serves "
+                                   f"{self.options.work_dir}, started by a launcher still running: stop it first")
+        if found.stale:
+            log.warning("an earlier tritonserver of %s outlived its launcher (pids %s): killing it",
+                        self.options.work_dir, ", ".join(map(str, found.stale)))
+            kill_and_wait(found.stale)
+        removed = remove_shm(*self.shm_files)
+        if removed:
+            log.warning("removed %d shared-memory segments an earlier tritonserver of %s left in /dev/shm",
+                        len(removed), self.options.work_dir)
+
+    def stop(self, timeout_s: float | None = None) -> int | None:
+        """SIGINT (Triton's graceful exit: it waits server.exit_timeout_s for
+        in-flight inferences, then unloads its models), SIGKILL to its process
+        group (its stubs) past `timeout_s` (default stop_timeout_s); then its
+        shm segments are removed, whichever way it ended."""
         proc, self.process = self.process, None
         code = None
+        # the reaper kills it at stop_timeout_s; this is for a reaper that cannot
+        bound = self.stop_timeout_s + 2.0 if timeout_s is None else timeout_s
         if proc is not None:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)
                 try:
-                    proc.wait(timeout_s)
+                    proc.wait(bound)
                 except subprocess.TimeoutExpired:
+                    log.warning("tritonserver (reaper %d) still running %.0f s after SIGINT: killed with its stubs",
+                                proc.pid, bound)
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
             code = proc.returncode
@@ -292,6 +358,12 @@ class TritonServer:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            deadline = time.monotonic() + 10.0
+            while group_alive(proc.pid) and time.monotonic() < deadline:    # their maps go with them
+                time.sleep(0.05)
+            removed = remove_shm(*self.shm_files)
+            if removed:
+                log.info("removed %d shared-memory segments tritonserver %d left", len(removed), proc.pid)
         if self._log_handle is not None:
             self._log_handle.close()
             self._log_handle = None

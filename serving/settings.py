@@ -49,6 +49,19 @@ class ServerConfig:
     bls_max_concurrent_requests: int = 256
     # tritonserver's malloc, preloaded into it and its stubs (serving/allocator.py)
     allocator: Allocator = "tcmalloc"
+    # tritonserver's --exit-timeout-secs: at a stop, how long it waits for in-flight
+    # inferences (Triton 2.51 leaks cancelled ensemble requests as in flight) before
+    # unloading its models; the launcher kills it 5 s after that
+    exit_timeout_s: int = 3
+    # serve's supervision of its replicas (serving/supervisor.py): a replica that
+    # exits is restarted after restart_backoff_s, doubled for each exit in a row up
+    # to restart_backoff_max_s (with jitter); a run of restart_reset_after_s ends the row
+    restart_backoff_s: float = 1.0
+    restart_backoff_max_s: float = 30.0
+    restart_reset_after_s: float = 60.0
+    # serve's own Prometheus metrics (serving_replica_restarts_total ...) on
+    # 127.0.0.1; 0: none
+    supervisor_metrics_port: int = 8003
 
 
 SECTIONS: dict[str, type] = {"engine": EngineConfig, "text": TextStageConfig, "server": ServerConfig,

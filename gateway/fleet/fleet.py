@@ -42,6 +42,8 @@ from .router import RouteRequest, Router
 from .routed_stream import RoutedRequest, RoutedStream
 
 log = logging.getLogger(__name__)
+# at shutdown, how long a probe under way may finish before it is cancelled
+_PROBE_FINISH_S = 2.0
 
 _RETRYABLE = frozenset({"overloaded", "upstream_unavailable"})
 # Before its first token a request has produced nothing, so any refusal that
@@ -193,14 +195,14 @@ class Fleet:
             self._first_verdicts.set()
 
     async def aclose(self) -> None:
-        # a probe is let finish: Triton 2.51 keeps counting an ensemble request
-        # cancelled mid-generation as in flight, and then stalls its own exit
-        # for its full exit timeout (30 s)
+        # a probe is let finish, briefly: Triton 2.51 keeps counting an ensemble
+        # request cancelled mid-generation as in flight, and then stalls its own
+        # exit for its exit timeout (serve sets 3 s: server.exit_timeout_s)
         if self._stopping is not None:
             self._stopping.set()
         pending: set[asyncio.Task[None]] = set()
         if self._tasks:
-            _, pending = await asyncio.wait(self._tasks, timeout=min(self.config.probe_timeout_s, 5.0))
+            _, pending = await asyncio.wait(self._tasks, timeout=min(self.config.probe_timeout_s, _PROBE_FINISH_S))
         for task in pending:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -323,11 +325,17 @@ class Fleet:
     async def _scrape_loop(self) -> None:
         interval = self.config.metrics_interval_s
         async with httpx.AsyncClient(timeout=max(0.5, min(2.0, interval * 2))) as http:
-            while True:
+            # ends with the fleet (aclose waits for its loops: a scrape loop that
+            # never ended held every gateway's shutdown for 5 s)
+            stopping = self._stopping or asyncio.Event()
+            while not stopping.is_set():
                 await asyncio.gather(*(self._scrape(http, r) for r in self.replicas if r.config.metrics_url))
                 for listener in self.load_listeners:
                     listener(self.replicas)
-                await asyncio.sleep(interval)
+                try:
+                    await asyncio.wait_for(stopping.wait(), interval)
+                except asyncio.TimeoutError:
+                    pass
 
     async def _scrape(self, http: httpx.AsyncClient, replica: Replica) -> None:
         try:

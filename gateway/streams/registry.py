@@ -37,6 +37,7 @@ class StreamRegistry:
         self.shared = shared
         self._sessions: dict[str, StreamSession] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False       # draining without Redis: no stream is kept for a resume
 
     def open(self, caller: Caller, produce: Producer, error_event: ErrorEvent, stream_id: str | None = None,
              *, background: bool = False, summary: Any = None) -> StreamSession:
@@ -72,10 +73,24 @@ class StreamRegistry:
     def detach(self, session: StreamSession) -> None:
         session.readers -= 1
         if session.readers <= 0 and not session.done and not session.background:
-            if session.grace_s <= 0:
+            if self._closing:       # its reader left as the drain began
+                self._expire_now(session, "no reader, and the gateway is shutting down")
+            elif session.grace_s <= 0:
                 self._expire_now(session, "no reader (no grace period)")
             else:
                 self._spawn(self._expire_later(session))
+
+    def expire_unread(self) -> None:
+        """At the start of a drain: a stream whose reader hung up is stopped
+        now, not at the end of its grace period. Nobody resumes it through a
+        gateway that is going away; with Redis a reader elsewhere may, and its
+        expiry stays as it was."""
+        if self.shared is not None:
+            return
+        self._closing = True
+        for session in list(self._sessions.values()):
+            if session.readers <= 0 and not session.done and not session.background:
+                self._expire_now(session, "no reader, and the gateway is shutting down")
 
     def cancel_local(self, stream_id: str) -> bool:
         session = self._sessions.get(stream_id)

@@ -91,7 +91,8 @@ def _serving_flags(server: TritonServer) -> list[str]:
     """Rank 0's flags from the project's own launcher (ports, loopback
     addresses, restricted admin APIs, metrics), without its binary and paths."""
     own = server.command(Path("/repository"), Path("/backends"))[1:]
-    return [a for a in own if not a.startswith(("--model-repository=", "--backend-directory="))]
+    # each rank names its own shm prefix (rank_args), never the launcher's
+    return [a for a in own if not a.startswith(("--model-repository=", "--backend-directory=", "--backend-config="))]
 
 
 def check_machine(shape: EngineShape, tritonserver: str, orchestrator: bool, probes: Probes = Probes()) -> str:

@@ -160,3 +160,25 @@ def test_a_refusal_before_the_first_keepalive_is_still_an_http_status():
     exchange = asyncio.run(call(h.app, "POST", "/v1/chat/completions", headers=AUTH, body=BODY))
     assert exchange.status == 503 and exchange.headers["retry-after"] == "1"
     assert h.policy.admissions[0].released == 1
+
+
+def test_a_drain_stops_a_hung_up_stream_at_once_and_one_that_hangs_up_during_it():
+    """Nobody resumes a stream through a gateway that is going away: the drain
+    does not wait out a dropped stream's grace period (serve's Ctrl-C bound)."""
+    h = harness(lambda *a: [ev("first", ids=(1,)), HANG], tier=grace(30.0))
+
+    async def scenario() -> tuple[float, float]:
+        await call(h.app, "POST", "/v1/chat/completions", headers=AUTH, body=BODY, hang_up_after=1)
+        streams, t0 = h.streams, time.monotonic()
+        streams.expire_unread()              # the app's drain hook, as the drain begins (gateway/drain.py)
+        await until(lambda: len(h.transport.stops) == 1)
+        at_once = time.monotonic() - t0
+        # a reader that leaves after the drain began: stopped at its detach, not 30 s later
+        await call(h.app, "POST", "/v1/chat/completions", headers=AUTH, body=BODY, hang_up_after=1)
+        t1 = time.monotonic()
+        await until(lambda: len(h.transport.stops) == 2)
+        assert streams.running() == 0
+        return at_once, time.monotonic() - t1
+
+    first, second = asyncio.run(scenario())
+    assert first < 1.0 and second < 1.0, (first, second)

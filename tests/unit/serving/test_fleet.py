@@ -22,6 +22,7 @@ from serving.fleet import (Fleet, FleetStartError, Ports, Replica, free_base_por
 from serving.launcher import LaunchOptions, TritonStartError
 from serving.repository import render_repository
 from serving.settings import DeploymentSettings, load_section
+from serving.supervisor import Backoff, Supervisor, SupervisorMetrics
 
 
 def _options(tmp_path: Path, **engine: object) -> LaunchOptions:
@@ -251,32 +252,31 @@ def test_a_stop_while_starting_ends_every_replica(tmp_path: Path, monkeypatch: p
     assert not any(_running(pid) for s in servers for pid in s.pids)
 
 
-def test_watch_goes_on_while_a_replica_lives(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    servers = [StandIn(tmp_path, "a"), StandIn(tmp_path, "b")]
+def _supervisor(fleet: Fleet, lines: list[str]) -> Supervisor:
+    return Supervisor(fleet, Backoff(initial_s=0.2, max_s=1.0, reset_after_s=60.0), SupervisorMetrics(),
+                      say=lines.append)
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_watch_restarts_a_replica_that_dies_and_ends_with_the_stop(tmp_path: Path, count: int):
+    servers = [StandIn(tmp_path, name) for name in "ab"[:count]]
     fleet = _fleet(*servers)
     fleet.start(threading.Event())
+    lines: list[str] = []
+    supervisor = _supervisor(fleet, lines)
     try:
-        servers[1].process.send_signal(signal.SIGKILL)    # type: ignore[union-attr]
+        first = servers[-1].process.pid                       # type: ignore[union-attr]
+        servers[-1].process.send_signal(signal.SIGKILL)       # type: ignore[union-attr]
         stop = threading.Event()
-        threading.Timer(1.5, stop.set).start()
-        assert cli._watch(fleet, None, stop) == 0         # ended by the stop, not by r1's death
-        err = capsys.readouterr().err
-        assert err.count("replica r1: tritonserver exited on its own (code -9)") == 1, err
-        assert "1 of 2 replicas left" in err
-        servers[0].process.send_signal(signal.SIGKILL)    # type: ignore[union-attr]
-        assert cli._watch(fleet, None, threading.Event()) == 1
-        assert "every replica has exited" in capsys.readouterr().err
+        threading.Timer(3.0, stop.set).start()
+        assert cli._watch(fleet, None, stop, supervisor) == 0    # ended by the stop, not by the death
+        name = f"r{count - 1}"
+        died = f"replica {name}: tritonserver exited on its own (killed by SIGKILL)"
+        assert any(died in line for line in lines), lines
+        assert any(f"replica {name}: restarted, ready in" in line for line in lines), lines
+        assert servers[-1].process is not None and servers[-1].process.pid != first
+        assert servers[-1].process.poll() is None
     finally:
+        supervisor.stop()
         fleet.stop()
-
-
-def test_watch_of_a_single_replica_ends_with_its_death(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
-    server = StandIn(tmp_path, "a")
-    fleet = _fleet(server)
-    fleet.start(threading.Event())
-    try:
-        server.process.send_signal(signal.SIGTERM)    # type: ignore[union-attr]
-        assert cli._watch(fleet, None, threading.Event()) == -signal.SIGTERM
-        assert "tritonserver exited on its own" in capsys.readouterr().err
-    finally:
-        fleet.stop()
+    assert not any(_running(pid) for s in servers for pid in s.pids)

@@ -37,12 +37,14 @@ TEXT_VALUES = {
     "max_text_input_bytes": 5000, "max_messages_bytes": 20000, "content_filter_rules": "/etc/rules.json",
 }
 SERVER_VALUES = {"max_batch_size": 8, "llm_model_name": "tensorrt_llm", "preprocessing_instances": 2,
-                 "postprocessing_instances": 3, "bls_max_concurrent_requests": 5, "allocator": "system"}
+                 "postprocessing_instances": 3, "bls_max_concurrent_requests": 5, "allocator": "system",
+                 "exit_timeout_s": 7, "restart_backoff_s": 0.5, "restart_backoff_max_s": 9.0,
+                 "restart_reset_after_s": 20.0, "supervisor_metrics_port": 0}
 GATEWAY_VALUES = {
     "host": "127.0.0.2", "port": 9100, "public_grpc_port": 9101, "upstream_grpc_url": "10.0.0.5:8001", "keys_file": "/etc/keys.json",
     "redis_url": "redis://127.0.0.1:6390/0", "max_body_bytes": 2048, "max_json_depth": 6, "max_n": 2,
     "max_concurrent_requests": 7, "stream_buffer_bytes": 4096, "keepalive_interval_s": 2.5,
-    "response_retention_s": 30.0,
+    "response_retention_s": 30.0, "ops_host": "127.0.0.3", "ops_port": 9103,
     "replicas": {"a": ReplicaConfig(grpc_url="10.0.0.7:8001", metrics_url="http://10.0.0.7:8002/metrics",
                                     dedicated_to=("gold",))},
     "routing_policy": "least_load", "weight_queue": 1.5, "weight_kv_cache": 0.5, "weight_prefix": 4.0,
