@@ -31,13 +31,14 @@ def _free_port() -> int:
 
 class GatewayProcess:
     def __init__(self, assignments: list[str], log_path: Path, *, port: int, settings_file: str | None = None,
-                 probe_host: str = "127.0.0.1", ops_port: int | None = None) -> None:
+                 probe_host: str = "127.0.0.1") -> None:
         """`port`: the gateway.port the child will listen on, for the health probe.
-        `ops_port`: its gateway.ops_port (/metrics, /admin/*; 0: off); None: the
-        one `assignments` sets, else a free loopback port chosen now, so that
-        gateways side by side (tests, benchmarks) never meet on the default."""
-        if ops_port is None:
-            ops_port = _ops_port_assigned(assignments)
+        Its ops port (/metrics, /admin/*; `ops_url`, None when 0: off) is the last
+        `gateway.ops_port=` of `assignments` (a settings file or the environment is
+        not read here: the caller passes the resolved value), else a free loopback
+        port added now, so that gateways side by side (tests, benchmarks) never
+        meet on the default."""
+        ops_port = _ops_port_assigned(assignments)
         if ops_port is None:
             ops_port = _free_port()
             assignments = [*assignments, f"gateway.ops_port={ops_port}"]

@@ -127,9 +127,10 @@ def _local_key(gateway: GatewayConfig) -> str | None:
 def _start_gateway(args: argparse.Namespace, fleet: Fleet, golden: Path | None,
                    gateway: GatewayConfig) -> GatewayProcess:
     # the child reads the same settings sources; its upstreams are these replicas
-    process = GatewayProcess([*(args.set or []), *gateway_assignments(fleet.replicas, golden)],
-                             log_path=BUILD_DIR / "gateway.log", settings_file=args.settings, port=gateway.port,
-                             ops_port=gateway.ops_port)
+    # (and the ops port as resolved here, so that the banner and the child agree)
+    process = GatewayProcess([*(args.set or []), *gateway_assignments(fleet.replicas, golden),
+                              f"gateway.ops_port={gateway.ops_port}"],
+                             log_path=BUILD_DIR / "gateway.log", settings_file=args.settings, port=gateway.port)
     process.start()
     return process
 

@@ -144,6 +144,7 @@ def test_gateway_process_knows_its_ops_url(tmp_path: Path):
     assert chosen.ops_url == f"http://127.0.0.1:{port}" and chosen.metrics_url == f"{chosen.ops_url}/metrics"
     assigned = GatewayProcess(["gateway.ops_port=9102"], tmp_path / "log", port=9100)
     assert assigned.ops_url == "http://127.0.0.1:9102" and assigned.assignments == ["gateway.ops_port=9102"]
-    assert GatewayProcess([], tmp_path / "log", port=9100, ops_port=9002).ops_url == "http://127.0.0.1:9002"
+    later = GatewayProcess(["gateway.ops_port=9102", "gateway.ops_port=9002"], tmp_path / "log", port=9100)
+    assert later.ops_url == "http://127.0.0.1:9002"                       # the last one wins, as with --set
     off = GatewayProcess(["gateway.ops_port=0"], tmp_path / "log", port=9100)
     assert off.ops_url is None and off.metrics_url is None
