@@ -40,19 +40,25 @@ def gateway(replicas, golden, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 def test_a_killed_replica_loses_no_request_and_comes_back(gateway, replicas):
     gateway.wait_routable(60, r0=True, r1=True)
+    routed_before = gateway.routed("r1")
+    failovers_before = gateway.total("gateway_failovers_total")
     load = Load(gateway, 16).start()
-    time.sleep(0.3)                      # requests admitted, most still before their first token
-    killed_s = time.monotonic()
+    # The moment: as soon as requests are on r1, before they answer (a fixed
+    # sleep could kill it with none there yet, or with every one streaming).
+    wait_until(lambda: gateway.routed("r1") - routed_before >= 2, 30, "requests routed to r1")
+    on_r1, answered = gateway.routed("r1") - routed_before, load.started()
     kill_group(replicas["r1"], SIGKILL)
     try:
         outcomes = load.wait()
         ejected_after = gateway.wait_routable(30, r1=False)
-        before_first_token = [o for o in outcomes if o.first_content_s is None or o.first_content_s > killed_s]
+        failed_over = gateway.total("gateway_failovers_total") - failovers_before
         broken = [o for o in outcomes if not o.done]
-        print(f"\n[kill -9 r1 under 16 requests: {len(before_first_token)} had no first token yet; "
-              f"{len(outcomes) - len(broken)}/16 succeeded; r1 out of routing {ejected_after:.1f} s after the last "
-              f"request ended]")
+        print(f"\n[kill -9 r1 under 16 requests, {on_r1:.0f} routed to it and {answered} answered at the kill: "
+              f"{failed_over:.0f} retried on r0 before their first token; {len(outcomes) - len(broken)}/16 "
+              f"succeeded; r1 out of routing {ejected_after:.1f} s after the last request ended]")
         assert not broken, ([o.error for o in broken], gateway.upstream_warnings())
+        # the case this test is for: requests on the killed replica that had not answered yet
+        assert failed_over >= 1, f"no request was on r1 before its first token ({on_r1:.0f} routed there)"
     finally:
         # the module's later tests need r1 back, whatever happened here
         started = time.monotonic()

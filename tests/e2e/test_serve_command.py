@@ -26,7 +26,8 @@ from tritonclient.utils import InferenceServerException
 
 from serving.launcher import ADMIN_KEY_ENV, ADMIN_KEY_GRPC_METADATA, ADMIN_KEY_HEADER, free_local_ports
 
-from .serve_process import read_until_banner, stop_with_ctrl_c
+from .serve_process import (api_key, bound_ports, gone_within, hang_up_a_stream, ours, read_until_banner, shm_files,
+                            stop_with_ctrl_c)
 
 pytestmark = pytest.mark.e2e
 
@@ -169,10 +170,69 @@ def test_admin_apis_need_the_key_and_the_public_ones_do_not(serve: Serve):
     print(f"[admin checks over HTTP and gRPC in {time.monotonic() - t0:.2f} s]")
 
 
-def test_serve_stops_cleanly_on_ctrl_c(serve: Serve):
+def test_serve_stops_within_10_s_of_ctrl_c_after_a_cancelled_stream(serve: Serve):
+    """The issue's bound: Ctrl-C ends serve within 10 s once its work is done
+    or cancelled (a hung-up stream leaves an ensemble request that Triton 2.51
+    counts as in flight until its exit timeout), and leaves nothing behind."""
+    tree = psutil.Process(serve.proc.pid).children(recursive=True)
+    triton = [p for p in tree if p.name() == "tritonserver"]
+    assert len(triton) == 1, [(p.pid, p.name()) for p in tree]
+    hung_up = hang_up_a_stream(serve.gateway, api_key(serve.text))
     t0 = time.monotonic()
-    triton = [p for p in psutil.Process(serve.proc.pid).children(recursive=True) if p.name() == "tritonserver"]
     stop_with_ctrl_c(serve.proc, 60)
-    print(f"[serve stopped in {time.monotonic() - t0:.1f} s]")
-    assert serve.proc.returncode == 0, serve.text + serve.proc.stdout.read()
-    assert not [p for p in triton if p.is_running()]
+    took = time.monotonic() - t0
+    rest = serve.proc.stdout.read()
+    print(f"[a stream hung up after {hung_up:.1f} s; serve (1 replica) stopped {took:.1f} s after Ctrl-C]\n{rest}")
+    assert serve.proc.returncode == 0, serve.text + rest
+    assert "stopping tritonserver... (each waits up to" in rest, rest     # what it waits for, said
+    assert took <= 10.0, f"Ctrl-C took {took:.1f} s (bound 10 s)\n{rest}"
+    _, alive = psutil.wait_procs(tree, timeout=5)
+    assert not alive, [(p.pid, p.name()) for p in alive]
+    assert not shm_files([serve.build_dir])
+    assert not bound_ports([serve.http, serve.grpc, serve.metrics, serve.gateway, serve.ops])
+
+
+def test_a_sigkilled_serve_leaves_no_process_port_or_shm_behind(model_dir: Path,
+                                                                tmp_path_factory: pytest.TempPathFactory):
+    """A launcher killed by SIGKILL (no handler runs) takes its tritonserver,
+    the stubs, the reaper and the gateway with it (parent-death signals), and
+    the /dev/shm files are removed by the reaper."""
+    build_dir = tmp_path_factory.mktemp("serve-killed")
+    http, grpc, metrics, gateway, ops = free_local_ports(5)
+    env = {**os.environ, "LLM_BUILD_DIR": str(build_dir), "LLM_MODEL_DIR": str(model_dir)}
+    proc = subprocess.Popen([sys.executable, "-m", "serving", "serve", "--http-port", str(http),
+                             "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+                             "--set", f"gateway.port={gateway}", "--set", "gateway.public_grpc_port=0",
+                             "--set", f"gateway.ops_port={ops}", "--set", "server.supervisor_metrics_port=0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    output: list[str] = []
+    tree: list[psutil.Process] = []
+    try:
+        read_until_banner(proc, output, 300)
+        assert "ready." in "".join(output), "".join(output)
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        names = sorted(p.name() for p in tree)
+        assert "tritonserver" in names and any("gateway" in " ".join(p.cmdline()) for p in tree), names
+        assert shm_files([build_dir]), "the server's shm segments should carry its prefix"
+        hang_up_a_stream(gateway, api_key("".join(output)))      # an in-flight request left behind, too
+        proc.kill()
+        proc.wait(10)
+        took, left = gone_within(30, lambda: [p for p in tree if p.is_running()
+                                             and p.status() != psutil.STATUS_ZOMBIE])
+        print(f"\n[serve SIGKILLed: its {len(tree)} processes ({', '.join(names)}) gone in {took:.1f} s]")
+        assert not left, [(p.pid, p.name()) for p in left]
+        shm_took, shm = gone_within(10, lambda: shm_files([build_dir]))
+        ports_took, ports = gone_within(10, lambda: bound_ports([http, grpc, metrics, gateway, ops]))
+        print(f"[its /dev/shm files gone {shm_took:.1f} s later, its ports free {ports_took:.1f} s later]")
+        assert not shm, shm
+        assert not ports, ports
+        assert not ours(build_dir), [(p.pid, p.name()) for p in ours(build_dir)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for process in tree:        # whatever the test found alive: never left to the next test
+            try:
+                process.kill()
+            except psutil.Error:
+                pass
