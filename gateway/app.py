@@ -26,7 +26,7 @@ from .errors import GatewayError
 from .guard import ASGIApp, BodyGuard, Message, Receive, Scope, Send
 from .metrics import IN_FLIGHT, REGISTRY, REQUEST_DURATION, REQUESTS
 from .openai.fields import MODEL_NOT_FOUND
-from .openai.openapi import published_schema
+from .openai.openapi import allowed_methods, published_schema
 from .openai.responses_routes import router as responses_router
 from .openai.routes import router as openai_router
 from .policy import Policy
@@ -200,10 +200,13 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream | None 
         return _error_response(_validation_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = "Not found." if exc.status_code == 404 else str(exc.detail)
-        # a 405's `Allow` (and any other header the exception carries) is kept
-        return _error_response(GatewayError(exc.status_code, message, headers=dict(exc.headers or {})))
+        headers = dict(exc.headers or {})
+        allow = allowed_methods(app, request.url.path) if exc.status_code == 405 else None
+        if allow:                       # every method served at the path, as RFC 9110 asks
+            headers["Allow"] = allow
+        return _error_response(GatewayError(exc.status_code, message, headers=headers))
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:

@@ -11,6 +11,7 @@ what only this deployment knows or FastAPI cannot tell from the routes:
 - a streamed answer (`stream: true`) as `text/event-stream`."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import FastAPI
@@ -24,7 +25,9 @@ ERROR_SCHEMA: dict[str, Any] = {
         "type": "object", "required": ["message", "type", "param", "code"],
         "properties": {"message": {"type": "string"}, "type": {"type": "string"},
                        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
-_SSE = {"schema": {"type": "string", "description": "server-sent events: `data: {chunk}` ... `data: [DONE]`"}}
+# each event's data: a chunk (chat, completions), a typed event (Responses), an
+# error, or OpenAI's closing `[DONE]`
+_SSE = {"schema": {"description": "server-sent events: `data: {chunk}` ... `data: [DONE]`"}}
 _STREAMED = {("post", "/v1/chat/completions"), ("post", "/v1/completions"), ("post", "/v1/responses"),
              ("get", "/v1/responses/{response_id}"), ("get", "/v1/streams/{stream_id}")}
 
@@ -85,3 +88,16 @@ def published_schema(app: FastAPI, max_n: int) -> dict[str, Any]:
         components["Error"] = ERROR_SCHEMA
         app.openapi_schema = schema
     return app.openapi_schema
+
+
+
+def allowed_methods(app: FastAPI, path: str) -> str | None:
+    """A 405's `Allow` for a published path: every method the document names
+    there (Starlette names only its first route's, and GET and DELETE
+    /v1/streams/{id} are two routes); None for a path it does not publish."""
+    for template, operations in app.openapi()["paths"].items():
+        if re.fullmatch(re.sub(r"\{[^/}]+\}", "[^/]+", re.escape(template).replace(r"\{", "{").replace(r"\}", "}")),
+                        path):
+            methods = {method.upper() for method in operations} | ({"HEAD"} if "get" in operations else set())
+            return ", ".join(sorted(methods))
+    return None

@@ -1,44 +1,34 @@
 """Schemathesis against the gateway's own OpenAPI schema (`/openapi.json`), in
-front of the real tritonserver, with a valid API key, bounded for CI.
+front of the real tritonserver, with a valid API key, bounded for CI:
+Schemathesis's own verdict is the gate.
 
-What it asserts:
-- no response ≥ 500 other than the documented 503 (overloaded / unreachable),
-  and no request that timed out or lost its connection: every response's
-  status is collected by an `after_call` hook, not read off Schemathesis's
-  summary;
-- a measured share of the generated requests reached Triton, and it is > 0:
-  the gateway's own counters (`gateway_key_requests_total`: requests the engine
-  answered; `gateway_upstream_errors_total`: engine refusals) against every
-  request Schemathesis sent, cross-checked with Triton's
-  `nv_inference_request_success` / `_failure` for `ensemble` and `llm_bls`;
+The published schema is generated from the pydantic models the validators are
+(gateway/openai/schemas.py, fields.py, openapi.py), so it is used as published:
+no patching. What it asserts:
+- `st run` exits 0: every check (`--checks all`) passed, and no warning that
+  the schema and the validation disagree fired (`warnings.fail-on` in its
+  config; the output is searched for them too);
+- most positive cases (schema-valid bodies) POSTed to the generation routes
+  were answered 2xx (measured by an `after_call` hook, > 50 %);
+- no response ≥ 500 but the caller's own `token_timeout_ms` expiring (504
+  `upstream_timeout`), and no request that timed out or lost its connection;
+- generated requests reached Triton: the gateway's own counters
+  (`gateway_key_requests_total`, `gateway_upstream_errors_total`) against
+  Triton's `nv_inference_request_success` / `_failure`;
 - afterwards the gateway's `/health`, Triton's readiness and a normal chat
   completion are still fine, and the gateway logged no unhandled error.
 
-Bounded: Schemathesis 4.x through its CLI (`st run`, which runs Hypothesis
-with no deadline), every phase, `--max-examples` per operation, one worker,
-a request timeout, a fixed seed (`FUZZ_SEED` / `FUZZ_MAX_EXAMPLES` change them).
-The key's tier caps `max_tokens` at 4 and sets no rate limit, so a fuzzed
-`max_tokens` cannot make a run long and no 429 hides a request.
-
-The published schema is typed, but looser than the validators behind it:
-`model` is any string (the served models are no enum), `role` lists `tool`
-and `function`, `prompt` may be empty, `tools`, `response_format`, `audio`...
-are `{}` (anything) though only null / empty / neutral is accepted. Fuzzed as
-published, not one generated request reached Triton (measured: 0 of 1082 and
-0 of 1308, every positive body refused with 400 or 404 at the door). So a
-`before_load_schema` hook tightens exactly those properties to what the
-gateway enforces (`SCHEMA_GAPS`, printed with the results): Schemathesis then
-generates valid bodies as positive cases, and the refused values as negative
-ones, which the gateway must reject. The rest (`stream_options` only with
-`stream: true`, `n` × prompts ≤ `max_n`, `best_of` = `n`) cannot be said in
-JSON Schema and stays as generated. Other findings of Schemathesis's checks
-(schema-valid bodies refused, 405 without `Allow`) are printed, not asserted:
-they are about the schema's precision, not the gateway failing."""
+Bounded: Schemathesis 4.x through its CLI, every phase, `--max-examples` per
+operation, one worker, a request timeout, a fixed seed (`FUZZ_SEED` /
+`FUZZ_MAX_EXAMPLES` change them). The key's tier caps `max_tokens` at 1 and
+sets no rate limit, so a fuzzed `max_tokens` cannot make a run long and no 429
+hides a request."""
 from __future__ import annotations
 
 import collections
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -58,58 +48,46 @@ pytestmark = pytest.mark.e2e
 
 MAX_EXAMPLES = int(os.environ.get("FUZZ_MAX_EXAMPLES", "60"))
 SEED = int(os.environ.get("FUZZ_SEED", "20261201"))
-RUN_TIMEOUT_S = 420           # the whole Schemathesis run: about 100 s on 2 busy cores
+RUN_TIMEOUT_S = 540           # the whole Schemathesis run: about 4 min on 2 busy cores
 REQUEST_TIMEOUT_S = 60
-TOKENS_CAP = 4                # the fuzz tier's max_tokens_cap
-DOCUMENTED_5XX = {503}        # overloaded engine / unreachable Triton / rate limiter unavailable
+TOKENS_CAP = 1                # the fuzz tier's max_tokens_cap: each accepted case is one engine token
 PUBLIC_MODELS = ("ensemble", "llm_bls")
-GENERATION_ROUTES = ("chat", "completions")
+GENERATION = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+GENERATION_ROUTES = ("chat", "completions", "responses")
+MIN_POSITIVE_ACCEPTED = 0.5
 
-_NULL: dict[str, Any] = {"type": "null"}
+# The checks all run. Configured, each for a reason:
+# - the coverage phase sends only its negative cases (every boundary and type
+#   violation, all refused at the door): its positive ones, each a generation,
+#   would take about 10 min on 2 cores; positive cases come from the examples
+#   and fuzzing phases (`--max-examples` each), and the coverage phase's
+#   positive cases are checked in-process, against the fake engine, by
+#   tests/unit/gateway/test_openai_openapi.py (Schemathesis's generator there too).
+# - not_a_server_error also takes 504: the caller's own `token_timeout_ms`
+#   expiring is that deadline at work (Schemathesis sends 1 ms), answered as the
+#   engine timing out; the hook records every 504 and the test asserts each one
+#   was a request with its own token_timeout_ms and code `upstream_timeout`.
+# - every warning fails the run but `missing_test_data`: the id-addressed
+#   operations (`/v1/responses/{id}`, `/v1/streams/{id}`) answer 404 for ids
+#   nobody was issued, by design (ids are random and scoped to the key); the
+#   test asserts that this warning names no other operation.
+CONFIG = '''
+[phases.coverage.generation]
+mode = "negative"
 
+[checks.not_a_server_error]
+expected-statuses = ["2xx", "3xx", "4xx", "504"]
 
-def _or_null(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"anyOf": [schema, _NULL]}
+[warnings]
+fail-on = ["validation_mismatch", "low_valid_rate", "missing_auth", "rate_limited", "base_url_mismatch",
+           "missing_deserializer", "unresolvable_reference", "unsupported_regex"]
+'''
+# what Schemathesis prints when the schema and the validation disagree
+MISMATCH_WARNINGS = ("mostly rejected generated data", "Schema validation mismatch", "Low valid-input rate",
+                     "accepted few of the requests")
+ID_ADDRESSED = ("/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel", "/v1/streams/{stream_id}")
 
-
-_EMPTY_LIST = _or_null({"type": "array", "maxItems": 0})
-_STOP = {"anyOf": [{"type": "string", "minLength": 1},
-                   {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 16}, _NULL]}
-_N = _or_null({"type": "integer", "minimum": 1, "maximum": 4})           # gateway.max_n
-_SERVED = {"type": "string", "enum": list(PUBLIC_MODELS)}
-_BOTH = ("ChatCompletionRequest", "CompletionRequest")
-# (component, property, what the gateway enforces and the published schema does not say, the precise schema)
-SCHEMA_GAPS: list[tuple[str, str, str, dict[str, Any]]] = [
-    *[(c, "model", "only the served models (else 404)", _SERVED) for c in _BOTH],
-    *[(c, "n", "at most gateway.max_n (4)", _N) for c in _BOTH],
-    *[(c, "stop", "non-empty strings, at most 16", _STOP) for c in _BOTH],
-    *[(c, "logit_bias", "must be empty", _or_null({"type": "object", "maxProperties": 0})) for c in _BOTH],
-    ("ChatMessage", "role", "'tool' and 'function' refused",
-     {"type": "string", "enum": ["system", "developer", "user", "assistant"]}),
-    ("ChatMessage", "tool_calls", "must be empty", _EMPTY_LIST),
-    *[("ChatMessage", p, "must be null", _NULL) for p in ("function_call", "audio")],
-    *[("ChatCompletionRequest", p, "must be empty", _EMPTY_LIST) for p in ("tools", "functions")],
-    *[("ChatCompletionRequest", p, "null or 'none'", {"enum": ["none", None]})
-      for p in ("tool_choice", "function_call")],
-    ("ChatCompletionRequest", "response_format", "null or {'type': 'text'}",
-     _or_null({"type": "object", "properties": {"type": {"const": "text"}}, "required": ["type"],
-               "additionalProperties": False})),
-    *[("ChatCompletionRequest", p, "must be null", _NULL)
-      for p in ("audio", "prediction", "reasoning_effort", "verbosity", "web_search_options", "moderation")],
-    ("ChatCompletionRequest", "modalities", "null or ['text']",
-     _or_null({"type": "array", "items": {"const": "text"}, "minItems": 1, "maxItems": 1})),
-    ("ChatCompletionRequest", "top_logprobs", "0 or null", {"enum": [0, None]}),
-    ("CompletionRequest", "prompt", "non-empty string(s)",
-     {"anyOf": [{"type": "string", "minLength": 1},
-                {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 4}]}),
-    ("CompletionRequest", "logprobs", "0 or null", {"enum": [0, None]}),
-    ("CompletionRequest", "echo", "false or null", {"enum": [False, None]}),
-    ("CompletionRequest", "suffix", "empty or null", {"enum": ["", None]}),
-    ("CompletionRequest", "best_of", "must equal n (null here)", _NULL),
-]
-
-# Loaded by `st run` (SCHEMATHESIS_HOOKS): one JSON line per response and network
-# error in $FUZZ_LOG; the schema tightened by $FUZZ_SCHEMA_GAPS.
+# Loaded by `st run` (SCHEMATHESIS_HOOKS): one JSON line per response and network error in $FUZZ_LOG.
 HOOKS = '''
 import json, os
 import schemathesis
@@ -131,24 +109,14 @@ def _meta(case):
 
 
 @schemathesis.hook
-def before_load_schema(context, raw_schema):
-    components = raw_schema["components"]["schemas"]
-    for component, prop, _, precise in json.loads(os.environ["FUZZ_SCHEMA_GAPS"]):
-        properties = components[component]["properties"]
-        title = properties[prop].get("title")
-        properties[prop] = {**precise, **({"title": title} if title else {})}
-
-
-@schemathesis.hook
 def after_call(context, case, response):
     phase, mode = _meta(case)
     body = case.body if isinstance(case.body, dict) else None
     status = response.status_code
     _write({"kind": "response", "method": case.method, "path": case.path, "status": status,
             "phase": phase, "mode": mode, "model": body.get("model") if body else None,
-            "elapsed_s": response.elapsed,
             "error": response.text[:300] if status >= 400 else None,
-            "body": json.dumps(case.body, default=repr)[:2000] if status >= 500 else None,
+            "body": json.dumps(case.body, default=repr)[:2000] if status >= 400 else None,
             "token_timeout_ms": body.get("token_timeout_ms") if body else None})
 
 
@@ -204,102 +172,94 @@ def _triton_requests(metrics: dict[str, float]) -> float:
                for model in PUBLIC_MODELS)
 
 
-def _gateway_requests(metrics: dict[str, float], routes: tuple[str, ...] | None = None) -> float:
-    return sum(value for key, value in metrics.items() if key.startswith("gateway_requests_total{")
-               and (routes is None and 'route="health"' not in key and 'route="metrics"' not in key
-                    or routes is not None and any(f'route="{r}"' in key for r in routes)))
-
-
-def test_schemathesis_finds_no_server_error_and_reaches_triton(fuzz_gateway: FuzzGateway,
-                                                               triton_server: TritonServer,
-                                                               tmp_path: Path) -> None:
-    hooks, log = tmp_path / "fuzz_hooks.py", tmp_path / "fuzz.jsonl"
+def _run_schemathesis(fuzz_gateway: FuzzGateway, work: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+    hooks, config = work / "fuzz_hooks.py", work / "schemathesis.toml"
     hooks.write_text(HOOKS)
-    command = [str(Path(sys.executable).with_name("st")), "run", f"{fuzz_gateway.url}/openapi.json",
+    config.write_text(CONFIG)
+    command = [str(Path(sys.executable).with_name("st")), "--config-file", str(config), "run",
+               f"{fuzz_gateway.url}/openapi.json", "--checks", "all",
                "--header", f"Authorization: Bearer {fuzz_gateway.key}",
                "--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED), "--workers", "1",
                "--request-timeout", str(REQUEST_TIMEOUT_S), "--continue-on-failure",
                "--generation-database", "none", "--no-color",
-               "--report", "junit", "--report-junit-path", str(tmp_path / "junit.xml")]
-    gateway_before = scrape_metrics(f"{fuzz_gateway.url}/metrics")
-    triton_before = scrape_metrics(triton_server.metrics_url)
+               "--report", "junit", "--report-junit-path", str(work / "junit.xml")]
     started = time.monotonic()
-    # cwd: anything Schemathesis writes (reports, config discovery) stays in tmp_path
-    run = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-                         env={**os.environ, "SCHEMATHESIS_HOOKS": str(hooks), "FUZZ_LOG": str(log),
-                              "FUZZ_SCHEMA_GAPS": json.dumps(SCHEMA_GAPS)})
-    elapsed = time.monotonic() - started
-    gateway_after = scrape_metrics(f"{fuzz_gateway.url}/metrics")
-    triton_after = scrape_metrics(triton_server.metrics_url)
-    output = run.stdout + run.stderr
-    summary = output[output.find("SUMMARY") - 40:] if "SUMMARY" in output else output[-4000:]
-    gaps = collections.defaultdict(list)
-    for component, prop, enforced, _ in SCHEMA_GAPS:
-        gaps[enforced].append(f"{component}.{prop}")
-    print("\n[schemathesis] the published schema, tightened where it is looser than the validators:")
-    for enforced, where in gaps.items():
-        print(f"    {', '.join(where)}: {enforced}")
-    print(f"[schemathesis] {' '.join(command[:3])} … -n {MAX_EXAMPLES} --seed {SEED}: exit {run.returncode} "
-          f"in {elapsed:.0f} s\n{summary}")
+    try:
+        # cwd: anything Schemathesis writes (reports) stays in the test's directory
+        run = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                             env={**os.environ, "SCHEMATHESIS_HOOKS": str(hooks),
+                                  "FUZZ_LOG": str(work / "fuzz.jsonl")})
+    except subprocess.TimeoutExpired as exc:
+        shown = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        pytest.fail(f"Schemathesis ran over {RUN_TIMEOUT_S} s; its output so far:\n{shown[-4000:]}")
+    return run, time.monotonic() - started
 
-    # 0: nothing found, 1: check failures (its summary, above); anything else is Schemathesis itself failing
-    assert run.returncode in (0, 1), output[-4000:]
+
+def _print_statuses(responses: list[dict[str, Any]]) -> None:
+    statuses = collections.Counter(r["status"] for r in responses)
+    print(f"[schemathesis] statuses: {dict(sorted(statuses.items()))}")
+    by_operation = collections.Counter((r["path"], r["method"], r["mode"], r["status"]) for r in responses)
+    for (path, method, mode, status), count in sorted(by_operation.items(), key=str):
+        print(f"    {method:7} {path:36} {mode or '-':9} {status}: {count}")
+
+
+def test_schemathesis_passes_on_the_published_schema_and_reaches_triton(fuzz_gateway: FuzzGateway,
+                                                                         triton_server: TritonServer,
+                                                                         tmp_path: Path) -> None:
+    metrics_url = fuzz_gateway.process.metrics_url
+    assert metrics_url, "the fuzzed gateway serves its /metrics on the ops listener"
+    gateway_before, triton_before = scrape_metrics(metrics_url), scrape_metrics(triton_server.metrics_url)
+    run, elapsed = _run_schemathesis(fuzz_gateway, tmp_path)
+    gateway_after, triton_after = scrape_metrics(metrics_url), scrape_metrics(triton_server.metrics_url)
+    output = run.stdout + run.stderr
+    summary = output[output.find("SUMMARY") - 40:] if "SUMMARY" in output else output[-6000:]
+    print(f"\n[schemathesis] st run {fuzz_gateway.url}/openapi.json --checks all -n {MAX_EXAMPLES} --seed {SEED}: "
+          f"exit {run.returncode} in {elapsed:.0f} s\n{summary}")
+
+    log = tmp_path / "fuzz.jsonl"
     records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     responses = [r for r in records if r["kind"] == "response"]
     lost = [r for r in records if r["kind"] == "network_error"]
-    operations = {(r["method"], r["path"]) for r in responses}
-    assert {("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("GET", "/v1/models"),
-            ("GET", "/v1/models/{model}")} <= operations, f"operations not exercised: {operations}"
+    _print_statuses(responses)
+    positive = [r for r in responses if r["method"] == "POST" and r["path"] in GENERATION and r["mode"] == "positive"]
+    accepted = [r for r in positive if 200 <= r["status"] < 300]
+    share = len(accepted) / max(len(positive), 1)
+    print(f"[schemathesis] {len(responses)} responses, {len(lost)} network errors; positive POSTs on the "
+          f"generation routes: {len(accepted)} of {len(positive)} accepted ({100 * share:.1f} %)")
+    refusals = collections.Counter(f"{r['status']} {(r['error'] or '')[:150]}" for r in positive
+                                   if r["status"] >= 400)
+    for message, count in refusals.most_common(8):
+        print(f"    refused positive {count:4}× {message}")
 
-    statuses = collections.Counter(r["status"] for r in responses)
-    by_operation = collections.Counter((r["method"], r["path"], r["status"]) for r in responses)
-    generation = [r for r in responses if r["method"] == "POST" and r["path"].endswith("completions")]
+    # Schemathesis's verdict: no check failed, no schema-mismatch warning
+    assert run.returncode == 0, f"Schemathesis exit {run.returncode}:\n{summary[-6000:]}"
+    mismatch = [w for w in MISMATCH_WARNINGS if w in output]
+    assert not mismatch, f"Schemathesis warns that the schema and the validation disagree: {mismatch}"
+    # the one warning allowed: only the id-addressed operations answered their positive cases 404
+    unreachable = {(r["method"], r["path"]) for r in responses if r["mode"] == "positive"} - {
+        (r["method"], r["path"]) for r in responses if r["mode"] == "positive" and r["status"] != 404}
+    assert {path for _, path in unreachable} <= set(ID_ADDRESSED), unreachable
+    missing = re.search(r"Missing test data: (\d+) operation", output)
+    assert missing is None or int(missing.group(1)) <= len(unreachable), missing.group(0)
+    operations = {(r["method"], r["path"]) for r in responses}
+    assert {("POST", p) for p in GENERATION} | {("GET", "/v1/models"), ("GET", "/v1/models/{model}")} <= operations
+
+    # no 5xx but the caller's own deadline, nothing lost
+    own_deadline = [r for r in responses if r["status"] == 504 and r["token_timeout_ms"]
+                    and "upstream_timeout" in (r["error"] or "")]
+    server_errors = [r for r in responses if r["status"] >= 500 and r not in own_deadline]
+    print(f"[schemathesis] {len(own_deadline)} answers were the caller's own token_timeout_ms expiring (504)")
+    assert not server_errors, f"{len(server_errors)} responses ≥ 500: " + "; ".join(
+        f"{r['method']} {r['path']} {r['body']} → {r['status']} {r['error']}" for r in server_errors[:5])
+    assert not lost, f"{len(lost)} requests got no response (timeout or connection lost): {lost[:5]}"
+    assert share > MIN_POSITIVE_ACCEPTED, f"only {100 * share:.1f} % of the schema-valid bodies were accepted"
+
     answered = _sum(gateway_after, "gateway_key_requests_total") - _sum(gateway_before, "gateway_key_requests_total")
     refused_upstream = (_sum(gateway_after, "gateway_upstream_errors_total")
                         - _sum(gateway_before, "gateway_upstream_errors_total"))
     triton_requests = _triton_requests(triton_after) - _triton_requests(triton_before)
-    seen_by_gateway = _gateway_requests(gateway_after) - _gateway_requests(gateway_before)
-    generation_seen = (_gateway_requests(gateway_after, GENERATION_ROUTES)
-                       - _gateway_requests(gateway_before, GENERATION_ROUTES))
-    reached = answered + refused_upstream
-    print(f"[schemathesis] {len(responses)} responses ({len(generation)} POSTs to the generation routes), "
-          f"{len(lost)} network errors; the gateway counted {seen_by_gateway:.0f} requests "
-          f"({generation_seen:.0f} on the generation routes)")
-    print(f"[schemathesis] statuses: {dict(sorted(statuses.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)))}")
-    for (method, path, status), count in sorted(by_operation.items(), key=lambda kv: (kv[0][1], kv[0][0],
-                                                                                      kv[0][2] or 0)):
-        print(f"    {method:7} {path:24} {status}: {count}")
-    print(f"[schemathesis] reached Triton: {answered:.0f} requests answered by the engine + {refused_upstream:.0f} "
-          f"engine refusals = {reached:.0f} of {len(responses)} generated requests "
-          f"({100 * reached / max(len(responses), 1):.2f} %; {100 * reached / max(len(generation), 1):.2f} % of "
-          f"the generation POSTs); Triton counted {triton_requests:.0f} inference requests on "
-          f"{' + '.join(PUBLIC_MODELS)} (n > 1 fans out)")
-    reached_models = collections.Counter(r["model"] for r in generation if r["status"] == 200)
-    print(f"[schemathesis] 200s on the generation routes by model: {dict(reached_models)}")
-    refusals = collections.Counter((r["error"] or "")[:110] for r in generation if r["status"] == 400)
-    print("[schemathesis] most common 400s on the generation routes:")
-    for message, count in refusals.most_common(6):
-        print(f"    {count:4}× {message}")
-
-    # a 504 `upstream_timeout` for a request that set its own `token_timeout_ms` is
-    # that deadline at work (the fuzz sends 1 ms), not the gateway failing
-    own_deadline = [r for r in responses if r["status"] == 504 and r.get("token_timeout_ms")
-                    and "upstream_timeout" in (r["error"] or "")]
-    print(f"[schemathesis] {len(own_deadline)} answers were the caller's own token_timeout_ms expiring (504)")
-    server_errors = [r for r in responses if r["status"] >= 500 and r["status"] not in DOCUMENTED_5XX
-                     and r not in own_deadline]
-    if server_errors:
-        warnings = [line for line in fuzz_gateway.process.log_path.read_text().splitlines()
-                    if '"level": "WARNING"' in line and "gateway.upstream" in line or '"level": "ERROR"' in line]
-        print(f"[schemathesis] {len(server_errors)} responses ≥ 500; the gateway's upstream warnings and errors:")
-        for line in warnings[:10]:
-            print(f"    {line[:400]}")
-    assert not server_errors, f"{len(server_errors)} responses ≥ 500: " + "; ".join(
-        f"{r['method']} {r['path']} {r['body']} → {r['status']} {r['error']}" for r in server_errors[:5])
-    assert not lost, f"{len(lost)} requests got no response (timeout or connection lost): {lost[:5]}"
-    for r in responses:
-        if r["status"] in DOCUMENTED_5XX:
-            print(f"[schemathesis] documented {r['status']}: {r['error']}")
+    print(f"[schemathesis] reached Triton: {answered:.0f} answered by the engine + {refused_upstream:.0f} engine "
+          f"refusals; Triton counted {triton_requests:.0f} inference requests (n > 1 fans out)")
     assert answered > 0, "no generated request reached the engine: the fuzz was all refused at the door"
     assert triton_requests >= answered, (triton_requests, answered)
 
@@ -308,8 +268,6 @@ def test_schemathesis_finds_no_server_error_and_reaches_triton(fuzz_gateway: Fuz
     assert health.status_code == 200 and health.json()["status"] == "ok" and health.json()["replicas_routable"] == 1
     assert fuzz_gateway.process.alive()
     assert triton_server.is_ready()
-    ready = httpx.get(f"{triton_server.http_url}/v2/health/ready", timeout=10)
-    assert ready.status_code == 200
     answer = httpx.post(f"{fuzz_gateway.url}/v1/chat/completions", timeout=120,
                         headers={"Authorization": f"Bearer {fuzz_gateway.key}"},
                         json={"model": "ensemble", "max_tokens": 64, "temperature": 0,
@@ -319,7 +277,6 @@ def test_schemathesis_finds_no_server_error_and_reaches_triton(fuzz_gateway: Fuz
     assert body["choices"][0]["message"]["content"]
     assert body["choices"][0]["finish_reason"] in ("stop", "length")
     assert 0 < body["usage"]["completion_tokens"] <= TOKENS_CAP, body["usage"]     # the tier's cap held
-    gateway_log = fuzz_gateway.process.log_path.read_text()
-    assert "unhandled error" not in gateway_log
+    assert "unhandled error" not in fuzz_gateway.process.log_path.read_text()
     print(f"[after] gateway /health ok, Triton ready, chat: {body['choices'][0]['message']['content']!r} "
           f"({body['usage']})")

@@ -47,3 +47,18 @@ def test_a_body_that_is_no_json_object_is_invalid_json(raw: bytes) -> None:
             return await client.post("/v1/responses", content=raw, headers={**AUTH, "content-type": "application/json"})
     response = asyncio.run(go())
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json", response.text
+
+
+@pytest.mark.parametrize("method, path, allow", [
+    ("PUT", "/v1/streams/abc", "DELETE, GET, HEAD"),         # two routes at one path: both named
+    ("PATCH", "/v1/chat/completions", "POST"), ("POST", "/v1/models", "GET, HEAD"),
+])
+def test_a_405_names_every_method_published_at_the_path(method: str, path: str, allow: str) -> None:
+    h = harness(simple_script("x"))
+
+    async def go():
+        async with h.client() as client:
+            return await client.request(method, path, content=b"{}",
+                                        headers={**AUTH, "content-type": "application/json"})
+    response = asyncio.run(go())
+    assert response.status_code == 405 and response.headers["allow"] == allow
