@@ -28,6 +28,9 @@ case "$role" in
         : > "$log_file"
         # follows the log for as long as this process (python, after exec) lives
         tail --pid="$$" -n +1 -F "$log_file" 2>/dev/null &
+        # the orchestrator restarts a tritonserver that dies (and counts it, with
+        # its own backoff): serve exits with it instead of restarting it inside
+        export LLM__SERVER__RESTART_REPLICAS="${LLM__SERVER__RESTART_REPLICAS:-false}"
         exec python -m serving serve --no-gateway \
             --address "${LLM_TRITON_ADDRESS:-0.0.0.0}" \
             --http-port "${LLM_TRITON_HTTP_PORT:-8000}" \

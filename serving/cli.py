@@ -206,9 +206,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             fleet.stop()
             return 1
         print(_gateway_banner(fleet, golden, config, gateway.log_path, _local_key(config)), flush=True)
-    supervisor = Supervisor(fleet, Backoff.from_settings(options.settings.server))
+    supervisor = (Supervisor(fleet, Backoff.from_settings(options.settings.server))
+                  if options.settings.server.restart_replicas else None)
     code = _watch(fleet, gateway, stop, supervisor)
-    supervisor.stop()
+    if supervisor is not None:
+        supervisor.stop()
     return _stop_all(fleet, gateway, options.settings.gateway, code)
 
 
@@ -236,12 +238,22 @@ def _stop_all(fleet: Fleet, gateway: GatewayProcess | None, config: GatewayConfi
     return code
 
 
-def _watch(fleet: Fleet, gateway: GatewayProcess | None, stop: threading.Event, supervisor: Supervisor) -> int:
+def _watch(fleet: Fleet, gateway: GatewayProcess | None, stop: threading.Event,
+           supervisor: Supervisor | None) -> int:
     """Until Ctrl-C (0), or until the gateway dies on its own (its code, or
     1). A replica that exits is restarted (serving/supervisor.py); routing
-    around it meanwhile is the gateway's job."""
+    around it meanwhile is the gateway's job. Without a supervisor
+    (`server.restart_replicas = false`), a replica that exits ends serve with
+    its code."""
     while not stop.wait(0.5):
-        supervisor.poll()
+        if supervisor is not None:
+            supervisor.poll()
+        else:
+            for replica, code in fleet.dead():
+                print(f"replica {replica.name}: tritonserver exited on its own (code {code}); see "
+                      f"{replica.server.log_path}; not restarted (server.restart_replicas is false)",
+                      file=sys.stderr, flush=True)
+                return code or 1
         if gateway is not None and not gateway.alive():
             code = gateway.process.returncode if gateway.process else 1
             print(f"the gateway exited on its own (code {code}); see {gateway.log_path}", file=sys.stderr)

@@ -250,10 +250,6 @@ class Fleet:
                 found.append((replica, process.returncode if process is not None else 1))
         return found
 
-    def alive(self) -> int:
-        return sum(1 for r in self.replicas
-                   if r.server.process is not None and r.server.process.poll() is None)
-
     def stop(self) -> dict[str, int | None]:
         """Stop every replica, in parallel (each may take seconds to unload);
         their exit codes by name."""

@@ -56,6 +56,9 @@ class ServerConfig:
     # serve's supervision of its replicas (serving/supervisor.py): a replica that
     # exits is restarted after restart_backoff_s, doubled for each exit in a row up
     # to restart_backoff_max_s (with jitter); a run of restart_reset_after_s ends the row
+    # False: serve exits as soon as a replica does (in a container, so the
+    # orchestrator sees it, restarts it with its own backoff and counts it)
+    restart_replicas: bool = True
     restart_backoff_s: float = 1.0
     restart_backoff_max_s: float = 30.0
     restart_reset_after_s: float = 60.0

@@ -203,7 +203,7 @@ def test_all_ready_reports_each_and_stop_ends_them(tmp_path: Path):
     fleet = _fleet(*servers)
     ready: list[str] = []
     fleet.start(threading.Event(), on_ready=lambda replica, seconds: ready.append(replica.name))
-    assert sorted(ready) == ["r0", "r1"] and fleet.alive() == 2
+    assert sorted(ready) == ["r0", "r1"] and not fleet.dead()
     assert set(fleet.stop()) == {"r0", "r1"}
     assert not any(_running(pid) for s in servers for pid in s.pids)
 
@@ -280,3 +280,21 @@ def test_watch_restarts_a_replica_that_dies_and_ends_with_the_stop(tmp_path: Pat
         supervisor.stop()
         fleet.stop()
     assert not any(_running(pid) for s in servers for pid in s.pids)
+
+
+def test_watch_without_a_supervisor_ends_serve_with_the_replicas_exit(tmp_path: Path, capsys):
+    # server.restart_replicas = false (containers): the orchestrator restarts, so serve must exit
+    servers = [StandIn(tmp_path, "a")]
+    fleet = _fleet(*servers)
+    fleet.start(threading.Event())
+    try:
+        servers[0].process.send_signal(signal.SIGKILL)        # type: ignore[union-attr]
+        stop = threading.Event()
+        threading.Timer(10.0, stop.set).start()               # a bound: the death must end it first
+        t0 = time.monotonic()
+        assert cli._watch(fleet, None, stop, None) == -signal.SIGKILL
+        assert time.monotonic() - t0 < 5
+        assert "not restarted (server.restart_replicas is false)" in capsys.readouterr().err
+    finally:
+        stop.set()
+        fleet.stop()
