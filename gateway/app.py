@@ -35,7 +35,7 @@ from .streams.routes import router as streams_router
 from .triton.grpc_door import start_door
 from .triton.http_routes import route_label as triton_route
 from .triton.http_routes import router as triton_router
-from .triton.responses import TritonErrorShape
+from .triton.responses import TritonErrorShape, is_triton_path
 from .upstream import Upstream
 from .drain import DrainGuard, DrainState
 from .fleet import build_fleet
@@ -96,10 +96,15 @@ class RequestContextMiddleware:
         echoed = [(b"x-request-id", (context.caller_request_id or context.request_id).encode()),
                   (b"traceparent", context.traceparent.encode())]
 
+        status_sent: int | None = None
+        answered = False            # the whole response went out
+
         async def send_with_ids(message: Message) -> None:
-            nonlocal status
+            nonlocal status, status_sent, answered
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                answered = True
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status = status_sent = message["status"]
                 message["headers"] = list(message.get("headers", [])) + echoed
             await send(message)
 
@@ -107,6 +112,16 @@ class RequestContextMiddleware:
         in_flight.inc()
         try:
             await self.app(scope, receive, send_with_ids)
+        except Exception as exc:
+            # Starlette re-raises what its 500 handler answered in full, for the
+            # server's sake; uvicorn would then close the connection and reset a
+            # keep-alive client's next request. A body cut short still goes up:
+            # the closed connection is how its client learns it is incomplete.
+            if status_sent is not None and not answered:
+                raise
+            if status_sent is None:
+                logging.getLogger("gateway").exception("unhandled error", exc_info=exc)
+                await _internal_error(scope, send_with_ids)
         finally:
             in_flight.dec()
             duration = time.perf_counter() - context.started_s
@@ -118,6 +133,17 @@ class RequestContextMiddleware:
                     "duration_ms": round(duration * 1000, 2), "traceparent": context.traceparent,
                     **context.fields}})
             logs.unbind(token)
+
+
+async def _internal_error(scope: Scope, send: Send) -> None:
+    """A 500 from outside the app's handlers, in the route's error shape."""
+    error = GatewayError(500, "Internal error.", code="internal_error")
+    body = {"error": error.message} if is_triton_path(scope["path"]) else error.body()
+    await JSONResponse(body, status_code=500)(scope, _no_body, send)
+
+
+async def _no_body() -> Message:
+    return {"type": "http.request", "body": b"", "more_body": False}
 
 
 def _error_response(error: GatewayError) -> JSONResponse:
