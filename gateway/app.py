@@ -160,10 +160,12 @@ def _validation_error(exc: RequestValidationError) -> GatewayError:
     location = [part for part in first.get("loc", ()) if part != "body" and part not in _UNION_TAGS
                 and not (isinstance(part, str) and "[" in part)]
     # the parameter as OpenAI names it: messages[0].content
-    param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in location).lstrip(".") or None
+    # ("" for a field whose name is empty: `{"": 1}`)
+    param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in location).lstrip(".") if location else None
     kind = first.get("type", "")
     if kind == "extra_forbidden":
-        return GatewayError(400, f"Unrecognized request argument supplied: {param}", param=param,
+        named = param or '"" (an empty name)'
+        return GatewayError(400, f"Unrecognized request argument supplied: {named}", param=param,
                             code="unrecognized_parameter")
     # not an object at all; a field that should be one is named like any other
     if kind == "json_invalid" or (kind in ("model_attributes_type", "model_type", "missing") and not location):

@@ -8,7 +8,9 @@ what only this deployment knows or FastAPI cannot tell from the routes:
 - the seed's exact bound (2**64 - 1: FastAPI's document model rounds it to a float);
 - errors as they are answered: 400 (never FastAPI's 422) and every other
   status in OpenAI's error shape;
-- a streamed answer (`stream: true`) as `text/event-stream`."""
+- a streamed answer (`stream: true`) as `text/event-stream`;
+- the API key every published route needs (`Authorization: Bearer`), so that
+  generated clients send it and a fuzzer can check that it is enforced."""
 from __future__ import annotations
 
 import re
@@ -25,11 +27,14 @@ ERROR_SCHEMA: dict[str, Any] = {
         "type": "object", "required": ["message", "type", "param", "code"],
         "properties": {"message": {"type": "string"}, "type": {"type": "string"},
                        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+API_KEY_SCHEME = {"apiKey": {"type": "http", "scheme": "bearer",
+                             "description": "an API key (`python -m gateway keys create --tier ...`)"}}
 # each event's data: a chunk (chat, completions), a typed event (Responses), an
 # error, or OpenAI's closing `[DONE]`
 _SSE = {"schema": {"description": "server-sent events: `data: {chunk}` ... `data: [DONE]`"}}
 _STREAMED = {("post", "/v1/chat/completions"), ("post", "/v1/completions"), ("post", "/v1/responses"),
              ("get", "/v1/responses/{response_id}"), ("get", "/v1/streams/{stream_id}")}
+_ONLY_STREAMED = {("get", "/v1/streams/{stream_id}")}     # a resume is always SSE
 
 
 def _integer_branch(prop: dict[str, Any]) -> dict[str, Any]:
@@ -73,6 +78,8 @@ def _responses_as_answered(paths: dict[str, Any]) -> None:
             ok = responses.get("200")
             if ok is not None and (method, path) in _STREAMED:
                 ok.setdefault("content", {})["text/event-stream"] = _SSE
+            if ok is not None and (method, path) in _ONLY_STREAMED:
+                ok["content"] = {"text/event-stream": _SSE}
 
 
 def published_schema(app: FastAPI, max_n: int) -> dict[str, Any]:
@@ -86,9 +93,10 @@ def published_schema(app: FastAPI, max_n: int) -> dict[str, Any]:
         for unused in ("HTTPValidationError", "ValidationError"):
             components.pop(unused, None)
         components["Error"] = ERROR_SCHEMA
+        schema["components"]["securitySchemes"] = API_KEY_SCHEME
+        schema["security"] = [{name: []} for name in API_KEY_SCHEME]
         app.openapi_schema = schema
     return app.openapi_schema
-
 
 
 def allowed_methods(app: FastAPI, path: str) -> str | None:

@@ -81,6 +81,8 @@ def test_errors_are_published_as_answered(document: dict[str, Any]) -> None:
     chat = document["paths"]["/v1/chat/completions"]["post"]["responses"]
     assert "422" not in chat and chat["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/Error")
     assert set(chat["200"]["content"]) == {"application/json", "text/event-stream"}
+    assert set(document["paths"]["/v1/streams/{stream_id}"]["get"]["responses"]["200"]["content"]) == {
+        "text/event-stream"}
     model = document["paths"]["/v1/models/{model}"]["get"]["parameters"][0]["schema"]
     assert model["enum"] == list(PUBLIC_MODELS)
 
@@ -175,3 +177,30 @@ def test_bodies_generated_from_the_published_schema_are_accepted(document: dict[
     refused = [f"{route} {json.dumps(body)[:300]} → {status} {text}"
                for (route, body), (status, text) in zip(bodies, asyncio.run(answers())) if status != 200]
     assert len(bodies) >= 3 * 50 and not refused, "\n".join(refused[:10])
+
+
+def test_every_published_operation_needs_the_api_key_and_refuses_without_it(document: dict[str, Any]) -> None:
+    # the document says so (generated clients send the key; a fuzzer checks it is enforced) ...
+    scheme = document["components"]["securitySchemes"]["apiKey"]
+    assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
+    assert document["security"] == [{"apiKey": []}]
+    operations = [(method, path) for path, ops in document["paths"].items() for method in ops]
+    assert len(operations) >= 9
+
+    # ... and the gateway does: no key or a wrong one is a 401 on each, body or not
+    bodies = {"/v1/chat/completions": CHAT, "/v1/completions": PROMPT, "/v1/responses": RESPONSE}
+
+    async def statuses() -> list[tuple[str, str, str, int]]:
+        h = harness(simple_script("x"))
+        found = []
+        async with h.client() as client:
+            for method, path in operations:
+                url = path.replace("{model}", "ensemble").replace("{response_id}", "resp_x").replace(
+                    "{stream_id}", "chatcmpl-x")
+                for label, headers in (("no key", {}), ("wrong key", {"Authorization": "Bearer sk-wrong"})):
+                    answer = await client.request(method.upper(), url, json=bodies.get(path), headers=headers)
+                    found.append((method, path, label, answer.status_code))
+        return found
+
+    refused = asyncio.run(statuses())
+    assert all(status == 401 for *_, status in refused), [r for r in refused if r[-1] != 401]

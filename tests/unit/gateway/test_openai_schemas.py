@@ -35,6 +35,7 @@ def post(body: dict, path: str = "/v1/chat/completions"):
     ({"modalities": ["text", "audio"]}, "modalities", "only ['text']"),
     ({"reasoning_effort": "high"}, "reasoning_effort", "not supported"),
     ({"frobnicate": 1}, "frobnicate", "Unrecognized request argument supplied: frobnicate"),
+    ({"": 1}, "", 'Unrecognized request argument supplied: "" (an empty name)'),
     ({"temperature": 3}, "temperature", "less than or equal to 2"),
     ({"top_p": 0}, "top_p", "greater than 0"),
     ({"seed": -1}, "seed", "greater than or equal to 0"),
