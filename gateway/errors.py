@@ -23,8 +23,8 @@ class GatewayError(Exception):
     def __post_init__(self) -> None:
         # a caller's string quoted back may hold lone surrogates (invalid UTF-8
         # in its JSON): the answer must still encode, so they are shown escaped
-        self.message = _encodable(self.message)
-        self.param = None if self.param is None else _encodable(self.param)
+        self.message = encodable(self.message)
+        self.param = None if self.param is None else encodable(self.param)
         super().__init__(self.message)
 
     def body(self) -> dict[str, Any]:
@@ -32,5 +32,6 @@ class GatewayError(Exception):
                           "param": self.param, "code": self.code}}
 
 
-def _encodable(text: str) -> str:
+def encodable(text: str) -> str:
+    """`text` with each lone surrogate shown as `\\udcXX`, so that it encodes as UTF-8."""
     return text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -33,6 +33,7 @@ from ..config import TierConfig
 from ..errors import GatewayError
 from ..guard import json_depth
 from ..openai.translate import capped_max_tokens
+from ..strict_json import is_utf8, shown
 
 # Triton's TYPE_* names → the KServe datatype on the wire (TYPE_STRING is BYTES)
 WIRE_DATATYPES = {"TYPE_STRING": "BYTES", "TYPE_BOOL": "BOOL", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64",
@@ -41,8 +42,6 @@ SPECS: dict[str, TensorSpec] = {spec.name: spec for spec in PUBLIC_INPUTS}
 KNOWN_INPUTS = ", ".join(SPECS)
 _INT_RANGES = {"INT32": (-2 ** 31, 2 ** 31 - 1), "UINT64": (0, 2 ** 64 - 1)}
 FP32_MAX = 3.4028234663852886e38
-# a caller-chosen name or datatype quoted back in an error is cut to this many characters
-_SHOWN = 64
 # `messages` is a JSON string; chat messages nest 4 deep at most (content parts),
 # and a deeper document must not reach the recursive JSON parser
 MAX_MESSAGES_DEPTH = 16
@@ -83,11 +82,6 @@ class ValidatedCall:
 
 def input_error(name: str, what: str) -> GatewayError:
     return GatewayError(400, f"{name}: {what}", param=name)
-
-
-def shown(text: str) -> str:
-    """A caller-chosen string, bounded, for an error message."""
-    return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
 
 
 def wire_datatype(spec: TensorSpec) -> str:
@@ -182,10 +176,8 @@ def _value(datatype: str, value: Any) -> Any:
             except UnicodeDecodeError as exc:
                 raise ValueError(f"not valid UTF-8 (byte {exc.start}: {exc.reason})") from None
         if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise ValueError("not valid UTF-8 (a lone surrogate)") from None
+            if not is_utf8(value):
+                raise ValueError("not valid UTF-8 (a lone surrogate)")
             return value
         raise ValueError(f"expected a string (BYTES), got {_JSON_TYPES.get(kind, kind.__name__)}")
     if datatype == "BOOL":

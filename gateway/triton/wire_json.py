@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import GatewayError
-from .inputs import SPECS, Values, WireInput, caller_id, input_error, shown, wire_datatype
+from ..strict_json import shown
+from .inputs import SPECS, Values, WireInput, caller_id, input_error, wire_datatype
 from .raw import decode_raw
 
 _INFER_KEYS = frozenset({"id", "parameters", "inputs", "outputs"})

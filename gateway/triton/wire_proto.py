@@ -13,7 +13,8 @@ from tritonclient.grpc import service_pb2
 from .. import logs
 from ..errors import GatewayError
 from ..policy import Caller
-from .inputs import ValidatedCall, WireInput, caller_id, input_error, shown, validate
+from ..strict_json import shown
+from .inputs import ValidatedCall, WireInput, caller_id, input_error, validate
 from .outputs import check_requested
 from .raw import decode_raw
 

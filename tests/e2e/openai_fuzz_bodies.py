@@ -192,13 +192,10 @@ def _valid(rng: random.Random, route: str) -> dict[str, Any]:
 
 
 def _shown_key(raw: bytes) -> str:
-    """A raw key as the gateway names it: decoded (bad bytes as surrogates), JSON-escaped where not UTF-8."""
+    """A raw key as the gateway names it (gateway.strict_json.shown): decoded, each bad byte or lone
+    surrogate as `\\udcXX` / `\\ud800`."""
     key = json.loads((b'"' + raw + b'"').decode("utf-8", "surrogateescape"))
-    try:
-        key.encode("utf-8")
-        return key
-    except UnicodeEncodeError:
-        return json.dumps(key)[1:-1]
+    return key.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def draw_body(rng: random.Random, route: str) -> Body:

@@ -1,7 +1,8 @@
-"""The strict JSON of Triton HTTP bodies (gateway/triton/body_json.py), the
-engine refusals as 400s naming the field (gateway/upstream.map_error), and the
-one table of value rules (ensemble/public_bounds.py) that the gateway, the
-client library and the engine share."""
+"""How a Triton HTTP body's refusal names the field (gateway/triton/body_json.py;
+the strict JSON itself: test_strict_json.py), the engine refusals as 400s
+naming the field (gateway/upstream.map_error), and the one table of value
+rules (ensemble/public_bounds.py) that the gateway, the client library and the
+engine share."""
 from __future__ import annotations
 
 import re
@@ -26,41 +27,37 @@ def refusal(raw: bytes) -> GatewayError:
 
 @pytest.mark.parametrize("raw, message", [
     (b'{"te\xffxt": 1}', "te\\udcffxt: the field name is not valid UTF-8"),
-    (b'{"\xed\xa0\x80": 1}', "\\udced\\udca0\\udc80: the field name is not valid UTF-8"),
-    (b'{"text_input": "a\xffb"}', "text_input: not valid UTF-8"),
     (b'{"text_input": "a\\ud800b"}', "text_input: not valid UTF-8"),
     (b'{"stop_words": ["ok", "\xc3"]}', "stop_words: not valid UTF-8 (an invalid byte or a lone surrogate) "
                                         "(at stop_words[1])"),
     (b'{"temperature": NaN}', "temperature: NaN is not a JSON number"),
-    (b'{"top_p": -Infinity}', "top_p: -Infinity is not a JSON number"),
-    (b'{"top_p": 1e999}', "top_p: inf is out of range"),
+    (b'{"top_p": 1e999}', "top_p: 1e999 is out of range"),
     (b'{"seed": ' + b"9" * 5000 + b"}", "seed: an integer of 5000 digits is out of range"),
     (b'{"max_tokens": 1, "max_tokens": 2}', "max_tokens: given more than once in one JSON object"),
     (b'{"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["\xfe"]}]}',
      "text_input: not valid UTF-8 (an invalid byte or a lone surrogate) (at inputs[0].data[0])"),
+    (b'{"inputs": [{"name": "top_k", "datatype": "INT32", "shape": [1], "data": [1], "data": [2]}]}',
+     "top_k: given more than once in one JSON object (at inputs[0].data)"),
     (b'{"inputs": [{"name": "\xfe", "datatype": "BYTES", "shape": [1], "data": ["x"]}]}',
      "inputs[0].name: not valid UTF-8"),
+    (b'{"outputs": [{"name": "\xfe"}, {"name": "text_output", "parameters": {"binary_data": NaN}}]}',
+     "outputs[0].name: not valid UTF-8"),
+    (b'NaN', "body: NaN is not a JSON number"),
 ])
-def test_what_json_does_not_allow_is_a_400_naming_the_field(raw: bytes, message: str) -> None:
+def test_a_refusal_names_the_top_level_key_or_the_tensor(raw: bytes, message: str) -> None:
     error = refusal(raw)
     assert error.message.startswith(message), error.message
     assert error.param == message.split(":")[0]
-    error.message.encode("utf-8")                    # the answer can quote it back
 
 
-@pytest.mark.parametrize("raw", [b"", b"{", b"[1,]", b"\xff\xfe", b'{"a": }'])
+@pytest.mark.parametrize("raw", [b"", b"{", b'{"a": }'])
 def test_a_body_that_is_not_json_is_a_400(raw: bytes) -> None:
-    assert refusal(raw).message.startswith("The body is not valid JSON")
+    assert refusal(raw).message.startswith("The body is not valid JSON: ")
 
 
-def test_good_json_parses_as_json() -> None:
-    assert parse(b'{"a": [1, 2.5, "\xc3\xa9", true, null], "b": {"c": -3}}') == \
-        {"a": [1, 2.5, "é", True, None], "b": {"c": -3}}
-
-
-def test_a_gateway_error_quoting_a_lone_surrogate_still_encodes() -> None:
-    error = GatewayError(400, "\ud800: unknown input", param="\ud800")
-    assert error.message == "\\ud800: unknown input" and error.param == "\\ud800"
+def test_numbers_stay_as_written() -> None:
+    assert parse(b'{"max_tokens": 2.0, "seed": 2}') == {"max_tokens": 2.0, "seed": 2}
+    assert isinstance(parse(b'{"max_tokens": 2.0}')["max_tokens"], float)
 
 
 @pytest.mark.parametrize("message, param, shown", [
