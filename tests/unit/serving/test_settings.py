@@ -38,7 +38,8 @@ TEXT_VALUES = {
 }
 SERVER_VALUES = {"max_batch_size": 8, "llm_model_name": "tensorrt_llm", "preprocessing_instances": 2,
                  "postprocessing_instances": 3, "bls_max_concurrent_requests": 5, "allocator": "system",
-                 "exit_timeout_s": 7, "restart_backoff_s": 0.5, "restart_backoff_max_s": 9.0,
+                 "exit_timeout_s": 7, "restart_replicas": False, "restart_backoff_s": 0.5,
+                 "restart_backoff_max_s": 9.0,
                  "restart_reset_after_s": 20.0, "supervisor_metrics_port": 0}
 GATEWAY_VALUES = {
     "host": "127.0.0.2", "port": 9100, "public_grpc_port": 9101, "upstream_grpc_url": "10.0.0.5:8001", "keys_file": "/etc/keys.json",
