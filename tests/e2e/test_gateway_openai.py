@@ -241,12 +241,15 @@ def test_tiers_limit_models_requests_and_tokens_before_triton(triton_server, tmp
     """403 for a model the tier may not use; 429 when a key's requests per
     second run out, and when a long stream left the key in token debt: each
     with Retry-After and OpenAI's x-ratelimit-* headers, before any upstream work."""
-    tiers = {"paid": {}, "one_rps": {"requests_per_second": 1, "allowed_models": ["ensemble"]},
+    # one request per 20 s (a moving window), not per second: the first request's
+    # own generation must not outlast the window, or the second is admitted
+    # (seen on a busy 2-core machine, where it took over a second)
+    tiers = {"paid": {}, "one_per_20s": {"requests_per_second": 0.05, "allowed_models": ["ensemble"]},
              "one_tps": {"tokens_per_second": 1}}        # a 60-token budget per minute
     work = tmp_path_factory.mktemp("gateway-tiers")
     gateway = start_gateway(triton_server, work, f"gateway.tiers={json.dumps(tiers)}")
     store = KeyStore(work / "keys.json")
-    one_rps, one_tps = store.create("one_rps", label="qps").key, store.create("one_tps", label="tps").key
+    one_rps, one_tps = store.create("one_per_20s", label="qps").key, store.create("one_tps", label="tps").key
     try:
         def sdk(key: str) -> openai.OpenAI:
             return openai.OpenAI(base_url=gateway.base_url, api_key=key, max_retries=0)
@@ -279,7 +282,7 @@ def test_tiers_limit_models_requests_and_tokens_before_triton(triton_server, tmp
         after = scrape_metrics(triton_server.metrics_url).get("nv_inference_request_success", 0.0)
         assert after == before_debt, "a 429 reached Triton"
         metrics = httpx.get(gateway.process.metrics_url).text
-        assert 'gateway_rate_limited_total{kind="qps",tier="one_rps"} 1.0' in metrics, metrics[-3000:]
+        assert 'gateway_rate_limited_total{kind="qps",tier="one_per_20s"} 1.0' in metrics, metrics[-3000:]
         assert 'gateway_rate_limited_total{kind="tps",tier="one_tps"} 1.0' in metrics
     finally:
         gateway.process.stop()
