@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test test-unit test-e2e bench bench-vllm-venv venv model kernels tools allocator clean
+.PHONY: serve lint test test-unit test-e2e bench bench-vllm-venv venv model kernels tools allocator clean
 
 venv: $(STAMP)
 
@@ -66,7 +66,12 @@ $(TCMALLOC):
 	$(call unpack_deb,$(TCMALLOC_DEB),$(TOOLS)/tcmalloc,tritonserver would run on the system allocator)
 	@touch $@
 
+# ruff, with the rules in pyproject.toml ([tool.ruff]); `make test` runs it first
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
 test: $(STAMP) kernels tools
+	$(PY) -m ruff check .
 	$(PY) -m serving prepare-model
 	$(PY) -m pytest
 

@@ -31,8 +31,7 @@ from rich.console import Console
 
 from .bench_model import add_model_arguments, bench_model_dir, check_device, release_memory
 from .engine_offline import EngineBenchSettings, run_engine_offline
-from .hf_baselines import (HFBenchSettings, load_model, run_continuous_batching, run_single,
-                           run_static_batches, warm_up)
+from .hf_baselines import HFBenchSettings, load_model, run_continuous_batching, run_single, run_static_batches, warm_up
 from .output_agreement import HFReference, compare_to_reference
 from .report import MachineInfo, Report
 from .result import MethodResult

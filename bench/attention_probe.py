@@ -18,7 +18,7 @@ import argparse
 import platform
 import statistics
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import torch
 
@@ -65,7 +65,7 @@ def _probe(args: argparse.Namespace, libraries: dict[str, CpuKernels]) -> int:
     caches = [(torch.randn(KV_HEADS, num_blocks, BLOCK, HEAD_DIM, generator=gen),
                torch.randn(KV_HEADS, num_blocks, BLOCK, HEAD_DIM, generator=gen)) for _ in range(args.layers)]
     shuffled = torch.randperm(num_blocks, generator=gen).to(torch.int32)
-    print(f"{platform.node()}: {torch.get_num_threads()} threads, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; "
+    print(f"{platform.node()}: {torch.get_num_threads()} threads, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; "
           f"{args.layers} layers, chunks after {args.start} cached positions")
     seconds: dict[tuple[int, str], list[float]] = {}
     differ: set[int] = set()

@@ -25,8 +25,7 @@ from types import SimpleNamespace
 
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.core.sampling_params import SamplingParams
-from python_llm.engine.core.scheduler_output import (CachedRequestData, NewRequestData, RunnerOutput,
-                                                     SchedulerOutput)
+from python_llm.engine.core.scheduler_output import CachedRequestData, NewRequestData, RunnerOutput, SchedulerOutput
 from python_llm.engine.engine import LLMEngine
 from python_llm.engine.worker.runner import ModelRunner
 

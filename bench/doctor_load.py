@@ -85,7 +85,7 @@ class BackgroundLoad:
     def _run(self, grpc_url: str, scenario: Scenario) -> None:
         self.finished = asyncio.run(run_load(grpc_url, scenario, self.stop))
 
-    def __enter__(self) -> "BackgroundLoad":
+    def __enter__(self) -> BackgroundLoad:
         self._thread.start()
         return self
 

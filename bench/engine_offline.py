@@ -8,8 +8,8 @@ import time
 from dataclasses import dataclass, field
 
 from python_llm.engine.config import EngineConfig
-from python_llm.engine.engine import LLMEngine
 from python_llm.engine.core.sampling_params import SamplingParams
+from python_llm.engine.engine import LLMEngine
 
 from .progress import progress_bar
 from .result import MethodResult

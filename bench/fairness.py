@@ -54,7 +54,6 @@ from .report import MachineInfo
 from .workload import Vocabulary
 
 
-
 class SliceSeconds:
     """The runner's own seconds of each step's layer slice
     (`RunnerOutput.slice_seconds`), read as the engine's runner returns them."""

@@ -44,8 +44,10 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['label']} | {r['itl_p50_before_ms']:.0f} ms | {r['itl_p50_during_ms']:.0f} / "
             f"{r['itl_p99_during_ms']:.0f} / {r['itl_max_during_ms']:.0f} ms | {r['itl_p99_over_p50_before']:.1f}x"
-            f"{mark_itl} | {_control(r)} | {r['ttft_s']:.1f} s | {r['ttft_alone_s']:.1f} s | {r['ttft_over_alone']:.2f}x "
-            f"({r['ttft_over_best_alone']:.2f}x){mark_ttft} | {r['steps_during']} | {_margin(r)} | {_pacer_decode(r)} | {r['load_before']:.1f} / "
+            f"{mark_itl} | {_control(r)} | {r['ttft_s']:.1f} s | {r['ttft_alone_s']:.1f} s | "
+            f"{r['ttft_over_alone']:.2f}x "
+            f"({r['ttft_over_best_alone']:.2f}x){mark_ttft} | {r['steps_during']} | {_margin(r)} | "
+            f"{_pacer_decode(r)} | {r['load_before']:.1f} / "
             f"{r['cores_used']:.2f} |")
     return "\n".join(lines)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import platform
 import statistics
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import torch
 
@@ -43,7 +43,7 @@ def main() -> int:
         return 1
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(args.vocab, args.hidden, generator=gen) * 0.05
-    print(f"# LM head probe, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
+    print(f"# LM head probe, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
           f"{args.threads} threads, vocab {args.vocab}, hidden {args.hidden}, fp32; "
           f"bf16 dot products native: {kernels.bf16_dot_supported()}")
     packed = PackedLinear(weight, None)

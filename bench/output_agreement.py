@@ -69,7 +69,8 @@ class Agreement:
     def line(self) -> str:
         total = self.identical + self.near_ties + self.mismatches
         text = (f"outputs vs {self.against}: {self.identical}/{total} identical token for token, "
-                f"{self.near_ties} differing only from a near-tie (|Δ log-prob| < {self.bound_nats:g} nats under HF fp32), "
+                f"{self.near_ties} differing only from a near-tie "
+                f"(|Δ log-prob| < {self.bound_nats:g} nats under HF fp32), "
                 f"{self.mismatches} real mismatches")
         noise = self.noise()
         if noise:

@@ -21,7 +21,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import torch
 
@@ -77,7 +77,7 @@ def _probe(args: argparse.Namespace, kernels: CpuKernels, baseline: CpuKernels |
     auto, _ = projection_makers("auto", kernels)
     makers["auto"] = lambda w: auto(w, None)
     ways = {name: [[make(w) for w in layer] for layer in weights] for name, make in makers.items()}
-    print(f"# projection probe, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
+    print(f"# projection probe, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
           f"{args.threads} threads, {args.layers} layers x {'/'.join(args.shapes)}, fp32; "
           f"auto = {type(ways['auto'][0][0]).__name__}")
     compared = baseline is not None

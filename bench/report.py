@@ -6,7 +6,7 @@ import json
 import os
 import platform
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ class MachineInfo:
     accelerator: str = ""            # the GPU the rows ran on, where --device named one
 
     @classmethod
-    def collect(cls, torch_threads: int, device: str = "cpu") -> "MachineInfo":
+    def collect(cls, torch_threads: int, device: str = "cpu") -> MachineInfo:
         model = "unknown"
         try:
             for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -49,7 +49,7 @@ class MachineInfo:
             accelerator = f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
         return cls(nproc=len(os.sched_getaffinity(0)), cpu_model=model, load_average=os.getloadavg(),
                    torch_threads=torch_threads, python=platform.python_version(),
-                   date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), accelerator=accelerator)
+                   date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), accelerator=accelerator)
 
     def line(self) -> str:
         load = ", ".join(f"{x:.2f}" for x in self.load_average)
@@ -97,7 +97,8 @@ class Report:
         if engine and best:
             ratio = engine.tokens_per_s / best.tokens_per_s
             lines.append(f"engine offline / best static-batch HF ({dtype}): {ratio:.2f}x "
-                         f"(target >= {ENGINE_OVER_HF_BATCH}x): {'met' if ratio >= ENGINE_OVER_HF_BATCH else 'NOT met'}")
+                         f"(target >= {ENGINE_OVER_HF_BATCH}x): "
+                         f"{'met' if ratio >= ENGINE_OVER_HF_BATCH else 'NOT met'}")
         paired = triton.extra.get("paired") if triton else None
         if paired:
             ratio = paired["ratio_median"]
@@ -108,7 +109,8 @@ class Report:
         elif engine and triton:
             ratio = triton.tokens_per_s / engine.tokens_per_s
             lines.append(f"ensemble / engine offline ({dtype}): {ratio:.2f}x "
-                         f"(target >= {ENSEMBLE_OVER_OFFLINE}x): {'met' if ratio >= ENSEMBLE_OVER_OFFLINE else 'NOT met'}")
+                         f"(target >= {ENSEMBLE_OVER_OFFLINE}x): "
+                         f"{'met' if ratio >= ENSEMBLE_OVER_OFFLINE else 'NOT met'}")
         if self.hf_agreement:
             lines.append(self.hf_agreement["line"])
         lines += self.vllm_lines(dtype)

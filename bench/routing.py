@@ -190,7 +190,7 @@ class MachineWatch:
             self.loads.append(os.getloadavg()[0])
             self.others.update(others_running(self.ours))
 
-    def __enter__(self) -> "MachineWatch":
+    def __enter__(self) -> MachineWatch:
         self._thread.start()
         return self
 

@@ -15,9 +15,9 @@ import statistics
 import time
 
 from python_llm.engine.config import EngineConfig
-from python_llm.engine.worker.runner import ModelRunner
 from python_llm.engine.core.sampling_params import SamplingParams
 from python_llm.engine.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput
+from python_llm.engine.worker.runner import ModelRunner
 
 
 def decode_step(runner: ModelRunner, seqs: int, context: int, step: int) -> SchedulerOutput:
@@ -79,11 +79,12 @@ def main() -> None:
         runner = ModelRunner(config)
         print(f"{dtype} attention_backend={backend} "
               f"(decode attention: {'native' if runner.kernels else 'torch'})")
-        total, model = measure(runner, lambda r: decode_step(runner, args.seqs, args.context, r), args.repeats)
+        total, model = measure(runner, lambda r: decode_step(runner, args.seqs, args.context, r), args.repeats)  # noqa: B023
         print(f"{dtype:9s} decode {args.seqs} seqs x ~{args.context} ctx: step {total * 1e3:7.1f} ms "
               f"(layers+LM head {model * 1e3:7.1f} ms, rest {(total - model) * 1e3:5.1f} ms) "
               f"-> {args.seqs / total:6.1f} tok/s")
-        total, model = measure(runner, lambda r: prefill_step(runner, args.prefill_tokens, r), max(2, args.repeats // 2))
+        total, model = measure(runner, lambda r: prefill_step(runner, args.prefill_tokens, r),  # noqa: B023
+                               max(2, args.repeats // 2))
         print(f"{dtype:9s} prefill {args.prefill_tokens} tokens: step {total * 1e3:7.1f} ms "
               f"(layers+LM head {model * 1e3:7.1f} ms, rest {(total - model) * 1e3:5.1f} ms) "
               f"-> {args.prefill_tokens / total:6.1f} tok/s")

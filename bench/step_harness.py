@@ -53,7 +53,7 @@ def run_all_at_once(engine: Stepper, requests: list[tuple[list[int], int]], pref
             pending -= bool(finished)
         steps += 1
     seconds = time.perf_counter() - started
-    for (prompt, max_tokens), got in zip(requests, tokens):
+    for (_prompt, max_tokens), got in zip(requests, tokens):
         if len(got) != max_tokens:
             raise RuntimeError(f"a request produced {len(got)} tokens, {max_tokens} were forced (EOS ignored)")
     return OfflineRun(tokens=tokens, seconds=seconds, steps=steps)

@@ -115,7 +115,8 @@ def main() -> None:
         from serving.default_model import ensure_default_model
         args.model_dir = str(ensure_default_model())
     config = EngineConfig(model_dir=args.model_dir, dtype="float32", num_threads=args.threads,
-                          linear_backend=args.linear_backend, max_tokens_in_paged_kv_cache=args.seqs * (args.context + 80) + 1024)
+                          linear_backend=args.linear_backend,
+                          max_tokens_in_paged_kv_cache=args.seqs * (args.context + 80) + 1024)
     runner = ModelRunner(config)
     clock = CallClock()
     instrument(runner, clock)

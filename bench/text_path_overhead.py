@@ -20,7 +20,7 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -171,7 +171,7 @@ def measure(config: BenchConfig) -> list[PassResult]:
 
 def print_table(config: BenchConfig, results: list[PassResult]) -> None:
     rows = [(r.label, r.row()) for r in results]
-    print(f"# text path overhead, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()} "
+    print(f"# text path overhead, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()} "
           f"({platform.processor() or platform.machine()}), {config.concurrency} concurrent gRPC streams, "
           f"max_tokens {config.max_tokens} (ignore_eos)")
     columns = ["ok", "errors", "tokens", "ttft_ms_p50", "tpot_ms_mean", "tpot_ms_p50", "tpot_ms_p90",

@@ -248,7 +248,7 @@ def _alternating_singles(engine: EngineStepper, vllm: VllmProcess, prompts: list
         # vLLM's processes stay busy for a moment after answering: a single
         # request run right after one of its commands took ~1 s instead of ~0.1
         time.sleep(SETTLE_S)
-        run, cpu = _measured(lambda: step_harness.run_single(engine, prompt, max_tokens, f"single-{i}"))
+        run, cpu = _measured(lambda: step_harness.run_single(engine, prompt, max_tokens, f"single-{i}"))  # noqa: B023
         ours.runs.append(run)
         ours_cores.append(cpu["cores_used_avg"])
         time.sleep(SETTLE_S)
@@ -285,7 +285,7 @@ def run_vllm_comparison(engine_settings: EngineBenchSettings, settings: VllmCpuS
             engine = EngineStepper(LLMEngine(engine_config(engine_settings)))
             step_harness.run_all_at_once(engine, [(step_harness.warm_up_prompt(requests), 4)], prefix="warmup")
             hits_before = engine.engine.stats().prefix_cache_hit_tokens
-            run, cpu = _measured(lambda: step_harness.run_all_at_once(engine, requests, prefix=f"bench{r}"))
+            run, cpu = _measured(lambda: step_harness.run_all_at_once(engine, requests, prefix=f"bench{r}"))  # noqa: B023
             ours_runs.append({"tokens": run.tokens, "seconds": run.seconds, "steps": run.steps, **cpu,
                               "prefix_cache_hit_tokens": engine.engine.stats().prefix_cache_hit_tokens - hits_before})
             progress(f"  round {r + 1}: engine {run.output_tokens / run.seconds:.1f} tok/s "

@@ -78,7 +78,7 @@ class CpuClock:
     run actually got."""
 
     def __init__(self) -> None:
-        import psutil   # a dependency of vllm
+        import psutil  # a dependency of vllm
         self._me = psutil.Process()
 
     def seconds(self) -> float:
@@ -112,8 +112,8 @@ def main(argv: list[str]) -> int:
 
     with open(argv[1]) as f:
         job = json.load(f)
-    from vllm import LLM
     import vllm
+    from vllm import LLM
 
     settings = job["settings"]
     started = time.perf_counter()
@@ -156,12 +156,12 @@ def main(argv: list[str]) -> int:
             # every round starts cold: the previous round's prompts are not served from the cache
             llm.llm_engine.reset_prefix_cache()
             run, cpu = measured(clock, lambda: step_harness.run_all_at_once(engine, requests,
-                                                                            prefix=f"bench{rounds}"))
+                                                                            prefix=f"bench{rounds}"))  # noqa: B023
             answer({"tokens": run.tokens, "seconds": run.seconds, "steps": run.steps,
                     "output_tokens": run.output_tokens, **cpu})
         elif cmd == "singles":
             summary, cpu = measured(clock, lambda: step_harness.run_singles(
-                engine, command["prompts"], command["max_tokens"], prefix=command.get("prefix", f"single{rounds}")))
+                engine, command["prompts"], command["max_tokens"], prefix=command.get("prefix", f"single{rounds}")))  # noqa: B023
             answer({"summary": summary.as_dict(), "runs": [asdict(r) for r in summary.runs], **cpu})
         elif cmd == "logprobs":
             answer({"items": [engine.logprobs_at(item["context"], item["candidates"])

@@ -23,9 +23,11 @@ class WorkloadSpec:
         if self.num_requests <= 0:
             raise ValueError(f"num_requests: must be > 0, got {self.num_requests}")
         if not 0 < self.min_prompt_tokens <= self.max_prompt_tokens:
-            raise ValueError(f"prompt tokens: need 0 < min <= max, got {self.min_prompt_tokens}..{self.max_prompt_tokens}")
+            raise ValueError(f"prompt tokens: need 0 < min <= max, "
+                             f"got {self.min_prompt_tokens}..{self.max_prompt_tokens}")
         if not 0 < self.min_output_tokens <= self.max_output_tokens:
-            raise ValueError(f"output tokens: need 0 < min <= max, got {self.min_output_tokens}..{self.max_output_tokens}")
+            raise ValueError(f"output tokens: need 0 < min <= max, "
+                             f"got {self.min_output_tokens}..{self.max_output_tokens}")
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class Vocabulary:
     special_ids: frozenset[int]
 
     @classmethod
-    def from_model_dir(cls, model_dir: str | Path) -> "Vocabulary":
+    def from_model_dir(cls, model_dir: str | Path) -> Vocabulary:
         folder = Path(model_dir)
         tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         model_vocab = int(json.loads((folder / "config.json").read_text())["vocab_size"])

@@ -3,8 +3,15 @@ directly or through the gateway (`ClientConfig.api_key`; see client/config.py,
 client/resume.py)."""
 from .client import AsyncLLMClient
 from .config import ClientConfig, RetryConfig, TimeoutConfig
-from .errors import (ClientError, ClientTimeoutError, FirstTokenTimeoutError, RequestError,
-                     ServerConnectionError, StreamResumeError, TokenTimeoutError)
+from .errors import (
+                     ClientError,
+                     ClientTimeoutError,
+                     FirstTokenTimeoutError,
+                     RequestError,
+                     ServerConnectionError,
+                     StreamResumeError,
+                     TokenTimeoutError,
+)
 from .retry import RetryBudget
 from .stream import GenerationStream
 from .sync import LLMClient

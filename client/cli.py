@@ -10,7 +10,8 @@ import argparse
 import json
 import os
 import sys
-from typing import Sequence, TextIO
+from collections.abc import Sequence
+from typing import TextIO
 
 from .config import ENTRY_MODELS, TRANSPORTS, ClientConfig, TimeoutConfig
 from .errors import ClientError

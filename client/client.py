@@ -7,11 +7,11 @@ import logging
 from typing import Any
 
 from .config import ClientConfig
+from .errors import RequestError
 from .grpc_transport import GrpcTransport
 from .payload import input_values
 from .retry import RetryBudget, Sleep
 from .sse_transport import SseTransport
-from .errors import RequestError
 from .stream import GenerationStream, already_finished
 from .timing import DEFAULT_CLOCK, Clock
 from .transport import Transport
@@ -104,7 +104,7 @@ class AsyncLLMClient:
     async def aclose(self) -> None:
         await self.transport.aclose()
 
-    async def __aenter__(self) -> "AsyncLLMClient":
+    async def __aenter__(self) -> AsyncLLMClient:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:

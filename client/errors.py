@@ -47,7 +47,7 @@ class StreamResumeError(ServerConnectionError):
 class ClientTimeoutError(ClientError):
     """The client stopped waiting; `result` holds whatever arrived before."""
 
-    def __init__(self, message: str, result: "GenerationResult | None" = None) -> None:
+    def __init__(self, message: str, result: GenerationResult | None = None) -> None:
         super().__init__(message)
         self.result = result
 

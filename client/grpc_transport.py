@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 import grpc
 from tritonclient.grpc import MAX_GRPC_MESSAGE_SIZE, InferInput, InferResult, KeepAliveOptions
@@ -197,7 +198,7 @@ class GrpcTransport:
         try:
             return bool(await asyncio.wait_for(self._grpc().is_server_ready(client_timeout=timeout_s, **extra),
                                                timeout_s))
-        except (asyncio.TimeoutError, grpc.RpcError, InferenceServerException, OSError) as exc:
+        except (TimeoutError, grpc.RpcError, InferenceServerException, OSError) as exc:
             log.debug("readiness of %s: %r", self._url, exc)
             return False
 
@@ -207,7 +208,7 @@ class GrpcTransport:
         stream = await self.open_tensor_stream(model, tensors, request_id)
         try:
             await asyncio.wait_for(self._drain(stream), min(self._stop_timeout, STOP_ACK_WAIT_S))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.debug("no answer to stop (request %s); assuming it was delivered", request_id)
         finally:
             await stream.aclose()

@@ -6,8 +6,9 @@ Pure functions with no I/O, shared by the async client and the Locust users.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import fields
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 from tritonclient.utils import np_to_triton_dtype

@@ -7,7 +7,7 @@ import email.utils
 import logging
 import threading
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_random_exponential
@@ -36,7 +36,7 @@ class RetryBudget:
         self.retries_denied = 0
 
     @classmethod
-    def from_config(cls, config: RetryConfig) -> "RetryBudget":
+    def from_config(cls, config: RetryConfig) -> RetryBudget:
         return cls(config.budget_ratio, config.budget_floor, config.budget_cap)
 
     @property

@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -181,7 +182,7 @@ class SseTransport:
         # that hangs is as good as a "no" to whoever routes on it.
         try:
             response = await asyncio.wait_for(self._http.get("/v2/health/ready", timeout=timeout_s), timeout_s)
-        except (asyncio.TimeoutError, httpx.HTTPError) as exc:
+        except (TimeoutError, httpx.HTTPError) as exc:
             log.debug("readiness of %s: %r", self._http.base_url, exc)
             return False
         return response.status_code == 200

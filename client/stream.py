@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
 
-from .errors import (ClientTimeoutError, FirstTokenTimeoutError, RequestError, ServerConnectionError,
-                     TokenTimeoutError)
+from .errors import ClientTimeoutError, FirstTokenTimeoutError, RequestError, ServerConnectionError, TokenTimeoutError
 from .retry import build_retrying
 from .timing import Timings
 from .transport import ResponseStream
@@ -45,7 +45,7 @@ class GenerationStream:
     through the gateway it cancels there instead (ResponseStream.cancel).
     """
 
-    def __init__(self, client: "AsyncLLMClient", model: str, values: dict[str, Any], request_id: str,
+    def __init__(self, client: AsyncLLMClient, model: str, values: dict[str, Any], request_id: str,
                  request_key: str) -> None:
         self._client = client
         self._model = model
@@ -60,7 +60,7 @@ class GenerationStream:
         """The secret that stops this request: the key sent, or the one the server echoed."""
         return self.result.request_key
 
-    def __aiter__(self) -> "GenerationStream":
+    def __aiter__(self) -> GenerationStream:
         return self
 
     async def __anext__(self) -> StreamEvent:
@@ -69,7 +69,7 @@ class GenerationStream:
     async def aclose(self) -> None:
         await self._events.aclose()
 
-    async def __aenter__(self) -> "GenerationStream":
+    async def __aenter__(self) -> GenerationStream:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -157,12 +157,12 @@ class GenerationStream:
         try:
             stream = await asyncio.wait_for(
                 self._client.transport.open_stream(self._model, self._values, self.request_id), limit)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise FirstTokenTimeoutError(f"no response within {limit}s (first-token timeout)") from None
         try:
             remaining = None if limit is None else max(0.0, limit - (self._client.clock() - started))
             first = await asyncio.wait_for(stream.next_event(), remaining)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             await self._discard(stream)
             raise FirstTokenTimeoutError(f"no response within {limit}s (first-token timeout)") from None
         except RequestError:
@@ -185,7 +185,7 @@ class GenerationStream:
         limit = self._client.config.timeouts.token_s
         try:
             return await asyncio.wait_for(stream.next_event(), limit)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise TokenTimeoutError(
                 f"no response for {limit}s after {self.result.num_responses} response(s) (per-token timeout)"
             ) from None

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Coroutine, Iterator, TypeVar
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
 
 from .client import AsyncLLMClient
 from .config import ClientConfig
@@ -76,7 +77,7 @@ class LLMClient:
             self._thread.join(timeout=5)
             self._loop.close()
 
-    def __enter__(self) -> "LLMClient":
+    def __enter__(self) -> LLMClient:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -6,8 +6,8 @@ non-empty responses. TPOT: (e2e - TTFT) / (output tokens - 1).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 Clock = Callable[[], float]
 DEFAULT_CLOCK: Clock = time.perf_counter

@@ -7,7 +7,8 @@ is decided by the caller, which knows whether data has already arrived.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from .types import StreamEvent
 

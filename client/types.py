@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from ensemble.public_bounds import BOUNDS, bound_problem, validate_words
-from ensemble.request_key import mint_request_key as new_request_key
+from ensemble.request_key import mint_request_key as new_request_key  # noqa: F401 (client.types.new_request_key)
 from ensemble.request_key import parse_request_key
 
 from .timing import Timings
@@ -22,8 +23,8 @@ def new_request_id() -> str:
 
 def check_request_key(key: object) -> str:
     """Return `key` if it is a well-formed request key, the credential that stops
-    a request (ensemble/request_key.py defines the format the server checks), else raise ValueError naming `request_key`. The message
-    never repeats the value: a key is a secret, and errors end up in logs."""
+    a request (ensemble/request_key.py defines the format the server checks), else raise ValueError naming
+    `request_key`. The message never repeats the value: a key is a secret, and errors end up in logs."""
     if not isinstance(key, str):
         raise ValueError(f"request_key: must be a str (got {type(key).__name__})")
     parsed = parse_request_key(key)      # InvalidInputError is a ValueError

@@ -15,8 +15,8 @@ import numpy as np
 from .errors import InvalidInputError
 from .inbound.llm_request import Getter, LLMRequestBuilder, llm_inputs, scalar
 from .outbound.public_outputs import LLMResponse, ReturnFlags, public_output_arrays
-from .request_context import RequestContext
 from .outbound.stream_postprocessor import StreamPostprocessor
+from .request_context import RequestContext
 
 Arrays = dict[str, np.ndarray]
 
@@ -66,7 +66,8 @@ def run_bls_request(get: Getter, builder: LLMRequestBuilder, post: StreamPostpro
                 stopped_engine = True
             if response.finish_reason:
                 final = pipeline.finish(response.finish_reason)
-                io.send(public_output_arrays(emission.text + final.text, final.finish_reason, response, flags, key), True)
+                io.send(public_output_arrays(emission.text + final.text, final.finish_reason, response, flags, key),
+                        True)
                 return final.finish_reason or response.finish_reason
             if emission.text or not stopped_engine:
                 io.send(public_output_arrays(emission.text, None, response, flags, key), False)

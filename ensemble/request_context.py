@@ -43,7 +43,7 @@ class RequestContext:
         return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str | None) -> "RequestContext":
+    def from_json(cls, text: str | None) -> RequestContext:
         if not text:
             return cls(key="")
         try:

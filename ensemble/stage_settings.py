@@ -10,9 +10,9 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from .outbound.content_filter import ContentFilterRules
 from .inbound.llm_request import LLMRequestBuilder, RequestLimits
 from .inbound.prompt import PromptBuilder, PromptConfig
+from .outbound.content_filter import ContentFilterRules
 from .tokenizer_info import TokenizerInfo, load_tokenizer_info
 
 
@@ -37,7 +37,7 @@ class TextStageSettings:
     instance_count: int = 1
 
     @classmethod
-    def from_model_config(cls, model_config: str | dict[str, Any]) -> "TextStageSettings":
+    def from_model_config(cls, model_config: str | dict[str, Any]) -> TextStageSettings:
         config = json.loads(model_config) if isinstance(model_config, str) else model_config
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         missing = [name for name in SHARED_PARAMETERS if name not in params]

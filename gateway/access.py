@@ -34,8 +34,18 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter
 from .config import GatewayConfig, TierConfig
 from .errors import GatewayError
 from .keys import KeyStore, key_id_of, resolve_keys_file
-from .limits import (DEFAULT_TOKENS_WINDOW_S, RateWindows, RequestState, TokenState, Window, rate_limit_headers,
-                     request_window, retry_headers, storage_for, token_window)
+from .limits import (
+    DEFAULT_TOKENS_WINDOW_S,
+    RateWindows,
+    RequestState,
+    TokenState,
+    Window,
+    rate_limit_headers,
+    request_window,
+    retry_headers,
+    storage_for,
+    token_window,
+)
 from .policy import Caller
 from .slots import MemorySlots, RedisSlots, Slot, Slots
 
@@ -47,7 +57,7 @@ _AUTH_HEADERS = {"WWW-Authenticate": "Bearer"}
 
 # one Counter per registry: several policies in one process (tests, a reload)
 # must not register the same name twice
-_rejections: "weakref.WeakKeyDictionary[CollectorRegistry, Counter]" = weakref.WeakKeyDictionary()
+_rejections: weakref.WeakKeyDictionary[CollectorRegistry, Counter] = weakref.WeakKeyDictionary()
 
 
 def _rejection_counter(registry: CollectorRegistry) -> Counter:
@@ -116,7 +126,7 @@ class AccessPolicy:
         self._redis_pool: Any = None
         self.slots: Slots = MemorySlots()
         if config.redis_url:
-            import redis.asyncio as aioredis    # late: the memory path never needs it
+            import redis.asyncio as aioredis  # late: the memory path never needs it
             # one pool for the windows and the slots; connections open on first use
             self._redis_pool = aioredis.ConnectionPool.from_url(config.redis_url)
             self.slots = RedisSlots(aioredis.Redis(connection_pool=self._redis_pool), prefix=redis_prefix,

@@ -27,7 +27,7 @@ router = APIRouter(include_in_schema=False)
 def admin_key_path(config: GatewayConfig) -> Path:
     if config.admin_key_file:
         return Path(config.admin_key_file)
-    from serving.paths import BUILD_DIR       # late: only the default location needs it
+    from serving.paths import BUILD_DIR  # late: only the default location needs it
     return BUILD_DIR / "gateway_admin_key"
 
 

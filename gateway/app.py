@@ -22,13 +22,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from . import logs
 from .config import GatewayConfig
 from .degrade import DegradingPolicy, build_degradation
+from .drain import DrainGuard, DrainState
 from .errors import GatewayError
+from .fleet import build_fleet
 from .guard import ASGIApp, BodyGuard, Message, Receive, Scope, Send
 from .metrics import IN_FLIGHT, REGISTRY, REQUEST_DURATION, REQUESTS
 from .openai.fields import MODEL_NOT_FOUND
 from .openai.openapi import allowed_methods, published_schema
 from .openai.responses_routes import router as responses_router
 from .openai.routes import router as openai_router
+from .ops import create_ops_app
 from .policy import Policy
 from .streams import StreamRegistry
 from .streams.routes import router as streams_router
@@ -37,9 +40,6 @@ from .triton.http_routes import route_label as triton_route
 from .triton.http_routes import router as triton_router
 from .triton.responses import TritonErrorShape, is_triton_path
 from .upstream import Upstream
-from .drain import DrainGuard, DrainState
-from .fleet import build_fleet
-from .ops import create_ops_app
 
 access_log = logging.getLogger("gateway.access")
 
@@ -51,7 +51,7 @@ _ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v
 
 def build_policy(config: GatewayConfig) -> Policy:
     """The access policy the deployment runs: API keys, tiers, limits."""
-    from .access import AccessPolicy   # imported here: it brings the key store and Redis clients
+    from .access import AccessPolicy  # imported here: it brings the key store and Redis clients
     return AccessPolicy(config, registry=REGISTRY)
 
 
@@ -59,7 +59,7 @@ def build_streams(config: GatewayConfig) -> StreamRegistry:
     """The resumable streams; shared through Redis when the deployment has one."""
     shared = None
     if config.redis_url:
-        from .streams.shared import SharedStreams    # imported here: it brings the Redis client
+        from .streams.shared import SharedStreams  # imported here: it brings the Redis client
         shared = SharedStreams.from_url(config.redis_url)
     return StreamRegistry(config, shared)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import re
-from itertools import accumulate
 from collections.abc import Awaitable, Callable, MutableMapping
+from itertools import accumulate
 from typing import Any
 
 from .errors import GatewayError

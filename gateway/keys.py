@@ -25,7 +25,7 @@ import secrets
 import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ _KEY_RE = re.compile(r"^sk-([0-9a-f]{8,32})\.([A-Za-z0-9_-]{22,128})$")
 
 def default_keys_file() -> Path:
     """GatewayConfig.keys_file's default: <build dir>/gateway_keys.json."""
-    from serving.paths import BUILD_DIR   # late: keys.py stays importable alone
+    from serving.paths import BUILD_DIR  # late: keys.py stays importable alone
     return BUILD_DIR / "gateway_keys.json"
 
 
@@ -67,7 +67,7 @@ def key_id_of(key: str) -> str | None:
 
 
 def _now_iso() -> str:
-    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ from .keys import KeyStore, KeyStoreError, resolve_keys_file
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m gateway keys", description="Manage the gateway's API keys.")
     parser.add_argument("--keys-file", default=None,
-                        help="the key store (default: the gateway settings' keys_file, else <build dir>/gateway_keys.json)")
+                        help="the key store (default: the gateway settings' keys_file, "
+                             "else <build dir>/gateway_keys.json)")
     # also accepted after the subcommand (`keys list --keys-file F`)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--keys-file", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -30,7 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--label", default="", help="a note for humans: owner, purpose")
     listing = sub.add_parser("list", parents=[common], help="list keys (ids, tiers, labels, created, revoked)")
     listing.add_argument("--json", action="store_true", help="one JSON array instead of a table")
-    revoke = sub.add_parser("revoke", parents=[common], help="revoke a key by its id (holds from the gateway's next request)")
+    revoke = sub.add_parser("revoke", parents=[common],
+                            help="revoke a key by its id (holds from the gateway's next request)")
     revoke.add_argument("key_id", help="the id shown by `list` (sk-<key_id>.…)")
     return parser
 

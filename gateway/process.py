@@ -64,7 +64,7 @@ class GatewayProcess:
         with open(self.log_path, "ab") as log:
             # its own process group: a terminal's Ctrl-C goes to the parent, which stops it in order;
             # killed with its parent, however that dies (serving/children.py)
-            from serving.children import spawn     # late: the gateway alone never spawns itself
+            from serving.children import spawn  # late: the gateway alone never spawns itself
             self.process = spawn(self.command(), signal.SIGKILL, stdout=log, stderr=subprocess.STDOUT,
                                  cwd=Path(__file__).resolve().parent.parent, start_new_session=True,
                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})

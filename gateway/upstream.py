@@ -14,10 +14,19 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from client import (AsyncLLMClient, ClientConfig, ClientTimeoutError, FirstTokenTimeoutError, GenerationOptions,
-                    RequestError, RetryConfig, ServerConnectionError, StreamEvent, TimeoutConfig)
+from client import (
+    AsyncLLMClient,
+    ClientConfig,
+    ClientTimeoutError,
+    FirstTokenTimeoutError,
+    GenerationOptions,
+    RequestError,
+    RetryConfig,
+    ServerConnectionError,
+    StreamEvent,
+    TimeoutConfig,
+)
 from client.errors import OVERLOADED_MARKER
-
 from ensemble.public_tensors import PUBLIC_INPUTS, PUBLIC_TO_LLM
 
 from .errors import GatewayError
@@ -176,7 +185,7 @@ class Upstream:
             first = await stream.__anext__()
         except StopAsyncIteration:
             await stream.aclose()
-            raise GatewayError(502, "The engine ended the request without an answer.", code="upstream_error")
+            raise GatewayError(502, "The engine ended the request without an answer.", code="upstream_error") from None
         except BaseException as exc:
             await stream.aclose()
             if isinstance(exc, Exception):

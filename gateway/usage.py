@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from .openai.generation import Generation
 
 
-async def settle(generation: "Generation", admission: Admission, caller: Caller, outcome: str) -> None:
+async def settle(generation: Generation, admission: Admission, caller: Caller, outcome: str) -> None:
     try:
         await generation.aclose()
     finally:

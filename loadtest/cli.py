@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from .report import SloSpec
 from .runner import report, run

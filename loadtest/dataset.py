@@ -38,7 +38,7 @@ class PromptDataset:
 
     @classmethod
     def from_jsonl(cls, path: str | Path, max_tokens: int, fixed_max_tokens: bool = False,
-                   seed: int | None = None) -> "PromptDataset":
+                   seed: int | None = None) -> PromptDataset:
         prompts = []
         for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
             if not line.strip():

@@ -12,8 +12,14 @@ from locust import LoadTestShape  # noqa: E402
 
 from loadtest.settings import LoadSettings  # noqa: E402
 from loadtest.shapes import users_at  # noqa: E402
-from loadtest.users import (GrpcBurstSilenceUser, GrpcUser, OpenAIBurstSilenceUser, OpenAIUser,  # noqa: E402,F401
-                            SseBurstSilenceUser, SseUser)
+from loadtest.users import (  # noqa: E402,F401
+    GrpcBurstSilenceUser,
+    GrpcUser,
+    OpenAIBurstSilenceUser,
+    OpenAIUser,
+    SseBurstSilenceUser,
+    SseUser,
+)
 
 
 class ConfiguredShape(LoadTestShape):

@@ -77,7 +77,7 @@ def summarize(stats: dict[tuple[str, str], Row], duration_s: float | None) -> li
     summaries = []
     for request_type in sorted({kind for kind, _ in stats}):
         def row(name: str) -> Row | None:
-            return stats.get((request_type, name))
+            return stats.get((request_type, name))  # noqa: B023
         e2e, cancelled = row("e2e"), row("cancelled")
         tokens = round(sum(_count(r) * float(r["Average Content Size"]) for r in (e2e, cancelled) if r))
         summaries.append(TypeSummary(

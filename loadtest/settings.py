@@ -54,7 +54,7 @@ class LoadSettings:
         return {ENV_PREFIX + name.upper(): str(value) for name, value in asdict(self).items()}
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> "LoadSettings":
+    def from_env(cls, environ: dict[str, str] | None = None) -> LoadSettings:
         environ = dict(os.environ if environ is None else environ)
         values: dict[str, object] = {}
         for f in fields(cls):

@@ -18,8 +18,14 @@ import httpx
 from httpx_sse import connect_sse
 
 from client.grpc_transport import build_inputs, is_final, outputs_of
-from client.payload import (event_from_outputs, generate_body, grpc_tensors, input_values, stop_generate_body,
-                            stop_values)
+from client.payload import (
+    event_from_outputs,
+    generate_body,
+    grpc_tensors,
+    input_values,
+    stop_generate_body,
+    stop_values,
+)
 from client.sse_transport import error_message
 from client.types import GenerationOptions, new_request_key
 
@@ -148,7 +154,7 @@ def _sse_stop(http: httpx.Client, request: StreamRequest) -> None:
 def run_grpc(grpc_client: Any, request: StreamRequest, token_timeout_s: float) -> StreamOutcome:
     """`grpc_client` is a sync `tritonclient.grpc.InferenceServerClient`."""
     outcome = StreamOutcome("gRPC", request.request_id, sent_s=time.perf_counter())
-    responses: "queue.Queue[tuple[Any, Any]]" = queue.Queue()
+    responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
     grpc_client.start_stream(callback=lambda result, error: responses.put((result, error)))
     try:
         grpc_client.async_stream_infer(request.model, build_inputs(grpc_tensors(request.values())),
@@ -179,7 +185,7 @@ def run_grpc(grpc_client: Any, request: StreamRequest, token_timeout_s: float) -
 
 
 def _grpc_stop(grpc_client: Any, request: StreamRequest) -> None:
-    answered: "queue.Queue[object]" = queue.Queue()
+    answered: queue.Queue[object] = queue.Queue()
     tensors = [(name, datatype, array) for name, (datatype, array) in stop_values(request.request_key).items()]
     grpc_client.start_stream(callback=lambda result, error: answered.put(error))
     try:

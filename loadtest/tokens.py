@@ -12,7 +12,7 @@ class TokenCounter:
         self._tokenizer = tokenizer
 
     @classmethod
-    def from_model_dir(cls, model_dir: str | Path | None = None) -> "TokenCounter":
+    def from_model_dir(cls, model_dir: str | Path | None = None) -> TokenCounter:
         if not model_dir:
             from serving.default_model import resolve_model_dir
             model_dir = resolve_model_dir()

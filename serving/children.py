@@ -52,7 +52,7 @@ def pdeathsig(sig: int, parent: int) -> Callable[[], None]:
 class _Request:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
-    result: "Future[subprocess.Popen[Any]]"
+    result: Future[subprocess.Popen[Any]]
 
 
 class _Spawner:
@@ -63,7 +63,7 @@ class _Spawner:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def submit(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> "subprocess.Popen[Any]":
+    def submit(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> subprocess.Popen[Any]:
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="child-spawner", daemon=True)
@@ -84,7 +84,7 @@ class _Spawner:
 _SPAWNER = _Spawner()
 
 
-def spawn(command: list[str], death_signal: int = signal.SIGKILL, **popen_kwargs: Any) -> "subprocess.Popen[Any]":
+def spawn(command: list[str], death_signal: int = signal.SIGKILL, **popen_kwargs: Any) -> subprocess.Popen[Any]:
     """`subprocess.Popen(command, **popen_kwargs)`, the child getting
     `death_signal` when this process dies, however it dies."""
     popen_kwargs["preexec_fn"] = pdeathsig(death_signal, os.getpid())

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .launcher import LaunchOptions, TritonServer, TritonStartError
-from .settings import DeploymentSettings
 from .triton_binary import TritonSetupError
 
 PORT_STRIDE = 10            # replica i: base port + 10·i (interface.md)
@@ -49,7 +48,7 @@ class Ports:
     grpc: int = 8001
     metrics: int = 8002
 
-    def shifted(self, index: int) -> "Ports":
+    def shifted(self, index: int) -> Ports:
         step = PORT_STRIDE * index
         return Ports(self.http + step, self.grpc + step, self.metrics + step)
 

@@ -19,8 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .allocator import preload_allocator
-from .children import (children_of, find_leftovers, group_alive, kill_and_wait, postprocessing_state_prefix,
-                       remove_shm, shm_prefix, spawn)
+from .children import (
+    children_of,
+    find_leftovers,
+    group_alive,
+    kill_and_wait,
+    postprocessing_state_prefix,
+    remove_shm,
+    shm_prefix,
+    spawn,
+)
 from .openmp_env import apply_openmp_defaults
 from .paths import BUILD_DIR, REPO_ROOT
 from .repository import render_repository
@@ -230,7 +238,7 @@ class TritonServer:
             *o.extra_args,
         ]
 
-    def start(self) -> "TritonServer":
+    def start(self) -> TritonServer:
         o = self.options
         o.work_dir.mkdir(parents=True, exist_ok=True)
         self.reclaim_stale()
@@ -280,7 +288,8 @@ class TritonServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
-                raise TritonStartError(self._failure_message(f"tritonserver exited with code {self.process.returncode}"))
+                raise TritonStartError(
+                    self._failure_message(f"tritonserver exited with code {self.process.returncode}"))
             if self.is_ready():
                 return
             fatal = [line for line in self.read_log().splitlines() if any(f in line for f in _FATAL)]
@@ -369,7 +378,7 @@ class TritonServer:
             self._log_handle = None
         return code
 
-    def __enter__(self) -> "TritonServer":
+    def __enter__(self) -> TritonServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

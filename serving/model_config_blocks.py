@@ -9,8 +9,13 @@ import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
 
-from ensemble.public_tensors import (PUBLIC_INPUTS, PUBLIC_OUTPUTS, TensorSpec, ensemble_output_name,
-                                     postprocessing_output_name)
+from ensemble.public_tensors import (
+    PUBLIC_INPUTS,
+    PUBLIC_OUTPUTS,
+    TensorSpec,
+    ensemble_output_name,
+    postprocessing_output_name,
+)
 from python_llm.engine.config import EngineConfig
 
 from .settings import ServerConfig

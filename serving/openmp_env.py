@@ -11,7 +11,7 @@ inside a step and let the workers sleep soon after it.
 """
 from __future__ import annotations
 
-from typing import MutableMapping
+from collections.abc import MutableMapping
 
 OPENMP_SPIN_COUNT = 30_000
 

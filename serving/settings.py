@@ -81,7 +81,7 @@ class DeploymentSettings:
     @classmethod
     def load(cls, settings_file: str | Path | None = None, assignments: Iterable[str] = (),
              environ: Mapping[str, str] | None = None, default_model_dir: Callable[[], str] | None = None,
-             **overrides: Any) -> "DeploymentSettings":
+             **overrides: Any) -> DeploymentSettings:
         """Defaults < settings file < environment < `--set` assignments < keyword
         overrides (`section.field` or a field name unique across sections, as
         the tests use them). `default_model_dir` is called only when no source
@@ -98,7 +98,7 @@ class DeploymentSettings:
             raise SettingsError("engine.model_dir: required (a local Hugging Face model folder)")
         return cls(**{name: _build(name, SECTIONS[name], values[name]) for name in SECTIONS})
 
-    def replace(self, **overrides: Any) -> "DeploymentSettings":
+    def replace(self, **overrides: Any) -> DeploymentSettings:
         """A copy with some fields changed (names as in `load`)."""
         values = {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
         _merge(values, overrides, "override")

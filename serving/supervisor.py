@@ -42,7 +42,7 @@ class Backoff:
     jitter: float = 0.5        # the random share of each delay: drawn in [(1 - jitter)·d, d]
 
     @classmethod
-    def from_settings(cls, server: ServerConfig) -> "Backoff":
+    def from_settings(cls, server: ServerConfig) -> Backoff:
         return cls(server.restart_backoff_s, server.restart_backoff_max_s, server.restart_reset_after_s)
 
     def __post_init__(self) -> None:

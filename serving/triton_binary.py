@@ -40,7 +40,8 @@ class TritonInstall:
 def find_triton() -> TritonInstall:
     spec = importlib.util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
-        raise TritonSetupError("package nvidia-pytriton is not installed (it ships the tritonserver binary): run `make venv`")
+        raise TritonSetupError("package nvidia-pytriton is not installed (it ships the tritonserver binary): "
+                               "run `make venv`")
     install = TritonInstall(Path(list(spec.submodule_search_locations)[0]) / "tritonserver")
     for needed in (install.binary, install.python_backend / "libtriton_python.so"):
         if not needed.exists():
@@ -56,7 +57,8 @@ def prepare_backends(install: TritonInstall, target: Path) -> Path:
     """
     stub = install.stub_for(sys.version_info[:2])
     if not stub.is_file():
-        raise TritonSetupError(f"no Triton Python stub for Python {sys.version_info[0]}.{sys.version_info[1]} at {stub}")
+        raise TritonSetupError(f"no Triton Python stub for Python {sys.version_info[0]}.{sys.version_info[1]} "
+                               f"at {stub}")
     shutil.rmtree(target, ignore_errors=True)
     python_dir = target / "python"
     shutil.copytree(install.python_backend, python_dir, ignore=shutil.ignore_patterns("__pycache__"))

@@ -4,7 +4,7 @@ The repository renders every EngineConfig field under its own name
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from collections.abc import Mapping
 
 from pydantic import TypeAdapter, ValidationError
 

@@ -16,8 +16,7 @@ import triton_python_backend_utils as pb_utils
 
 from ensemble.requested_outputs import requested_only
 from python_llm.config_params import engine_config_from_parameters
-from python_llm.engine.core.errors import (DuplicateRequestError, EngineDeadError, InvalidRequestError,
-                                           OverloadedError)
+from python_llm.engine.core.errors import DuplicateRequestError, EngineDeadError, InvalidRequestError, OverloadedError
 from python_llm.engine.core.outputs import RequestOutput
 from python_llm.engine.engine import LLMEngine
 from python_llm.request_inputs import STOP_NEEDS_KEY, STOP_UNKNOWN_KEY, mint_request_key, parse_llm_request

@@ -5,8 +5,8 @@ values are validated once, by the engine at intake (`SamplingParams.validate`
 and what depends on the engine), with errors that name the field."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 import numpy as np
 

@@ -3,17 +3,17 @@ Shared by the `preprocessing` adapter and `llm_bls`, so both entry points
 validate and build requests the same way."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 from ..errors import InvalidInputError, decode_utf8_field
-from .prompt import PromptBuilder
 from ..public_tensors import PUBLIC_TO_LLM
 from ..request_context import RequestContext
 from ..request_key import adopt_or_mint
 from ..tokenizer_info import TokenizerInfo
+from .prompt import PromptBuilder
 from .word_lists import encode_word_list, to_word_list
 
 # a tensor getter: input name → numpy array or None when absent

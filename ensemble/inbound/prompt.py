@@ -13,9 +13,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from .chat_template import ChatTemplate
 from ..errors import InvalidInputError
 from ..tokenizer_info import TokenizerInfo
+from .chat_template import ChatTemplate
 
 log = logging.getLogger(__name__)
 

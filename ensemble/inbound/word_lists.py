@@ -16,6 +16,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ..errors import InvalidInputError
+
 # the word lists' value rules live with the other public inputs' (re-exported here)
 from ..public_bounds import MAX_WORD_CHARS, MAX_WORDS, validate_words  # noqa: F401
 

@@ -22,8 +22,7 @@ from ..limits import retry_headers
 from ..metrics import DEGRADATION_CHANGES, DEGRADATION_LEVEL, DEGRADATION_SHED, DEGRADATION_SIGNAL
 from ..policy import Caller
 from .controller import Change, Controller, Threshold
-from .levels import CAP_MAX_TOKENS, FALLBACK_MODEL, ONE_PIECE, SHED_LOWEST_TIER, TierRoles, capped, \
-    effective_max_level
+from .levels import CAP_MAX_TOKENS, FALLBACK_MODEL, ONE_PIECE, SHED_LOWEST_TIER, TierRoles, capped, effective_max_level
 from .signals import ERROR_RATE, KV_USE, PREEMPTIONS, QUEUE_TIME, SIGNALS, Signals, SignalValues
 
 log = logging.getLogger("gateway.degrade")

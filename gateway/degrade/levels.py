@@ -39,7 +39,7 @@ class TierRoles:
     one_piece: frozenset[str]       # streamed in one piece from level 3
 
     @classmethod
-    def of(cls, tiers: dict[str, TierConfig]) -> "TierRoles":
+    def of(cls, tiers: dict[str, TierConfig]) -> TierRoles:
         if not tiers:
             return cls(frozenset(), frozenset())
         lowest = min(t.priority for t in tiers.values())

@@ -43,7 +43,7 @@ def _host(address: str) -> str:
 
 
 class Discovery:
-    def __init__(self, fleet: "Fleet", config: GatewayConfig, resolver: Resolver = resolve) -> None:
+    def __init__(self, fleet: Fleet, config: GatewayConfig, resolver: Resolver = resolve) -> None:
         self.fleet = fleet
         self.config = config
         self.host, self.port = parse_target(config.discovery_dns)
@@ -85,5 +85,5 @@ class Discovery:
                 log.exception("replica discovery failed; trying again")
             try:
                 await asyncio.wait_for(stopping.wait(), self.config.discovery_interval_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass

@@ -29,17 +29,16 @@ from client.retry import RetryBudget
 from .. import logs
 from ..config import GatewayConfig, ReplicaConfig
 from ..errors import GatewayError
-from ..metrics import (EJECTIONS, FAILOVERS, PROBES, REPLICA_DRAINING, REPLICA_IN_FLIGHT, REPLICA_ROUTABLE,
-                       ROUTED)
+from ..metrics import EJECTIONS, FAILOVERS, PROBES, REPLICA_DRAINING, REPLICA_IN_FLIGHT, REPLICA_ROUTABLE, ROUTED
 from ..upstream import OVERLOAD_RETRY_AFTER_S, UpstreamStream
-from .load import parse_load
-from .probe import OK, OVERLOADED, WRONG_ANSWER, GoldenAnswer, probe_once
 from .discovery import Discovery
+from .load import parse_load
 from .orphans import Orphans
 from .pools import check_pools, pool_for
+from .probe import OK, OVERLOADED, WRONG_ANSWER, GoldenAnswer, probe_once
 from .replica import Replica
-from .router import RouteRequest, Router
 from .routed_stream import RoutedRequest, RoutedStream
+from .router import Router, RouteRequest
 
 log = logging.getLogger(__name__)
 # at shutdown, how long a probe under way may finish before it is cancelled
@@ -93,12 +92,12 @@ class Fleet:
         self._publish()
 
     @classmethod
-    def from_config(cls, config: GatewayConfig) -> "Fleet":
+    def from_config(cls, config: GatewayConfig) -> Fleet:
         specs = config.replicas or ({} if config.discovery_dns else
                                     {"default": ReplicaConfig(grpc_url=config.upstream_grpc_url)})
         golden = None
         if config.probe_golden_file:
-            from serving.probe_golden import load_golden     # late: the gateway reads only the file
+            from serving.probe_golden import load_golden  # late: the gateway reads only the file
             golden = load_golden(config.probe_golden_file)
         return cls(config, [Replica.build(name, spec, config) for name, spec in specs.items()], golden)
 
@@ -175,13 +174,13 @@ class Fleet:
         if self.discovery is not None and not self.discovery.resolved.is_set():
             try:
                 await asyncio.wait_for(self.discovery.resolved.wait(), self.config.probe_timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
         if self.golden is None or self._first_verdicts is None or self._first_verdicts.is_set():
             return
         try:
             await asyncio.wait_for(self._first_verdicts.wait(), self.config.probe_timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("no replica answered its first probe within %.0f s; routing anyway",
                         self.config.probe_timeout_s)
             self._first_verdicts.set()
@@ -334,7 +333,7 @@ class Fleet:
                     listener(self.replicas)
                 try:
                     await asyncio.wait_for(stopping.wait(), interval)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
 
     async def _scrape(self, http: httpx.AsyncClient, replica: Replica) -> None:
@@ -363,7 +362,7 @@ class Fleet:
                 continue
             try:
                 await asyncio.wait_for(stopping.wait(), pause)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _probe(self, replica: Replica) -> bool:

@@ -16,8 +16,14 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from python_llm.engine.core.metrics import (KV_BLOCKS_CAPACITY, KV_BLOCKS_USED, PREEMPTIONS, REQUEST_QUEUE_TIME,
-                                            REQUESTS_RUNNING, REQUESTS_WAITING)
+from python_llm.engine.core.metrics import (
+    KV_BLOCKS_CAPACITY,
+    KV_BLOCKS_USED,
+    PREEMPTIONS,
+    REQUEST_QUEUE_TIME,
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+)
 
 # sample name → field; a gauge's sample is named like its family
 _GAUGES = {REQUESTS_WAITING: "waiting", REQUESTS_RUNNING: "running", KV_BLOCKS_USED: "kv_used",

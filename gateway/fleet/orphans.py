@@ -57,7 +57,7 @@ class Orphans:
             if await client.ready():
                 try:
                     stopped = await asyncio.wait_for(client.stop(key, request_id), _STOP_TIMEOUT_S)
-                except (RequestError, OSError, asyncio.TimeoutError) as exc:
+                except (TimeoutError, RequestError, OSError) as exc:
                     log.info("stopping orphaned request %s on %s failed (%r); trying again", request_id,
                              replica.name, exc)
                 else:

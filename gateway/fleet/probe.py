@@ -33,7 +33,7 @@ async def probe_once(client: object, golden: GoldenAnswer | None, *, ready_timeo
                      answer_timeout_s: float, model: str = "ensemble") -> str:
     try:
         ready = await asyncio.wait_for(client.ready(), ready_timeout_s)      # type: ignore[attr-defined]
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return "ready_timeout"
     if not ready:
         return "not_ready"
@@ -47,7 +47,7 @@ async def probe_once(client: object, golden: GoldenAnswer | None, *, ready_timeo
     try:
         result = await asyncio.wait_for(client.generate(golden.prompt, options,  # type: ignore[attr-defined]
                                                         model=getattr(golden, "model", model)), answer_timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return "timeout"
     except RequestError as exc:
         return OVERLOADED if OVERLOADED_MARKER in exc.message else "refused"

@@ -27,7 +27,7 @@ class Replica:
 
     @classmethod
     def build(cls, name: str, config: ReplicaConfig, gateway: GatewayConfig,
-              upstream: Upstream | None = None) -> "Replica":
+              upstream: Upstream | None = None) -> Replica:
         return cls(name, config, upstream or Upstream(config.grpc_url),
                    Health(gateway.eject_after_failures, gateway.readmit_after_successes, gateway.eject_backoff_s))
 

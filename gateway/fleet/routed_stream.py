@@ -48,7 +48,7 @@ class RoutedStream:
     in-flight load until closed; a stream that breaks or stalls counts
     against its replica."""
 
-    def __init__(self, inner: UpstreamStream, replica: Replica, fleet: "Fleet", request: RoutedRequest) -> None:
+    def __init__(self, inner: UpstreamStream, replica: Replica, fleet: Fleet, request: RoutedRequest) -> None:
         self._inner: UpstreamStream | None = inner
         self.replica = replica
         self._fleet = fleet

@@ -59,7 +59,8 @@ class ResponseState:
             "instructions": request.instructions, "max_output_tokens": request.max_output_tokens,
             "model": self.model, "output": [self.item(finished)] if (self.text or finished) else [],
             "parallel_tool_calls": False, "previous_response_id": None, "reasoning": None,
-            "store": request.store is not False, "temperature": request.temperature, "text": {"format": {"type": "text"}},
+            "store": request.store is not False, "temperature": request.temperature,
+            "text": {"format": {"type": "text"}},
             "tool_choice": "none", "tools": [], "top_p": request.top_p, "truncation": "disabled",
             "usage": self.usage() if finished else None, "user": request.user, "metadata": request.metadata or {},
         }

@@ -5,12 +5,12 @@ is refused naming the field, never silently ignored. As in schemas.py, each
 refusal is the field's type, so the published schema says what is accepted."""
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from .fields import ServedModel, positive_fp32, refused
-from .schemas import STREAM_OPTIONS_NOTE, Nothing, TokenTimeout, Tokens, _Strict, only_when_streaming
+from .schemas import STREAM_OPTIONS_NOTE, Nothing, Tokens, TokenTimeout, _Strict, only_when_streaming
 
 _TEXT_PARTS = ("input_text", "output_text")
 
@@ -26,7 +26,7 @@ class TextContent(_Strict):
 class InputMessage(_Strict):
     type: Literal["message"] | None = None
     role: Literal["user", "assistant", "system", "developer"]
-    content: Union[str, list[TextContent]]
+    content: str | list[TextContent]
     id: str | None = None
     status: str | None = None
 
@@ -63,7 +63,7 @@ class ResponseRequest(_Strict):
     model_config = ConfigDict(json_schema_extra=_cross_field_rules)
 
     model: ServedModel
-    input: Union[str, Annotated[list[InputMessage], Field(min_length=1)]]
+    input: str | Annotated[list[InputMessage], Field(min_length=1)]
     instructions: str | None = None
     max_output_tokens: Tokens | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -111,7 +111,7 @@ class ResponseRequest(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _background_is_stored(self) -> "ResponseRequest":
+    def _background_is_stored(self) -> ResponseRequest:
         if self.background and self.store is False:
             raise ValueError("background: requires store (a background response is kept to be read later)")
         if self.stream_options is not None and not self.stream:

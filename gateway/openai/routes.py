@@ -17,15 +17,15 @@ from fastapi.responses import JSONResponse, Response
 from .. import logs
 from ..config import TierConfig
 from ..errors import GatewayError
+from ..hangup import HungUp, unless_hung_up
 from ..policy import Admission, Caller, Policy
+from ..streams.serve import CLIENT_CLOSED_REQUEST, serve_resumable
 from ..upstream import PUBLIC_MODELS, Upstream
 from .body import OpenAIRoute
 from .chunks import ChatFormat, CompletionFormat, Format
 from .fields import ServedModel
 from .generation import Generation
 from .schemas import ChatCompletionRequest, CompletionRequest, _Sampling
-from ..hangup import HungUp, unless_hung_up
-from ..streams.serve import CLIENT_CLOSED_REQUEST, serve_resumable
 from .serve import Job, error_event, produce_stream, whole
 from .translate import UpstreamRequest, chat_upstream, completion_upstream, prompt_bytes
 

@@ -15,7 +15,7 @@ says what is accepted. Only the rules that relate two fields stay validators,
 and each is said in the schema too (`allOf` on the model, `cross_field`)."""
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -72,7 +72,7 @@ def _role_refusal(value: Any) -> str | None:
 
 class ChatMessage(_Strict):
     role: Annotated[Literal["system", "developer", "user", "assistant"], refused(_role_refusal)]
-    content: Union[str, list[TextPart], None] = None
+    content: str | list[TextPart] | None = None
     name: str | None = None
     # what an SDK echoes back when a previous answer is appended to the conversation
     refusal: str | None = None
@@ -127,7 +127,7 @@ class _Sampling(_Strict):
     n: int | None = Field(default=None, ge=1, le=INT32_MAX,
                           description="at most `gateway.max_n`; on completions n × number of prompts too")
     seed: int | None = Field(default=None, ge=0, le=SEED_MAX)
-    stop: Annotated[Union[NonEmpty, Annotated[list[NonEmpty], Field(max_length=MAX_STOP_SEQUENCES)], None],
+    stop: Annotated[NonEmpty | Annotated[list[NonEmpty], Field(max_length=MAX_STOP_SEQUENCES)] | None,
                     refused(_stop_refusal)] = None
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
@@ -222,7 +222,7 @@ def _prompt_refusal(value: Any) -> str | None:
 
 class CompletionRequest(_Sampling):
     # token-id prompts are refused: the public models take text
-    prompt: Annotated[Union[NonEmpty, Annotated[list[NonEmpty], Field(min_length=1)]], refused(_prompt_refusal)] = \
+    prompt: Annotated[NonEmpty | Annotated[list[NonEmpty], Field(min_length=1)], refused(_prompt_refusal)] = \
         Field(description="at most `gateway.max_n` prompts, n × prompts too")
     logprobs: Annotated[Annotated[int, Field(ge=0, le=0)] | None, refused(
         lambda v: unsupported("logprobs > 0", " (only the chosen tokens' log-probs: logprobs=0)")

@@ -17,10 +17,10 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from ..errors import GatewayError
-from ..usage import settle
-from ..policy import Admission, Caller
 from ..hangup import HungUp, unless_hung_up
+from ..policy import Admission, Caller
 from ..upstream import UpstreamFailure
+from ..usage import settle
 from . import chunks
 from .chunks import Format
 from .generation import ChoiceState, Generation, engine_failure, event_logprobs

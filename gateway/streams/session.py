@@ -139,7 +139,7 @@ class StreamSession:
         async with self._changed:
             try:
                 await asyncio.wait_for(self._changed.wait_for(lambda: self.last_seq > 0 or self.done), timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return False
         return True
 
@@ -154,7 +154,7 @@ class StreamSession:
         async with self._changed:
             try:
                 await asyncio.wait_for(self._changed.wait_for(lambda: self.last_seq > seq or self.done), timeout_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return False
         return True
 

@@ -41,8 +41,8 @@ class SharedStreams:
         self._writers: set[asyncio.Task[None]] = set()
 
     @classmethod
-    def from_url(cls, redis_url: str, prefix: str = "gateway") -> "SharedStreams":
-        import redis.asyncio as aioredis     # late: the memory path never needs it
+    def from_url(cls, redis_url: str, prefix: str = "gateway") -> SharedStreams:
+        import redis.asyncio as aioredis  # late: the memory path never needs it
         return cls(aioredis.Redis.from_url(redis_url), prefix)
 
     def _meta(self, stream_id: str) -> str:
@@ -65,7 +65,7 @@ class SharedStreams:
         self._writers.add(task)
         task.add_done_callback(self._writers.discard)
 
-    async def _write(self, session: StreamSession, queue: "asyncio.Queue[Event | None]", retention_s: int) -> None:
+    async def _write(self, session: StreamSession, queue: asyncio.Queue[Event | None], retention_s: int) -> None:
         meta, events = self._meta(session.stream_id), self._events(session.stream_id)
         try:
             await self._redis.hset(meta, mapping={"key_id": session.key_id, "done": 0, "last_seq": 0})

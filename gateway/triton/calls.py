@@ -16,12 +16,12 @@ from client import StreamEvent
 
 from .. import logs
 from ..errors import GatewayError
-from ..usage import settle
 from ..openai.generation import Generation
 from ..openai.routes import BYTES_PER_TOKEN_BOUND
 from ..openai.translate import UpstreamRequest
 from ..policy import Admission, Caller, Policy
 from ..upstream import Upstream
+from ..usage import settle
 from .inputs import ValidatedCall
 from .metadata import check_served
 

@@ -40,7 +40,7 @@ class Redundancy:
     double: bool = False
 
     @classmethod
-    def parse(cls, text: str) -> "Redundancy":
+    def parse(cls, text: str) -> Redundancy:
         cleaned = text.replace(" ", "").upper()
         if cleaned == "2N":
             return cls(0, True)

@@ -43,8 +43,15 @@ def served_model_dir(settings_file: str | None) -> str:
 async def probe(grpc_url: str, golden: Golden | None, timeout_s: float) -> str:
     """One verdict: the gateway's outcomes (ok, overloaded, not_ready, ready_timeout,
     unreachable, timeout, refused, error, wrong_answer)."""
-    from client import (AsyncLLMClient, ClientConfig, GenerationOptions, RequestError, RetryConfig,
-                        ServerConnectionError, TimeoutConfig)
+    from client import (
+        AsyncLLMClient,
+        ClientConfig,
+        GenerationOptions,
+        RequestError,
+        RetryConfig,
+        ServerConnectionError,
+        TimeoutConfig,
+    )
     from client.errors import OVERLOADED_MARKER
     from gateway.fleet.probe import PROBE_PRIORITY, probe_once
 
@@ -62,7 +69,7 @@ async def probe(grpc_url: str, golden: Golden | None, timeout_s: float) -> str:
                                     priority=PROBE_PRIORITY, request_id=f"probe-{uuid.uuid4().hex}")
         try:
             result = await asyncio.wait_for(client.generate(prompt, options), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return "timeout"
         except RequestError as exc:     # mapped as the gateway's probe maps them
             return "overloaded" if OVERLOADED_MARKER in exc.message else "refused"

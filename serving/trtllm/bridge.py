@@ -65,7 +65,7 @@ class BridgeSettings:
                              prompt_token_budget=None)
 
     @classmethod
-    def from_parameters(cls, parameters: Mapping[str, str]) -> "BridgeSettings":
+    def from_parameters(cls, parameters: Mapping[str, str]) -> BridgeSettings:
         """The step's config.pbtxt parameters: the engine settings under their own
         names (as python_llm's), plus `engine_model_name` and `max_live_requests`
         (rendered by serving/model_config_blocks.py)."""

@@ -21,8 +21,7 @@ from pathlib import Path
 from python_llm.engine.config import EngineConfig
 
 from .engine_config import default_engine_dir
-from .environment import (Probes, check_version, find_tensorrt_llm, find_trtllm_build, python_candidates,
-                          require_gpus)
+from .environment import Probes, check_version, find_tensorrt_llm, find_trtllm_build, python_candidates, require_gpus
 
 CONVERT_SCRIPT = Path(__file__).with_name("convert_checkpoint.py")
 

@@ -23,7 +23,7 @@ class CuttingProxy:
     _thread: threading.Thread | None = None
     _server: asyncio.AbstractServer | None = None
 
-    def start(self) -> "CuttingProxy":
+    def start(self) -> CuttingProxy:
         ready = threading.Event()
 
         def run() -> None:

@@ -129,7 +129,7 @@ class Load:
     outcomes: list[StreamOutcome] = field(default_factory=list)
     threads: list[threading.Thread] = field(default_factory=list)
 
-    def start(self) -> "Load":
+    def start(self) -> Load:
         for index in range(self.count):
             outcome = StreamOutcome(sent_s=time.monotonic())
             self.outcomes.append(outcome)

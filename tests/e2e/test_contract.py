@@ -17,7 +17,6 @@ from serving.launcher import LaunchOptions, TritonServer
 from serving.paths import REPO_ROOT
 from serving.settings import DeploymentSettings
 
-
 pytestmark = pytest.mark.e2e
 
 CONTRACT_TOOL = REPO_ROOT.parent / "shared" / "tools" / "check_contract.py"
@@ -43,7 +42,8 @@ def contract_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
         pytest.fail(f"ports {taken} are in use (a `make serve` running?); the contract tool only talks to "
                     f"{CONTRACT_PORTS[0]}/{CONTRACT_PORTS[2]}: stop whatever holds them and rerun")
     http, grpc, metrics = CONTRACT_PORTS
-    server = TritonServer(LaunchOptions(settings=DeploymentSettings.load(environ={}, model_dir=str(model_dir)), http_port=http,
+    server = TritonServer(LaunchOptions(settings=DeploymentSettings.load(environ={}, model_dir=str(model_dir)),
+                                        http_port=http,
                                         grpc_port=grpc, metrics_port=metrics, address="127.0.0.1",
                                         work_dir=tmp_path_factory.mktemp("contract"), ready_timeout_s=300))
     t0 = time.monotonic()

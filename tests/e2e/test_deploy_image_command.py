@@ -72,7 +72,7 @@ def parse_dockerfile(path: Path) -> Image:
         elif keyword == "ENV":
             for item in shlex.split(rest):
                 key, _, value = item.partition("=")
-                image.env[key] = re.sub(r"\$\{?(\w+)\}?", lambda m: image.env.get(m.group(1), f"${m.group(1)}"), value)
+                image.env[key] = re.sub(r"\$\{?(\w+)\}?", lambda m: image.env.get(m.group(1), f"${m.group(1)}"), value)  # noqa: B023
         elif keyword in ("ENTRYPOINT", "CMD"):
             value = json.loads(rest)
             assert isinstance(value, list), f"{keyword} must be in exec form (signals reach the process)"

@@ -179,7 +179,8 @@ def test_burst_past_the_queue_is_rejected_fast_and_the_rest_complete(short_queue
     assert rejected, "expected some overloaded: rejections"
     assert len(rejected) + len(completed) == 24, [r.error for r, _ in results if r.error]
     slowest_rejection = max(t for _, t in rejected)
-    print(f"\n[{len(rejected)} rejected (slowest answer {slowest_rejection * 1000:.0f} ms), {len(completed)} completed]")
+    print(f"\n[{len(rejected)} rejected (slowest answer {slowest_rejection * 1000:.0f} ms), "
+          f"{len(completed)} completed]")
     assert slowest_rejection < 10.0, "a rejection must not wait for capacity"
     assert _metric(server, "llm_requests_rejected_total") == rejected_before + len(rejected)
 

@@ -14,8 +14,7 @@ import tritonclient.grpc as grpcclient
 
 from serving.allocator import find_tcmalloc
 
-from .triton_calls import (CHAT_PARIS, generate, grpc_stream, histogram_buckets, scrape_metrics,
-                           sse_stream)
+from .triton_calls import CHAT_PARIS, generate, grpc_stream, histogram_buckets, scrape_metrics, sse_stream
 
 pytestmark = pytest.mark.e2e
 

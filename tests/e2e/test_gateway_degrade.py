@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,7 +84,7 @@ class SustainedLoad:
     statuses: list[int] = field(default_factory=list)
     threads: list[threading.Thread] = field(default_factory=list)
 
-    def start(self) -> "SustainedLoad":
+    def start(self) -> SustainedLoad:
         for index in range(CONCURRENT):
             thread = threading.Thread(target=self._caller, args=(index,), daemon=True)
             thread.start()

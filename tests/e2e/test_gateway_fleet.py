@@ -21,8 +21,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.fleet_helpers import (SIGCONT, SIGKILL, SIGSTOP, FleetGateway, Load, corrupted_model_copy,
-                                     kill_group, start_fleet_gateway, wait_until)
+from tests.e2e.fleet_helpers import (
+    SIGCONT,
+    SIGKILL,
+    SIGSTOP,
+    FleetGateway,
+    Load,
+    corrupted_model_copy,
+    kill_group,
+    start_fleet_gateway,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 

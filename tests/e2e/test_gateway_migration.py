@@ -15,8 +15,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.fleet_helpers import (SIGCONT, SIGKILL, SIGSTOP, FleetGateway, Load, kill_group, kv_blocks_used,
-                                     start_fleet_gateway, wait_until)
+from tests.e2e.fleet_helpers import (
+    SIGCONT,
+    SIGKILL,
+    SIGSTOP,
+    FleetGateway,
+    Load,
+    kill_group,
+    kv_blocks_used,
+    start_fleet_gateway,
+    wait_until,
+)
 from tests.e2e.triton_calls import scrape_metrics
 
 pytestmark = pytest.mark.e2e
@@ -109,7 +118,7 @@ def test_a_frozen_replicas_streams_move_and_its_orphans_are_stopped_after_sigcon
 
 def test_free_keys_never_reach_a_paid_replica_and_paid_spills_over_while_it_is_down(replicas, golden,
                                                                                     tmp_path_factory):
-    pools = ('gateway.replicas={"paid0": {"grpc_url": "%s", "metrics_url": "%s", "dedicated_to": ["paid"]}, '
+    pools = ('gateway.replicas={"paid0": {"grpc_url": "%s", "metrics_url": "%s", "dedicated_to": ["paid"]}, '  # noqa: UP031 (JSON braces)
              '"shared": {"grpc_url": "%s", "metrics_url": "%s"}}' % (
                  replicas["r0"].grpc_url, replicas["r0"].metrics_url, replicas["r1"].grpc_url,
                  replicas["r1"].metrics_url))

@@ -14,7 +14,6 @@ elapsed time are printed."""
 from __future__ import annotations
 
 import collections
-import json
 import os
 import random
 import time
@@ -22,11 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.e2e.openai_fuzz_bodies import ROUTES, Body, draw_body
 from tests.e2e.test_gateway_fuzz import FuzzGateway, fuzz_gateway  # noqa: F401  (the fixture)
-
-import pytest
 
 pytestmark = pytest.mark.e2e
 

@@ -26,8 +26,16 @@ from tritonclient.utils import InferenceServerException
 
 from serving.launcher import ADMIN_KEY_ENV, ADMIN_KEY_GRPC_METADATA, ADMIN_KEY_HEADER, free_local_ports
 
-from .serve_process import (api_key, bound_ports, gone_within, hang_up_a_stream, ours, read_until_banner, shm_files,
-                            stop_with_ctrl_c)
+from .serve_process import (
+    api_key,
+    bound_ports,
+    gone_within,
+    hang_up_a_stream,
+    ours,
+    read_until_banner,
+    shm_files,
+    stop_with_ctrl_c,
+)
 
 pytestmark = pytest.mark.e2e
 

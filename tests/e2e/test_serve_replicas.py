@@ -27,8 +27,15 @@ from serving.fleet import Ports, free_base_ports, replica_ports, thread_budget, 
 from serving.launcher import ADMIN_KEY_ENV, free_local_ports
 from serving.probe_golden import golden_path, load_golden
 
-from .serve_process import (api_key, bound_ports, follow, hang_up_a_stream, read_until_banner, shm_files,
-                            stop_with_ctrl_c)
+from .serve_process import (
+    api_key,
+    bound_ports,
+    follow,
+    hang_up_a_stream,
+    read_until_banner,
+    shm_files,
+    stop_with_ctrl_c,
+)
 
 pytestmark = pytest.mark.e2e
 

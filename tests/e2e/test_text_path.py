@@ -15,9 +15,21 @@ import httpx
 import pytest
 from tokenizers import Tokenizer
 
-from .triton_calls import (CHAT_PARIS, SPECIAL_TOKEN_TEXTS, StreamResult, chat, generate, grpc_stream,
-                           grpc_stream_cancelled, scrape_metrics, sse_stream, sse_stream_cancelled,
-                           stream_num_output_tokens, stream_output_ids, wait_for)
+from .triton_calls import (
+    CHAT_PARIS,
+    SPECIAL_TOKEN_TEXTS,
+    StreamResult,
+    chat,
+    generate,
+    grpc_stream,
+    grpc_stream_cancelled,
+    scrape_metrics,
+    sse_stream,
+    sse_stream_cancelled,
+    stream_num_output_tokens,
+    stream_output_ids,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 

@@ -92,6 +92,7 @@ def test_router_metrics_move_with_the_engines_own(start_triton):
         return requests["active"] == 0 and kv["used"] == 0 and kv["fraction"] == 0
 
     wait_until(idle, 60, "idle again")
-    print(f"\n[{scrapes} scrapes under load in {time.monotonic() - started:.1f} s ({races} raced an update): waiting up to {seen_waiting:.0f}, "
+    print(f"\n[{scrapes} scrapes under load in {time.monotonic() - started:.1f} s ({races} raced an update): "
+          f"waiting up to {seen_waiting:.0f}, "
           f"scheduled up to {seen_scheduled:.0f}, KV fraction up to {seen_fraction:.3f}]")
     server.stop()

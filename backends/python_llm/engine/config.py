@@ -49,7 +49,8 @@ class EngineConfig:
     # benchmarks.md, "Issue 18 on the Zen 3 again"). Where steps are shorter
     # the share binds first and this changes nothing.
     stream_max_hold_ms: int = 500
-    num_threads: int = 0                      # torch threads, process-wide (torch has one pool); 0 leaves torch's default
+    num_threads: int = 0                      # torch threads, process-wide (torch has one pool);
+                                              # 0 leaves torch's default
     # decode attention: "auto" = the native CPU kernel on the CPU when it
     # builds (else PyTorch), "torch" = always the PyTorch path
     attention_backend: str = "auto"

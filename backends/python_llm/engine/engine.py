@@ -13,11 +13,12 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
-from .core import metrics as m
 from .config import EngineConfig
+from .core import metrics as m
 from .core.errors import DuplicateRequestError, EngineDeadError, OverloadedError
 from .core.metrics import MetricsSink
 from .core.outputs import GenerateResult, RequestOutput
@@ -49,7 +50,7 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, runner: Any = None, metrics: MetricsSink | None = None,
                  on_dead: Callable[[BaseException], None] | None = None) -> None:
         if runner is None:
-            from .worker.runner import ModelRunner   # torch and weights only when really serving
+            from .worker.runner import ModelRunner  # torch and weights only when really serving
             runner = ModelRunner(config)
         self.config = config
         self.runner = runner
@@ -199,7 +200,7 @@ class LLMEngine:
     @classmethod
     def launch(cls, config: EngineConfig, metrics: MetricsSink | None = None,
                on_dead: Callable[[BaseException], None] | None = None,
-               make_runner: Callable[[], Any] | None = None) -> "LLMEngine":
+               make_runner: Callable[[], Any] | None = None) -> LLMEngine:
         """Build an engine (its runner from `make_runner`, by default the
         model runner) on a new thread that then runs its loop; returns it once
         built, or raises what building raised.

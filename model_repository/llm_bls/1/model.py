@@ -15,9 +15,9 @@ from ensemble.bls_responses import RetiredResponses, cancelled_with_release, dec
 from ensemble.llm_stop import stop_inputs
 from ensemble.outbound.public_outputs import LLM_RESPONSE_OUTPUTS, LLMResponse, llm_response_from
 from ensemble.outbound.shared_state import InProcessStateStore
+from ensemble.outbound.stream_postprocessor import StreamPostprocessor
 from ensemble.requested_outputs import requested_only
 from ensemble.stage_settings import TextStageSettings
-from ensemble.outbound.stream_postprocessor import StreamPostprocessor
 
 log = logging.getLogger("llm_bls")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL

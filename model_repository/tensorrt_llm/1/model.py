@@ -19,9 +19,20 @@ from python_llm.engine.core.errors import DuplicateRequestError
 from python_llm.engine.core.sampling_params import InvalidRequestError
 from python_llm.request_inputs import STOP_NEEDS_KEY, STOP_UNKNOWN_KEY, mint_request_key
 from python_llm.stream_registry import LiveStream, StreamRegistry
-from serving.trtllm.bridge import (ENGINE_OUTPUT_NAMES, OVERLOADED, BridgeSettings, Deadlines, EngineCall,
-                                   EngineStream, Reply, engine_log_probs, engine_stop_inputs, engine_token_ids,
-                                   prepare, reply_arrays)
+from serving.trtllm.bridge import (
+    ENGINE_OUTPUT_NAMES,
+    OVERLOADED,
+    BridgeSettings,
+    Deadlines,
+    EngineCall,
+    EngineStream,
+    Reply,
+    engine_log_probs,
+    engine_stop_inputs,
+    engine_token_ids,
+    prepare,
+    reply_arrays,
+)
 
 log = logging.getLogger("tensorrt_llm")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -122,7 +133,7 @@ class TritonPythonModel:
                 self._stop_engine(stream.engine_id)
 
             def out(name: str):
-                tensor = pb_utils.get_output_tensor_by_name(response, name)
+                tensor = pb_utils.get_output_tensor_by_name(response, name)  # noqa: B023
                 return None if tensor is None else tensor.as_numpy()
 
             cum, per_token = engine_log_probs(out("cum_log_probs"), out("output_log_probs"))

@@ -13,8 +13,13 @@ from python_llm.engine.core.errors import DuplicateRequestError
 from python_llm.engine.core.sampling_params import InvalidRequestError
 from python_llm.request_inputs import parse_llm_request
 from python_llm.stream_assembly import StreamAssembly
-from python_llm.stream_registry import (CANCEL_CHECK_INTERVAL_S, CANCEL_CHECK_MAX_INTERVAL_S, CANCEL_CHECK_SHARE,
-                                        LiveStream, StreamRegistry)
+from python_llm.stream_registry import (
+    CANCEL_CHECK_INTERVAL_S,
+    CANCEL_CHECK_MAX_INTERVAL_S,
+    CANCEL_CHECK_SHARE,
+    LiveStream,
+    StreamRegistry,
+)
 
 KEY_1 = "k" * 32
 KEY_2 = "Zz_-" * 8
@@ -56,7 +61,8 @@ def test_inputs_become_an_engine_request():
     assert parse_llm_request({**tensors, "end_id": np.array([[5]])}).sampling.stop_token_ids == [5]
     assert request.streaming and request.request_key == KEY_1
     # absent request_output_len: None, the engine's default_max_tokens
-    assert parse_llm_request({k: v for k, v in tensors.items() if k != "request_output_len"}).sampling.max_tokens is None
+    without_len = {k: v for k, v in tensors.items() if k != "request_output_len"}
+    assert parse_llm_request(without_len).sampling.max_tokens is None
     # it only converts: the engine validates each value once, at intake
     unchecked = parse_llm_request({**tensors, "request_output_len": np.array([[101]]),
                                    "temperature": np.array([[-1.0]])})
@@ -68,7 +74,8 @@ def test_inputs_become_an_engine_request():
     assert parse_llm_request({"stop": np.array([[True]])}).request_key is None
 
 
-@pytest.mark.parametrize("key", [b"k1", b"x" * 31, b"x" * 129, b"spaces are not allowed in a key ok", "é".encode() * 32])
+@pytest.mark.parametrize("key", [b"k1", b"x" * 31, b"x" * 129, b"spaces are not allowed in a key ok",
+                                 "é".encode() * 32])
 def test_a_malformed_request_key_is_refused_naming_it(key):
     tensors = {"input_ids": np.array([[1, 2]], dtype=np.int32), "request_key": np.array([[key]], dtype=object)}
     with pytest.raises(InvalidRequestError, match="^request_key: must be 32 to 128 characters"):

@@ -67,7 +67,8 @@ def test_an_error_before_the_first_response_is_an_error_response() -> None:
 def test_an_error_after_the_first_response_ends_with_an_error_only_when_the_request_failed() -> None:
     assembly = StreamAssembly(streaming=True, prompt_ids=PROMPT, exclude_input=True)
     assert assembly.respond(out([5])) == Reply([5], None, False)
-    assert assembly.respond(out([], True, "error", "engine failed: boom")) == Reply([], None, True, "engine failed: boom")
+    assert (assembly.respond(out([], True, "error", "engine failed: boom"))
+            == Reply([], None, True, "engine failed: boom"))
     # any other ending keeps its finish_reason and sends the usual final response
     assembly = StreamAssembly(streaming=True, prompt_ids=PROMPT, exclude_input=True)
     assert assembly.respond(out([5])) == Reply([5], None, False)

@@ -10,8 +10,14 @@ from pathlib import Path
 import pytest
 
 from python_llm.engine.core import metrics as m
-from python_llm.triton_metrics import (KV_BLOCK_FAMILY, REQUEST_FAMILY, REQUEST_TYPES, KV_BLOCK_TYPES,
-                                       ROUTER_FAMILIES, TritonMetrics)
+from python_llm.triton_metrics import (
+    KV_BLOCK_FAMILY,
+    KV_BLOCK_TYPES,
+    REQUEST_FAMILY,
+    REQUEST_TYPES,
+    ROUTER_FAMILIES,
+    TritonMetrics,
+)
 
 REFERENCE = json.loads((Path(__file__).parents[2] / "data" / "trtllm" / "custom_metrics.json").read_text())
 
@@ -21,14 +27,14 @@ class FakePbUtils:
 
     class MetricFamily:
         COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
-        registry: dict[str, "FakePbUtils.MetricFamily"] = {}
+        registry: dict[str, FakePbUtils.MetricFamily] = {}
 
         def __init__(self, name: str, description: str, kind: str) -> None:
             self.name, self.description, self.kind = name, description, kind
             self.metrics: list[FakePbUtils.Metric] = []
             FakePbUtils.MetricFamily.registry[name] = self
 
-        def Metric(self, labels: dict[str, str], buckets: list[float] | None = None) -> "FakePbUtils.Metric":
+        def Metric(self, labels: dict[str, str], buckets: list[float] | None = None) -> FakePbUtils.Metric:
             metric = FakePbUtils.Metric(labels)
             self.metrics.append(metric)
             return metric

@@ -57,8 +57,7 @@ def test_bad_spec_is_rejected(fields: dict[str, int]) -> None:
 def test_vocabulary_from_a_tokenizer_folder(tmp_path) -> None:
     """Special ids come from tokenizer.json's added tokens; the size is the
     smaller of the tokenizer's and the model's vocabulary."""
-    from tokenizers import Tokenizer, models
-    from tokenizers import AddedToken
+    from tokenizers import AddedToken, Tokenizer, models
 
     tokenizer = Tokenizer(models.WordLevel({"a": 0, "b": 1, "c": 2, "d": 3}, unk_token="a"))
     tokenizer.add_special_tokens([AddedToken("<eos>", special=True)])

@@ -7,16 +7,24 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
 from sse_fakes import delta
 
 import client.cli as cli
-from client import (AsyncLLMClient, ClientConfig, FirstTokenTimeoutError, RequestError, RetryConfig,
-                    StreamResumeError, TimeoutConfig)
+from client import (
+    AsyncLLMClient,
+    ClientConfig,
+    FirstTokenTimeoutError,
+    RequestError,
+    RetryConfig,
+    StreamResumeError,
+    TimeoutConfig,
+)
 from client.sse_transport import SseTransport
 
 pytestmark = pytest.mark.anyio

@@ -28,7 +28,7 @@ class FakeCall:
         self._log = log
         self.cancelled = False
 
-    def __aiter__(self) -> "FakeCall":
+    def __aiter__(self) -> FakeCall:
         return self
 
     async def __anext__(self) -> tuple[Any, Any]:

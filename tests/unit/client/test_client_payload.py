@@ -7,9 +7,16 @@ import numpy as np
 import pytest
 
 from client import GenerationOptions
-from client.payload import (INPUT_DATATYPES, event_from_outputs, generate_body, grpc_tensors, input_values,
-                            stop_generate_body, stop_values)
 from client.grpc_transport import build_inputs
+from client.payload import (
+    INPUT_DATATYPES,
+    event_from_outputs,
+    generate_body,
+    grpc_tensors,
+    input_values,
+    stop_generate_body,
+    stop_values,
+)
 from client.sse_transport import error_message
 
 

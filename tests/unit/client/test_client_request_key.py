@@ -125,7 +125,7 @@ async def test_a_differently_echoed_key_is_the_one_the_stop_uses(fake, make_clie
     server_key = new_request_key()
     fake.add_stream(Step(delta("a", request_key=server_key)), Step(delta("b"), delay_s=10.0))
     async with make_client() as client:
-        stream = await cancel_after_first(client, request_key=CALLER_KEY)
+        _stream = await cancel_after_first(client, request_key=CALLER_KEY)
     assert [s["request_key"] for s in fake.stops] == [server_key]
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert any("echoed" in message for message in warnings)

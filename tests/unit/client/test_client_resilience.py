@@ -8,8 +8,15 @@ import json
 import pytest
 from sse_fakes import Step, delta
 
-from client import (FirstTokenTimeoutError, RequestError, RetryBudget, RetryConfig, ServerConnectionError,
-                    TimeoutConfig, TokenTimeoutError)
+from client import (
+    FirstTokenTimeoutError,
+    RequestError,
+    RetryBudget,
+    RetryConfig,
+    ServerConnectionError,
+    TimeoutConfig,
+    TokenTimeoutError,
+)
 from client.retry import parse_retry_after
 
 pytestmark = pytest.mark.anyio

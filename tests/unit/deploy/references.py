@@ -157,7 +157,7 @@ class Exposition:
     sampled: set[str]
 
     @classmethod
-    def parse(cls, text: str) -> "Exposition":
+    def parse(cls, text: str) -> Exposition:
         declared, sampled = {}, set()
         for line in text.splitlines():
             if line.startswith("# TYPE "):

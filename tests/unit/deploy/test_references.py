@@ -36,7 +36,7 @@ def test_metric_names_from_promql():
     assert metric_names('sum by (le) (rate(a_bucket{x="1"}[5m])) / on (i) group_left b + c:d') == {"a_bucket", "b",
                                                                                                   "c:d"}
     assert metric_names('{__name__="e"}') == {"e"}
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError):
         metric_names("sum(rate(x[5m])")
     assert metric_names(grafana_expr("rate(f_total[$__rate_interval]) > $threshold")) == {"f_total"}
 

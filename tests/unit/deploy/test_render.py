@@ -11,13 +11,13 @@ import pytest
 import yaml
 
 from serving import cli
+from serving.deploy import monitoring
+from serving.deploy.names import names_for
 from serving.deploy.profile import ProfileError, load_profile
 from serving.deploy.render import render, to_yaml
 from serving.deploy.settings_env import DEFAULT_MODEL_DIR, IMAGE_GOLDEN, for_cluster, settings_env
-from serving.deploy.names import names_for
 from serving.settings import DeploymentSettings, SettingsError
 from tests.unit.deploy.references import collect
-from serving.deploy import monitoring
 
 
 def settings(*assignments: str) -> DeploymentSettings:
@@ -61,7 +61,9 @@ def test_a_changed_setting_shows_in_the_manifests():
     assert "LLM__ENGINE__MAX_QUEUE_SIZE" not in config_env(before)
     assert config_env(after)["LLM__ENGINE__MAX_QUEUE_SIZE"] == "32"
     # a settings change rolls the pods (their template's checksum changes)
-    checksum = lambda objs, kind, name: objs[(kind, name)]["spec"]["template"]["metadata"]["annotations"]
+    def checksum(objs, kind, name):
+        return objs[(kind, name)]["spec"]["template"]["metadata"]["annotations"]
+
     assert checksum(before, "StatefulSet", "triton-llm-triton") != checksum(after, "StatefulSet", "triton-llm-triton")
     assert checksum(before, "Deployment", "triton-llm-gateway") != checksum(after, "Deployment", "triton-llm-gateway")
 

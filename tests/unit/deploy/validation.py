@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import shutil
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ def _close(schema: Any) -> Any:
     return schema
 
 
-@lru_cache(maxsize=None)
+@cache
 def crd_schema(group: str, kind: str, version: str) -> dict[str, Any]:
     file = CRD_FILES.get((group, kind))
     if file is None:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.core.scheduler_output import RunnerOutput, SchedulerOutput
@@ -74,7 +74,7 @@ class FakeRunner:
         self.history: list[list[tuple[str, int, int, bool]]] = []   # per step: (id, start, n, sample)
 
     @classmethod
-    def for_config(cls, config: EngineConfig, **kwargs: object) -> "FakeRunner":
+    def for_config(cls, config: EngineConfig, **kwargs: object) -> FakeRunner:
         return cls(config.num_cpu_blocks, config.block_size, **kwargs)  # type: ignore[arg-type]
 
     def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:

@@ -17,7 +17,7 @@ class GemmCase:
     exact: torch.Tensor   # float64
 
     @classmethod
-    def random(cls, m: int, n: int, k: int, bias: bool, residual: bool) -> "GemmCase":
+    def random(cls, m: int, n: int, k: int, bias: bool, residual: bool) -> GemmCase:
         gen = torch.Generator().manual_seed(m * n + k)
         weight = torch.randn(n, k, generator=gen) * 0.05
         x = torch.randn(m, k, generator=gen)

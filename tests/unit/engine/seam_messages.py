@@ -2,7 +2,7 @@
 (the scheduler builds them in the engine)."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from python_llm.engine.core.sampling_params import SamplingParams
 from python_llm.engine.core.scheduler_output import CachedRequestData, NewRequestData, SchedulerOutput

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from decode_cases import CASES, random_case
+from test_prefill_attention import SHAPES, chunk_case
 
 from python_llm.engine.worker.kernels import CpuKernels, library
 from python_llm.engine.worker.kernels.reference import decode_attention_reference, prefill_attention_reference
-
-from decode_cases import CASES, random_case
-from test_prefill_attention import SHAPES, chunk_case
 
 ARCHES = ["x86-64", "haswell"]
 HAS_AVX2 = {"x86-64": False, "haswell": True}
@@ -84,6 +83,7 @@ def test_prefill_on_avx2_only(built_for: CpuKernels, arch: str) -> None:
     for i, (tokens, start) in enumerate(SHAPES):
         query, keys, values, table = chunk_case(i, 9, 3, 64, tokens, start)
         out = torch.empty(tokens, 9 * 64)
-        built_for.paged_prefill_attention(out, query, keys, values, torch.tensor(table, dtype=torch.int32), start, 0.125)
+        built_for.paged_prefill_attention(out, query, keys, values, torch.tensor(table, dtype=torch.int32), start,
+                                          0.125)
         expected = prefill_attention_reference(query, keys, values, table, start, 0.125)
         torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5, msg=f"{tokens} tokens from {start}")

@@ -8,19 +8,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from engine_fakes import EOS, FakeRunner, default_token
+from test_model_tiny import COMMON, save_tiny
+
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.core.errors import InvalidRequestError
 from python_llm.engine.core.metrics import InMemoryMetrics
 from python_llm.engine.core.outputs import GenerateResult
 from python_llm.engine.core.sampling_params import SamplingParams
-from python_llm.engine.worker.input_batch import CachedRequestState
 from python_llm.engine.engine import LLMEngine
+from python_llm.engine.worker.input_batch import CachedRequestState
 from python_llm.engine.worker.runner import ModelRunner
 from python_llm.engine.worker.sampler import Sampler
 from python_llm.request_inputs import parse_llm_request
-from test_model_tiny import COMMON, save_tiny
 
 PROMPT = [100, 101, 102, 103, 104]
 CONTINUATION = [50, 51, 52]

@@ -4,15 +4,14 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from engine_fakes import FakeRunner, expected_tokens
-from python_llm.engine.core import metrics as m
+
 from python_llm.engine.config import EngineConfig
-from python_llm.engine.engine import LLMEngine
-from python_llm.engine.core.errors import (DuplicateRequestError, EngineDeadError, InvalidRequestError,
-                                           OverloadedError)
+from python_llm.engine.core import metrics as m
+from python_llm.engine.core.errors import DuplicateRequestError, EngineDeadError, InvalidRequestError, OverloadedError
 from python_llm.engine.core.metrics import InMemoryMetrics
 from python_llm.engine.core.sampling_params import SamplingParams
+from python_llm.engine.engine import LLMEngine
 
 
 def make_engine(runner_kwargs: dict | None = None, **cfg: object) -> tuple[LLMEngine, FakeRunner, InMemoryMetrics]:

@@ -8,15 +8,15 @@ import time
 from collections import defaultdict
 
 import pytest
-
 from engine_fakes import FakeRunner, SlowFakeRunner
-from python_llm.engine.core import metrics as m
+
 from python_llm.engine.config import EngineConfig
-from python_llm.engine.engine import LLMEngine
+from python_llm.engine.core import metrics as m
 from python_llm.engine.core.errors import EngineDeadError
 from python_llm.engine.core.metrics import InMemoryMetrics
 from python_llm.engine.core.outputs import RequestOutput
 from python_llm.engine.core.sampling_params import SamplingParams
+from python_llm.engine.engine import LLMEngine
 
 WAIT_S = 20.0
 

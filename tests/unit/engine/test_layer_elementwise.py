@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from python_llm.engine.worker.kernels import CpuKernels, cpu_kernels
 from python_llm.engine.worker.kv_cache import KVCacheShape, PagedKVCache
-from python_llm.engine.worker.models.llama import RMSNorm, LlamaSpec, RotaryTable, rotate
+from python_llm.engine.worker.models.llama import LlamaSpec, RMSNorm, RotaryTable, rotate
 
 
 @pytest.fixture(scope="module")

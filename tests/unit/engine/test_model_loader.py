@@ -5,13 +5,12 @@ import json
 from pathlib import Path
 
 import pytest
+from test_model_tiny import save_tiny
 
 from ensemble.tokenizer_info import load_tokenizer_info
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.worker.model_info import ModelFolderError, ModelInfo
 from python_llm.engine.worker.runner import ModelRunner
-
-from test_model_tiny import save_tiny
 
 
 def write_config(folder: Path, config: dict, generation: dict | None = None) -> Path:
@@ -57,7 +56,7 @@ def test_model_info_without_a_tokenizer_names_the_eos_ids(tmp_path: Path) -> Non
     info = ModelInfo.from_model_dir(str(write_config(tmp_path, BASE)), max_model_len=None)   # shapes need no tokenizer
     assert info.vocab_size == 100
     with pytest.raises(ModelFolderError, match="cannot read the EOS ids"):
-        info.eos_token_ids
+        _ = info.eos_token_ids
 
 
 def test_default_model_info(model_dir: Path) -> None:

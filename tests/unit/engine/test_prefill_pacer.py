@@ -6,15 +6,21 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from engine_fakes import FakeRunner
+from test_scheduler import req
+
 from python_llm.engine.config import ConfigError, EngineConfig
-from python_llm.engine.core.prefill_pacer import (DECODE_WINDOW, MAX_MARGIN, MIN_CHUNK_TOKENS, MIN_PACED_SAMPLES,
-                                                  PROBE_UNITS, SPREAD_SAFETY, PrefillPacer)
+from python_llm.engine.core.prefill_pacer import (
+    DECODE_WINDOW,
+    MAX_MARGIN,
+    MIN_CHUNK_TOKENS,
+    MIN_PACED_SAMPLES,
+    PROBE_UNITS,
+    SPREAD_SAFETY,
+    PrefillPacer,
+)
 from python_llm.engine.core.scheduler import Scheduler
 from python_llm.engine.worker.model_info import attention_parity_context
-
-from test_scheduler import req
 
 
 # -- the cost model --------------------------------------------------------------

@@ -11,15 +11,14 @@
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import pytest
 import torch
+from seam_messages import new_request, step
 
 from python_llm.engine.core.sampling_params import SamplingParams
-
-from seam_messages import new_request, step
 
 # ids → next-token logits [vocab] for the whole sequence `ids`
 LogitsFn = Callable[[Sequence[int]], torch.Tensor]

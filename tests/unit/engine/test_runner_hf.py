@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_runner_helpers import RunnerDriver, assert_same_or_near_tie
 
 from python_llm.engine.config import EngineConfig
+from python_llm.engine.core.sampling_params import SamplingParams
 from python_llm.engine.worker.models.greedy_head import GreedyHeads
 from python_llm.engine.worker.runner import ModelRunner
-from python_llm.engine.core.sampling_params import SamplingParams
-
-from test_runner_helpers import RunnerDriver, assert_same_or_near_tie
 
 PROMPTS = [
     "What is the capital of France?",
@@ -81,7 +80,8 @@ def single_runs(runner: ModelRunner, prompts: list[list[int]]) -> list[list[int]
 def test_greedy_matches_hf_generate(hf_model, prompts, single_runs) -> None:
     with torch.inference_mode():
         for prompt, ours in zip(prompts, single_runs):
-            expected = hf_model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            expected = hf_model.generate(torch.tensor([prompt]),
+                                         attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                                          max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
                                          pad_token_id=2)[0, len(prompt):].tolist()
             assert ours == expected

@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from python_llm.engine.worker.kernels import cpu_kernels
-from python_llm.engine.worker.sampler import Sampler
 from python_llm.engine.core.sampling_params import SamplingParams
 from python_llm.engine.worker.input_batch import CachedRequestState
+from python_llm.engine.worker.kernels import cpu_kernels
+from python_llm.engine.worker.sampler import Sampler
 
 VOCAB = 32
 

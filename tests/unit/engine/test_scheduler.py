@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from engine_fakes import EOS, FakeRunner, expected_tokens
-from python_llm.engine.core import metrics as m
+
 from python_llm.engine.config import EngineConfig
+from python_llm.engine.core import metrics as m
 from python_llm.engine.core.metrics import InMemoryMetrics
 from python_llm.engine.core.outputs import RequestOutput
 from python_llm.engine.core.request import FinishReason, Request, RequestStatus

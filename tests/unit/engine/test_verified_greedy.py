@@ -13,16 +13,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_model_tiny import save_tiny
 
 from python_llm.engine.config import ConfigError, EngineConfig
 from python_llm.engine.worker.kernels import CpuKernels
-from python_llm.engine.worker.models import build_model
-from python_llm.engine.worker.models import greedy_head
-from python_llm.engine.worker.models.greedy_head import (GreedyHeads, VerifiedGreedyHead, bf16_logit_bound,
-                                                          verified_greedy_precision)
+from python_llm.engine.worker.models import build_model, greedy_head
+from python_llm.engine.worker.models.greedy_head import (
+    GreedyHeads,
+    VerifiedGreedyHead,
+    bf16_logit_bound,
+    verified_greedy_precision,
+)
 from python_llm.engine.worker.models.packed_linear import packed_linears_available
-
-from test_model_tiny import save_tiny
 
 pytestmark = pytest.mark.skipif(not packed_linears_available(torch.device("cpu"), torch.float32),
                                 reason="torch built without oneDNN")

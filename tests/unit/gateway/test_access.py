@@ -53,7 +53,7 @@ def test_authenticate(make_policy: PolicyFactory, tmp_path: Path, caplog: pytest
         assert (await policy.authenticate(f"bearer  {key} ")).key_id == key_id
 
         for header in (None, "", "   "):
-            err = await refused(lambda: policy.authenticate(header))
+            err = await refused(lambda: policy.authenticate(header))  # noqa: B023
             assert (err.status, err.code, err.headers) == (401, "missing_api_key", {"WWW-Authenticate": "Bearer"})
             assert "didn't provide an API key" in err.message
 
@@ -61,7 +61,7 @@ def test_authenticate(make_policy: PolicyFactory, tmp_path: Path, caplog: pytest
                  f"Bearer sk-{key_id}.{'x' * len(secret)}", f"Bearer {revoked}", f"Bearer {stray_tier}", key]
         messages = set()
         for header in wrong:
-            err = await refused(lambda: policy.authenticate(header))
+            err = await refused(lambda: policy.authenticate(header))  # noqa: B023
             assert (err.status, err.code, err.headers) == (401, "invalid_api_key", {"WWW-Authenticate": "Bearer"})
             messages.add(err.message)
         assert messages == {"Incorrect API key provided. You can find your API key in your gateway's key list."}

@@ -9,15 +9,14 @@ import logging
 
 import pytest
 
-from gateway.config import GatewayConfig, ReplicaConfig
+from gateway.config import GatewayConfig, ReplicaConfig, TierConfig
 from gateway.degrade import build_degradation
 from gateway.degrade.controller import RECOVERED, Controller, Threshold
 from gateway.degrade.levels import TierRoles, effective_max_level
 from gateway.degrade.signals import ERROR_RATE, KV_USE, QUEUE_TIME
 from gateway.fleet.load import LoadReading
 from gateway.fleet.replica import Replica
-from gateway.metrics import DEGRADATION_CHANGES, DEGRADATION_LEVEL, REGISTRY
-from gateway.config import TierConfig
+from gateway.metrics import REGISTRY
 
 KV = Threshold(KV_USE, enter=0.9, exit=0.7)
 QUEUE = Threshold(QUEUE_TIME, enter=10.0, exit=2.0)
@@ -55,7 +54,9 @@ def test_calm_lowers_one_step_per_exit_dwell():
 
 def test_a_short_excursion_changes_nothing():
     c = controller(enter_dwell_s=60.0)
-    spike = lambda t: {KV_USE: 0.99 if 100 <= t < 159 else 0.3, QUEUE_TIME: 50.0 if t == 200 else 0.5}
+    def spike(t):
+        return {KV_USE: 0.99 if 100 <= t < 159 else 0.3, QUEUE_TIME: 50.0 if t == 200 else 0.5}
+
     assert run(c, spike, 0.0, 600.0) == []
 
 
@@ -65,10 +66,14 @@ def test_between_the_thresholds_the_level_holds_in_both_directions():
     # between exit (0.7) and enter (0.9) for ten dwells: no step either way
     assert run(c, {KV_USE: 0.8}, 10.5, 110.0) == []
     # oscillating around the enter threshold: never above for a whole dwell, never calm
-    around_enter = lambda t: {KV_USE: 0.95 if int(t) % 6 < 3 else 0.85}
+    def around_enter(t):
+        return {KV_USE: 0.95 if int(t) % 6 < 3 else 0.85}
+
     assert run(c, around_enter, 110.0, 300.0) == []
     # oscillating around the exit threshold: never calm for a whole dwell
-    around_exit = lambda t: {KV_USE: 0.65 if int(t) % 6 < 3 else 0.75}
+    def around_exit(t):
+        return {KV_USE: 0.65 if int(t) % 6 < 3 else 0.75}
+
     assert run(c, around_exit, 300.0, 500.0) == []
     assert c.level == 1
 

@@ -21,7 +21,7 @@ from gateway.fleet.load import LoadReading, parse_load
 from gateway.fleet.prefix import PrefixIndex, block_hashes
 from gateway.fleet.probe import probe_once
 from gateway.fleet.replica import Replica
-from gateway.fleet.router import RouteRequest, Router
+from gateway.fleet.router import Router, RouteRequest
 from gateway.upstream import Upstream, client_config
 from tests.unit.gateway.asgi_driver import call
 from tests.unit.gateway.openai_fakes import AUTH, FakePolicy, FakeTransport, overloaded_script, simple_script

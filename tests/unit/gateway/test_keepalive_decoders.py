@@ -16,7 +16,7 @@ import asyncio
 import json
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
-from functools import lru_cache
+from functools import cache
 
 import httpx
 import openai
@@ -47,7 +47,7 @@ def quiet_script(*args: object) -> list[object]:
     return items
 
 
-@lru_cache(maxsize=None)      # an app a body: the same bytes serve every decoder
+@cache      # an app a body: the same bytes serve every decoder
 def gateway_chunks(route: str, keepalive: bytes) -> tuple[bytes, ...]:
     """The body the gateway sends for one streamed request, chunk by chunk as sent."""
     path, fields = REQUESTS[route]

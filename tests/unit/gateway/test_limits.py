@@ -8,8 +8,17 @@ import asyncio
 import pytest
 from limits.aio.storage import MemoryStorage
 
-from gateway.limits import (RateWindows, RequestState, TokenState, Window, format_reset, rate_limit_headers,
-                            request_window, retry_headers, token_window)
+from gateway.limits import (
+    RateWindows,
+    RequestState,
+    TokenState,
+    Window,
+    format_reset,
+    rate_limit_headers,
+    request_window,
+    retry_headers,
+    token_window,
+)
 
 from .access_fakes import FakeClock, clock  # noqa: F401  (fixture)
 

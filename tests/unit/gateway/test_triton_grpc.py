@@ -24,8 +24,7 @@ from gateway.errors import GatewayError
 from gateway.policy import Caller
 from gateway.triton.grpc_door import GrpcDoor
 from gateway.upstream import Upstream, client_config
-from tests.unit.gateway.openai_fakes import AUTH, GOOD_KEY, HANG, FakePolicy, FakeTransport, Script, \
-    overloaded_script
+from tests.unit.gateway.openai_fakes import AUTH, GOOD_KEY, HANG, FakePolicy, FakeTransport, Script, overloaded_script
 from tests.unit.gateway.triton_fakes import engine, tev
 
 HEADERS = {"authorization": AUTH["Authorization"]}

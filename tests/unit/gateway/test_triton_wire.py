@@ -16,8 +16,7 @@ from gateway.config import TierConfig
 from gateway.errors import GatewayError
 from gateway.policy import Caller
 from gateway.triton.inputs import validate
-from gateway.triton.outputs import (check_requested, generate_json, infer_json, infer_proto, output_names,
-                                    visible)
+from gateway.triton.outputs import check_requested, generate_json, infer_json, infer_proto, output_names, visible
 from gateway.triton.raw import decode_raw, encode_raw
 from gateway.triton.wire_json import generate_inputs, infer_body, split_body
 from gateway.triton.wire_proto import proto_request, validated_request

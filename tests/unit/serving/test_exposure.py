@@ -11,15 +11,24 @@ from pathlib import Path
 import pytest
 
 from serving.cli import _admin_key_from_args
-from serving.launcher import (ADMIN_KEY_ENV, ADMIN_KEY_GRPC_METADATA, ADMIN_KEY_HEADER, LaunchOptions, TritonServer,
-                              exposure_warning, is_loopback, write_admin_key)
+from serving.launcher import (
+    ADMIN_KEY_ENV,
+    ADMIN_KEY_GRPC_METADATA,
+    ADMIN_KEY_HEADER,
+    LaunchOptions,
+    TritonServer,
+    exposure_warning,
+    is_loopback,
+    write_admin_key,
+)
 from serving.settings import DeploymentSettings
 
 KEY = "k" * 20 + "_-."
 
 
 def _server(tmp_path: Path, **options: object) -> TritonServer:
-    return TritonServer(LaunchOptions(settings=DeploymentSettings.load(environ={}, model_dir="/models/x"), work_dir=tmp_path,
+    return TritonServer(LaunchOptions(settings=DeploymentSettings.load(environ={}, model_dir="/models/x"),
+                                      work_dir=tmp_path,
                                       **options))  # type: ignore[arg-type]
 
 

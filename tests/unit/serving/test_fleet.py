@@ -17,8 +17,18 @@ import pytest
 import serving.fleet as fleet_module
 from gateway.config import ReplicaConfig
 from serving import cli
-from serving.fleet import (Fleet, FleetStartError, Ports, Replica, free_base_ports, gateway_assignments,
-                           plan_replicas, replica_ports, thread_budget, usable_cores)
+from serving.fleet import (
+    Fleet,
+    FleetStartError,
+    Ports,
+    Replica,
+    free_base_ports,
+    gateway_assignments,
+    plan_replicas,
+    replica_ports,
+    thread_budget,
+    usable_cores,
+)
 from serving.launcher import LaunchOptions, TritonStartError
 from serving.repository import render_repository
 from serving.settings import DeploymentSettings, load_section

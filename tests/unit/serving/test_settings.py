@@ -29,7 +29,8 @@ ENGINE_VALUES = {
     "default_max_tokens": 77, "default_token_timeout_ms": 1500, "enable_kv_cache_reuse": False,
     "enable_chunked_context": False, "num_threads": 3, "attention_backend": "torch", "linear_backend": "torch",
     "greedy_lm_head": "fp32", "debug_step_delay_ms": 5,
-    "debug_fail_after_steps": 11, "exit_on_engine_failure_s": -1.0, "prefill_time_ratio": 0.75, "stream_response_share": 0.3,
+    "debug_fail_after_steps": 11, "exit_on_engine_failure_s": -1.0, "prefill_time_ratio": 0.75,
+    "stream_response_share": 0.3,
     "stream_max_hold_ms": 120,
 }
 TEXT_VALUES = {
@@ -42,7 +43,8 @@ SERVER_VALUES = {"max_batch_size": 8, "llm_model_name": "tensorrt_llm", "preproc
                  "restart_backoff_max_s": 9.0,
                  "restart_reset_after_s": 20.0, "supervisor_metrics_port": 0}
 GATEWAY_VALUES = {
-    "host": "127.0.0.2", "port": 9100, "public_grpc_port": 9101, "upstream_grpc_url": "10.0.0.5:8001", "keys_file": "/etc/keys.json",
+    "host": "127.0.0.2", "port": 9100, "public_grpc_port": 9101, "upstream_grpc_url": "10.0.0.5:8001",
+    "keys_file": "/etc/keys.json",
     "redis_url": "redis://127.0.0.1:6390/0", "max_body_bytes": 2048, "max_json_depth": 6, "max_n": 2,
     "max_concurrent_requests": 7, "stream_buffer_bytes": 4096, "keepalive_interval_s": 2.5,
     "response_retention_s": 30.0, "ops_host": "127.0.0.3", "ops_port": 9103,

@@ -13,8 +13,18 @@ from python_llm.engine.core.sampling_params import InvalidRequestError
 from python_llm.engine.worker.model_info import ModelInfo
 from python_llm.request_inputs import LLMRequest
 from python_llm.response_tensors import output_arrays
-from serving.trtllm.bridge import (OVERLOADED, BridgeSettings, Deadlines, EngineCall, EngineStream, engine_log_probs,
-                                   engine_stop_inputs, engine_token_ids, prepare, reply_arrays)
+from serving.trtllm.bridge import (
+    OVERLOADED,
+    BridgeSettings,
+    Deadlines,
+    EngineCall,
+    EngineStream,
+    engine_log_probs,
+    engine_stop_inputs,
+    engine_token_ids,
+    prepare,
+    reply_arrays,
+)
 from serving.trtllm.engine_config import ENGINE_INPUTS
 
 KEY = "k" * 32

@@ -103,7 +103,7 @@ def test_the_checkpoint_is_converted_rank_by_rank_through_tensorrt_llms_api(tmp_
 
     class LLaMAForCausalLM:
         @classmethod
-        def from_hugging_face(cls, model_dir: str, dtype: str, mapping: Mapping) -> "LLaMAForCausalLM":
+        def from_hugging_face(cls, model_dir: str, dtype: str, mapping: Mapping) -> LLaMAForCausalLM:
             calls.append(("load", model_dir, dtype, mapping.args))
             return cls()
 

@@ -15,7 +15,9 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
 _ENGLISH = ("the quick brown fox jumps over lazy dog streaming tokens arrive one at a time and "
             "spaces between words must never vanish while the server answers every request").split()
 # Common characters become pieces; the rare tail is only reachable through byte fallback.
-_CHINESE_COMMON = "的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年得就那要下以生会自着去之过家学对可她里后小么心多天而能好都然没日于起还发成事只作当想看文无开手十用主行方又如前所本见经头面公同三已老从动两长知民样现分将外但身些与高意进把法此实回二理美点月明"
+_CHINESE_COMMON = ("的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年得就那要下以生会自着去之过家学"
+                   "对可她里后小么心多天而能好都然没日于起还发成事只作当想看文无开手十用主行方又如前所本见经头"
+                   "面公同三已老从动两长知民样现分将外但身些与高意进把法此实回二理美点月明")
 _CHINESE_RARE = "危险龘齉爨饕餮魑魅魍魉"
 
 

@@ -20,7 +20,8 @@ SAMPLE_TEXTS = [
     f"rare {RARE_CHINESE} chars", "the quick brown fox jumps over the lazy dog. streaming tokens arrive",
 ]
 REPLACEMENT = "\ufffd"
-HYPOTHESIS = settings(max_examples=int(os.environ.get("TEXT_HYPOTHESIS_EXAMPLES", "150")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+HYPOTHESIS = settings(max_examples=int(os.environ.get("TEXT_HYPOTHESIS_EXAMPLES", "150")), deadline=None,
+                      suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def _byte_piece_ids(tokenizer: Tokenizer) -> dict[int, int]:

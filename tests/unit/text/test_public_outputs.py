@@ -6,8 +6,14 @@ import numpy as np
 import pytest
 
 from ensemble.errors import InvalidInputError
-from ensemble.outbound.public_outputs import (LLM_RESPONSE_OUTPUTS, ArrayGetter, LLMResponse, ReturnFlags, llm_response_from,
-                                     public_output_arrays)
+from ensemble.outbound.public_outputs import (
+    LLM_RESPONSE_OUTPUTS,
+    ArrayGetter,
+    LLMResponse,
+    ReturnFlags,
+    llm_response_from,
+    public_output_arrays,
+)
 from ensemble.request_context import RequestContext
 
 

@@ -24,7 +24,7 @@ while those stay under REVIVED_SHARE of the prompt blocks looked up.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Hashable
+from collections.abc import Hashable
 
 import numpy as np
 

@@ -12,7 +12,8 @@ head (LRU) only when none is left.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Iterable, NamedTuple, Sequence
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 from .block_placement import BlockPlacement
 

@@ -5,8 +5,9 @@ InMemoryMetrics. The base class is a no-op sink."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Literal
+from typing import Literal
 
 MetricKind = Literal["counter", "gauge", "histogram"]
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .sampling_params import SamplingParams
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(str, enum.Enum):  # noqa: UP042 (StrEnum would change str() and format() of a member)
     STOP = "stop"
     LENGTH = "length"
     CANCELLED = "cancelled"

@@ -6,12 +6,12 @@ calls it once, at intake, and adds only what depends on the engine (its
 in front of the engine (`request_inputs.py`) only convert."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Callable
+from typing import Any
 
 from ensemble.public_bounds import bound_problem
-
 
 # the settings whose value rules are the public inputs' of the same name
 _BOUNDED = ("max_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "presence_penalty",

@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from ..config import EngineConfig
 from . import metrics as m
@@ -31,10 +31,10 @@ from .layer_slices import LayerSlicer
 from .metrics import MetricsSink
 from .outputs import RequestOutput
 from .prefill_pacer import PrefillPacer
-from .step_pacing import StepPacing
 from .request import FINISHED_STATUS, FinishReason, Request, RequestStatus
 from .request_end import check_stop, record_finish, request_output
 from .scheduler_output import CachedRequestData, NewRequestData, RunnerOutput, SchedulerOutput
+from .step_pacing import StepPacing
 from .waiting_queue import WaitingQueue
 
 log = logging.getLogger(__name__)

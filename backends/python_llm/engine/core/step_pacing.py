@@ -10,7 +10,7 @@ is the slice of the step in flight.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from .layer_slices import LayerSlicer
 from .prefill_pacer import PrefillPacer

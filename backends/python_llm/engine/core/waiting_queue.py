@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from typing import Iterator
+from collections.abc import Iterator
 
 from .request import Request
 

@@ -11,7 +11,7 @@ InputBatch's business (`input_batch.py`).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

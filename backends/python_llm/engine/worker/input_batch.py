@@ -12,7 +12,7 @@ request finishes, so a seeded request draws the same stream either way.
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 

@@ -63,7 +63,7 @@ class ModelInfo:
             raise ModelFolderError(f"{self.model_dir}: cannot read the EOS ids ({exc})") from None
 
     @classmethod
-    def from_model_dir(cls, model_dir: str, max_model_len: int | None) -> "ModelInfo":
+    def from_model_dir(cls, model_dir: str, max_model_len: int | None) -> ModelInfo:
         """`max_model_len`: the engine's cap (EngineConfig.max_model_len); None keeps the model's own."""
         folder = Path(model_dir)
         config = read_json(folder / "config.json")

@@ -14,8 +14,8 @@ tokens, settings and generators.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -143,7 +143,8 @@ class Sampler:
             counts.index_put_(index, torch.ones(len(count_rows), device=self.device), accumulate=True)
             logits -= frequency * counts + presence * (counts > 0)
         if ban_rows:
-            logits[torch.tensor(ban_rows, device=self.device), torch.tensor(ban_tokens, device=self.device)] = -torch.inf
+            index = (torch.tensor(ban_rows, device=self.device), torch.tensor(ban_tokens, device=self.device))
+            logits[index] = -torch.inf
 
     def _filter(self, logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
         """Temperature, then top-k, then top-p, on the rows that sample."""

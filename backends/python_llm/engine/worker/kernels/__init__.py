@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 _lock = threading.Lock()
-_loaded: dict[str, "CpuKernels | None"] = {}
+_loaded: dict[str, CpuKernels | None] = {}
 
 
 

@@ -106,7 +106,8 @@ def fma_check(kernels) -> float | None:
     if not kernels.fma_gemm_supported():
         return None
     gen = torch.Generator().manual_seed(6)
-    weight, x, bias = torch.randn(100, 70, generator=gen) * 0.05, torch.randn(40, 70, generator=gen), torch.randn(100, generator=gen)
+    weight, x, bias = (torch.randn(100, 70, generator=gen) * 0.05, torch.randn(40, 70, generator=gen),
+                       torch.randn(100, generator=gen))
     exact = x.double() @ weight.double().t() + bias.double()
     result = kernels.fma_linear(x, kernels.fma_pack_weight(weight), 100, 70, bias)
     sgemm = (x @ weight.t() + bias).double()

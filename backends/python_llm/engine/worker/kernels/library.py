@@ -19,7 +19,8 @@ SOURCES = [Path(__file__).with_name(name) for name in ("paged_decode_attention.c
                                                           "fma_gemm.cpp", "verified_argmax.cpp",
                                                           "int16_lm_head.cpp")]
 HEADERS = [Path(__file__).with_name(name) for name in ("cache_elements.h", "fast_exp.h", "verified_candidates.h",
-                                                          "paged_decode_attention_zmm.h", "paged_prefill_attention_tiles.h")]
+                                                          "paged_decode_attention_zmm.h",
+                                                          "paged_prefill_attention_tiles.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=gnu++20", "-shared", "-fPIC"]
 
 

@@ -65,7 +65,7 @@ class LlamaSpec:
     tie_word_embeddings: bool
 
     @classmethod
-    def from_hf_config(cls, config: dict[str, Any]) -> "LlamaSpec":
+    def from_hf_config(cls, config: dict[str, Any]) -> LlamaSpec:
         if config.get("hidden_act", "silu") != "silu":
             raise ModelFolderError(f"hidden_act: only 'silu' is supported, got {config['hidden_act']!r}")
         model_type = config.get("model_type", "llama")
@@ -235,7 +235,8 @@ class DecoderLayer(nn.Module):
         qkv = p.qkv(kernels.rms_norm(x, norm.weight, norm.eps))
         kernels.rotary_cache_write(qkv, self.num_heads, self.num_kv_heads, rope.positions,
                                    rope.cos, rope.sin, meta.slot_mapping,  # type: ignore[arg-type]
-                                   cache.keys[self.index], cache.values[self.index], check=self.index == meta.check_layer)
+                                   cache.keys[self.index], cache.values[self.index],
+                                   check=self.index == meta.check_layer)
         if output_rows is not None and output_rows.shape[0] == 0:   # no row of the step is read
             return x[:0]
         attended, x = _rows(self._attend(qkv, meta, cache), x, output_rows)

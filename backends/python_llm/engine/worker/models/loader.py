@@ -94,7 +94,7 @@ def _expected_keys(model: LlamaForCausalLM) -> set[str]:
     if not model.spec.tie_word_embeddings:
         keys.add("lm_head")
     for i, layer in enumerate(model.layers):
-        for hf_name, (attr, shard) in _LAYER_PARAMS.items():
+        for attr, shard in _LAYER_PARAMS.values():
             if getattr(layer, attr.split(".")[0]) is None:
                 continue
             keys.add(f"layers.{i}.{attr}.{shard or ''}")
