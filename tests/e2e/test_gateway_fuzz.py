@@ -33,15 +33,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from gateway.process import GatewayProcess
-from serving.launcher import TritonServer, free_local_ports
+from serving.launcher import TritonServer
+from tests.e2e.fuzz_gateway import FuzzGateway, fuzz_gateway_process
 from tests.e2e.triton_calls import scrape_metrics
 
 pytestmark = pytest.mark.e2e
@@ -140,35 +139,11 @@ def after_network_error(context, case, request):
 '''
 
 
-@dataclass
-class FuzzGateway:
-    process: GatewayProcess
-    url: str
-    key: str
-
-
 @pytest.fixture(scope="module")
 def fuzz_gateway(triton_server: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzGateway]:
-    work = tmp_path_factory.mktemp("gateway-fuzz")
-    settings = work / "gateway.toml"
-    tiers = {"fuzz": {"max_tokens_cap": TOKENS_CAP}}       # no QPS / TPS limit: no 429 hides a request
-    settings.write_text(f"[gateway]\ntiers = '{json.dumps(tiers)}'\n")
-    keys = work / "keys.json"
-    created = subprocess.run([sys.executable, "-m", "gateway", "keys", "--settings", str(settings),
-                              "--keys-file", str(keys), "create", "--tier", "fuzz", "--label", "schemathesis"],
-                             capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
-    assert created.returncode == 0, created.stderr
-    key = created.stdout.strip()
-    port, = free_local_ports(1)
-    process = GatewayProcess([f"gateway.port={port}", "gateway.host=127.0.0.1",
-                              f"gateway.upstream_grpc_url={triton_server.grpc_url}", f"gateway.keys_file={keys}",
-                              "gateway.public_grpc_port=0"],
-                             log_path=work / "gateway.log", port=port, settings_file=str(settings))
-    process.start()
-    try:
-        yield FuzzGateway(process, f"http://127.0.0.1:{port}", key)
-    finally:
-        assert process.stop() == 0
+    with fuzz_gateway_process(triton_server, tmp_path_factory.mktemp("gateway-fuzz"), tokens_cap=TOKENS_CAP,
+                              label="schemathesis") as gateway:
+        yield gateway
 
 
 def _sum(metrics: dict[str, float], name: str, **labels: str) -> float:

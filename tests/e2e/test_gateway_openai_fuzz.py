@@ -17,20 +17,30 @@ import collections
 import os
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 
+from serving.launcher import TritonServer
+from tests.e2e.fuzz_gateway import FuzzGateway, fuzz_gateway_process
 from tests.e2e.openai_fuzz_bodies import ROUTES, Body, draw_body
-from tests.e2e.test_gateway_fuzz import FuzzGateway, fuzz_gateway  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.e2e
 
 BODIES = int(os.environ.get("OPENAI_FUZZ_BODIES", "2400"))
 SEED = int(os.environ.get("OPENAI_FUZZ_SEED", "4817"))
 REQUEST_TIMEOUT_S = 60
+
+
+@pytest.fixture(scope="module")
+def fuzz_gateway(triton_server: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzGateway]:
+    # one engine token per accepted body: the run is about the refusals
+    with fuzz_gateway_process(triton_server, tmp_path_factory.mktemp("gateway-openai-fuzz"), tokens_cap=1,
+                              label="openai-fuzz") as gateway:
+        yield gateway
 
 
 @dataclass

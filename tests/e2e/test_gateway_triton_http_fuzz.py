@@ -18,21 +18,18 @@ from __future__ import annotations
 import collections
 import json
 import random
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
 
 from ensemble.public_bounds import BOUNDS, MAX_WORD_CHARS, MAX_WORDS
 from ensemble.public_tensors import PUBLIC_INPUTS
-from gateway.process import GatewayProcess
 from gateway.triton.inputs import wire_datatype
-from serving.launcher import TritonServer, free_local_ports
+from serving.launcher import TritonServer
+from tests.e2e.fuzz_gateway import FuzzGateway, fuzz_gateway_process
 
 pytestmark = pytest.mark.e2e
 
@@ -218,34 +215,11 @@ def generate_case(rng: random.Random) -> Case:
     return Case(route, model, _encode(route, fields), kind, culprit)
 
 
-@dataclass
-class FuzzGateway:
-    process: GatewayProcess
-    url: str
-    key: str
-
-
 @pytest.fixture(scope="module")
 def fuzz_gateway(triton_server: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzGateway]:
-    work = tmp_path_factory.mktemp("gateway-triton-http-fuzz")
-    settings = work / "gateway.toml"
-    tiers = {"fuzz": {"max_tokens_cap": TOKENS_CAP}}       # no QPS / TPS limit: no 429 hides a request
-    settings.write_text(f"[gateway]\ntiers = '{json.dumps(tiers)}'\n")
-    keys = work / "keys.json"
-    created = subprocess.run([sys.executable, "-m", "gateway", "keys", "--settings", str(settings),
-                              "--keys-file", str(keys), "create", "--tier", "fuzz", "--label", "triton-fuzz"],
-                             capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
-    assert created.returncode == 0, created.stderr
-    port, = free_local_ports(1)
-    process = GatewayProcess([f"gateway.port={port}", "gateway.host=127.0.0.1",
-                              f"gateway.upstream_grpc_url={triton_server.grpc_url}", f"gateway.keys_file={keys}",
-                              "gateway.public_grpc_port=0"],
-                             log_path=work / "gateway.log", port=port, settings_file=str(settings))
-    process.start()
-    try:
-        yield FuzzGateway(process, f"http://127.0.0.1:{port}", created.stdout.strip())
-    finally:
-        assert process.stop() == 0
+    with fuzz_gateway_process(triton_server, tmp_path_factory.mktemp("gateway-triton-http-fuzz"), tokens_cap=TOKENS_CAP,
+                              label="triton-fuzz") as gateway:
+        yield gateway
 
 
 def _error_text(response: httpx.Response) -> str:
