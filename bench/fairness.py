@@ -132,11 +132,7 @@ class Bench:
         out = engine.scheduler._last_output
         if out is None:
             return -1, 0
-        if hasattr(out, "chunks"):
-            chunks = out.chunks()
-        else:   # engines before the scheduler/runner message (issue 18): one object per sequence
-            chunks = [(seq.request_id, seq.start_position, len(seq.token_ids)) for seq in out.sequences]
-        for request_id, start, num_tokens in chunks:
+        for request_id, start, num_tokens in out.chunks():
             if request_id == rid:
                 return start, num_tokens
         return -1, 0

@@ -43,7 +43,7 @@ class Measurement:
     def summary(self, best_alone_s: float) -> dict[str, Any]:
         p50_before = statistics.median(self.itl_before_s)
         p99_during = percentile(self.itl_during_s, 99)
-        out = {
+        out: dict[str, Any] = {
             "label": self.label, "config": self.config, "long_tokens": self.long_tokens,
             "load_before": round(self.load_before, 2),
             "cores_used": round(self.cores_used, 2),

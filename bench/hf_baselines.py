@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
@@ -15,6 +16,10 @@ from python_llm.engine.worker.runner import DTYPES
 from .progress import progress_bar
 from .result import MethodResult
 from .workload import BenchRequest, total_output_tokens
+
+# a Transformers causal LM; Any, because its generation API (generate, the
+# continuous-batching manager, generation_config) is not typed for mypy
+HFCausalLM = Any
 
 log = logging.getLogger(__name__)
 NO_EOS = -1   # what transformers' continuous batching reads as "no EOS"
@@ -32,13 +37,13 @@ class HFBenchSettings:
     cb_num_blocks: int = 128   # 128 pages x 256 tokens: the whole workload fits at once
 
 
-def load_model(settings: HFBenchSettings) -> torch.nn.Module:
-    model = AutoModelForCausalLM.from_pretrained(settings.model_dir, dtype=DTYPES[settings.dtype],
+def load_model(settings: HFBenchSettings) -> HFCausalLM:
+    model: HFCausalLM = AutoModelForCausalLM.from_pretrained(settings.model_dir, dtype=DTYPES[settings.dtype],
                                                  attn_implementation="sdpa")
     return model.to(settings.device).eval()
 
 
-def _pad_id(model: torch.nn.Module) -> int:
+def _pad_id(model: HFCausalLM) -> int:
     config = model.generation_config
     pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
     if isinstance(pad, list):
@@ -46,7 +51,7 @@ def _pad_id(model: torch.nn.Module) -> int:
     return int(pad) if pad is not None else 0
 
 
-def _generate(model: torch.nn.Module, prompts: list[tuple[int, ...]], new_tokens: int, pad_id: int) -> torch.Tensor:
+def _generate(model: HFCausalLM, prompts: list[tuple[int, ...]], new_tokens: int, pad_id: int) -> torch.Tensor:
     """Left-padded static batch; min = max new tokens, so EOS cannot end it early."""
     width = max(len(p) for p in prompts)
     input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
@@ -67,11 +72,11 @@ def _generate(model: torch.nn.Module, prompts: list[tuple[int, ...]], new_tokens
     return out
 
 
-def warm_up(model: torch.nn.Module, workload: list[BenchRequest]) -> None:
+def warm_up(model: HFCausalLM, workload: list[BenchRequest]) -> None:
     _generate(model, [workload[0].prompt_ids[:16]], 4, _pad_id(model))
 
 
-def run_single(model: torch.nn.Module, settings: HFBenchSettings, workload: list[BenchRequest],
+def run_single(model: HFCausalLM, settings: HFBenchSettings, workload: list[BenchRequest],
                limit: int) -> MethodResult:
     """One request at a time (batch 1, no padding); only the first `limit`."""
     chosen = workload[:limit]
@@ -90,7 +95,7 @@ def run_single(model: torch.nn.Module, settings: HFBenchSettings, workload: list
                         num_requests=len(chosen), note=note, outputs=[o.tolist() for o in outputs])
 
 
-def run_static_batches(model: torch.nn.Module, settings: HFBenchSettings, workload: list[BenchRequest],
+def run_static_batches(model: HFCausalLM, settings: HFBenchSettings, workload: list[BenchRequest],
                        batch_size: int) -> MethodResult:
     """Batches of `batch_size` in arrival order; each batch generates its
     largest requested length, only the requested tokens count as output."""
@@ -112,7 +117,7 @@ def run_static_batches(model: torch.nn.Module, settings: HFBenchSettings, worklo
                         extra={"generated_tokens": generated, "batch_size": batch_size})
 
 
-def run_continuous_batching(model: torch.nn.Module, settings: HFBenchSettings,
+def run_continuous_batching(model: HFCausalLM, settings: HFBenchSettings,
                             workload: list[BenchRequest]) -> MethodResult:
     """transformers' own continuous batching. `generate_batch` takes one
     max_new_tokens for all requests, so this uses the manager it wraps
@@ -128,7 +133,7 @@ def run_continuous_batching(model: torch.nn.Module, settings: HFBenchSettings,
                                   max_requests_per_batch=settings.cb_max_requests_per_batch,
                                   page_size=settings.cb_page_size, num_blocks=settings.cb_num_blocks,
                                   allow_block_sharing=False)
-    results = {}
+    results: dict[str, Any] = {}   # request id -> its finished GenerationOutput
     with model.continuous_batching_context_manager(generation_config=generation, continuous_batching_config=cb,
                                                    block=True, timeout=30) as manager:
         with progress_bar(len(workload), "HF continuous batching", unit="req") as bar:

@@ -85,7 +85,7 @@ def compare_outputs(ours: list[list[int]], theirs: list[list[int]], prompts: lis
     """Token for token; at each request's first difference, every view of
     the two candidates (this engine's, vLLM's, HF's) for the same context."""
     agreement = Agreement(bound_nats=bound)
-    items = []
+    items: list[dict[str, Any]] = []
     for i, (a, b) in enumerate(zip(ours, theirs)):
         k = step_harness.first_difference(a, b)
         if k is None:

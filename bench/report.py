@@ -81,7 +81,7 @@ class Report:
 
     def rows(self) -> list[tuple[str, ...]]:
         best = self.best_static_hf()
-        rows = []
+        rows: list[tuple[str, ...]] = []
         for r in self.results:
             ratio = f"{r.tokens_per_s / best.tokens_per_s:.2f}x" if best and best.tokens_per_s else "-"
             mark = " (best)" if best is r else ""

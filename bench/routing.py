@@ -97,7 +97,8 @@ async def one_turn(http: httpx.AsyncClient, messages: list[dict[str, str]], user
     body = {"model": "ensemble", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
             "user": user, "stream": True, "stream_options": {"include_usage": True}}
     started = time.perf_counter()
-    first, parts, usage = None, [], {}
+    first, parts = None, []
+    usage: dict[str, int] = {}
     async with http.stream("POST", "/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
             raise RuntimeError(f"{response.status_code}: {(await response.aread()).decode()[:300]}")
@@ -248,7 +249,7 @@ def run_policy(policy: str, settings: DeploymentSettings, workload: Workload, ar
         for server in servers.values():
             server.stop()
     ttft = result.pop("ttft_s")
-    per_replica = {}
+    per_replica: dict[str, dict[str, Any]] = {}
     for name in REPLICAS:
         delta = {k: after[name][k] - before[name][k] for k in _ENGINE}
         prompt = delta["llm_prompt_tokens_total"]

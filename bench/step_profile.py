@@ -63,8 +63,10 @@ def instrument(runner: ModelRunner, clock: CallClock) -> None:
     model = runner.model
     for layer in model.layers:
         p = layer.projections
-        layer.projections = LayerProjections(**{name: TimedLinear(getattr(p, name), f"projection {name}", clock)
-                                                for name in ("qkv", "o", "gate_up", "down")})
+        timed: dict[str, Any] = {name: TimedLinear(getattr(p, name), f"projection {name}", clock)
+                                 for name in ("qkv", "o", "gate_up", "down")}
+        # timing wrappers stand in for the projections (duck-typed: they forward the calls)
+        layer.projections = LayerProjections(**timed)  # type: ignore[assignment]  # nn.Module attrs: Tensor | Module
     if model.lm_head_gemm is not None:
         model.lm_head_gemm = TimedLinear(model.lm_head_gemm, "LM head GEMM", clock)  # type: ignore[assignment]
     if model.greedy_head is not None:   # bf16 or int16, with its verified argmax

@@ -119,6 +119,9 @@ class VllmProcess:
         self._proc = subprocess.Popen([str(python), str(RUNNER), self._job_file.name], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self._log, text=True, cwd=str(REPO),
                                       env=env, start_new_session=True)
+        if self._proc.stdin is None or self._proc.stdout is None:
+            raise RuntimeError("the vLLM runner's pipes were not opened")
+        self._stdin, self._stdout = self._proc.stdin, self._proc.stdout
         try:
             self.ready = self._read()
             if not self.ready.get("ready"):
@@ -129,7 +132,7 @@ class VllmProcess:
             raise
 
     def _read(self) -> dict[str, Any]:
-        line = self._proc.stdout.readline()
+        line = self._stdout.readline()
         if not line:
             code = self._proc.wait(timeout=60)
             raise RuntimeError(f"vLLM runner ended (exit {code}); last lines of {self.log_path}:\n{self.log_tail()}")
@@ -141,8 +144,8 @@ class VllmProcess:
         return "\n".join(line for line in text if "is ignored: it is neither" not in line)[-4000:] if text else ""
 
     def command(self, cmd: str, **payload: Any) -> dict[str, Any]:
-        self._proc.stdin.write(json.dumps({"cmd": cmd, **payload}) + "\n")
-        self._proc.stdin.flush()
+        self._stdin.write(json.dumps({"cmd": cmd, **payload}) + "\n")
+        self._stdin.flush()
         answer = self._read()
         if "error" in answer:
             raise RuntimeError(f"vLLM runner: {answer['error']}")
@@ -173,8 +176,8 @@ class VllmProcess:
     def close(self) -> None:
         try:
             if self._proc.poll() is None:
-                self._proc.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-                self._proc.stdin.close()
+                self._stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+                self._stdin.close()
                 self._proc.wait(timeout=120)
         except (OSError, subprocess.TimeoutExpired):
             pass
@@ -278,9 +281,10 @@ def run_vllm_comparison(engine_settings: EngineBenchSettings, settings: VllmCpuS
         progress(f"  vLLM {vllm.ready['vllm_version']} ready after {vllm.ready['load_s']:.0f} s; "
                  f"KV {vllm.ready['config']['kv_tokens']} tokens")
         ours_runs, theirs_runs = [], []
-        engine = None
+        engine: EngineStepper | None = None
         for r in range(settings.rounds):
-            # a fresh engine each round (the engine has no prefix-cache reset; vLLM's is reset)
+            # a fresh engine each round (the engine has no prefix-cache reset; vLLM's is reset);
+            # the last round's is freed before the next is built
             engine = None
             engine = EngineStepper(LLMEngine(engine_config(engine_settings)))
             step_harness.run_all_at_once(engine, [(step_harness.warm_up_prompt(requests), 4)], prefix="warmup")
@@ -295,6 +299,8 @@ def run_vllm_comparison(engine_settings: EngineBenchSettings, settings: VllmCpuS
             progress(f"  round {r + 1}: vLLM   {theirs['output_tokens'] / theirs['seconds']:.1f} tok/s "
                      f"(load before {theirs['load_1min_before']:.2f}, {theirs['cores_used_avg']:.2f} cores)")
 
+        if engine is None:
+            raise ValueError("the vLLM comparison needs at least one round")
         stable = {"engine": all(r["tokens"] == ours_runs[0]["tokens"] for r in ours_runs),
                   "vllm": all(r["tokens"] == theirs_runs[0]["tokens"] for r in theirs_runs)}
         # the throughput rows are kept whatever happens after them (on a shared machine

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 SHAPES = ("steady", "ramp", "burst")
 ENV_PREFIX = "LOADTEST_"
@@ -56,7 +57,7 @@ class LoadSettings:
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> LoadSettings:
         environ = dict(os.environ if environ is None else environ)
-        values: dict[str, object] = {}
+        values: dict[str, Any] = {}
         for f in fields(cls):
             raw = environ.get(ENV_PREFIX + f.name.upper())
             if raw is None:
