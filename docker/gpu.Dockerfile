@@ -50,7 +50,7 @@ RUN pip install --no-deps -e . && chmod 0755 docker/entrypoint.sh
 
 USER 10001:10001
 # The default model and the probe's golden answer, once, at build (on the CPU:
-# no GPU is needed to build). Larger models come on the PVC (see the README's Deploy).
+# no GPU is needed to build). Larger models come on the PVC (see docs/deploying.md).
 RUN python -m serving prepare-model
 
 EXPOSE 8000 8001 8002 9000 9001 9002
