@@ -64,9 +64,9 @@ class FleetConfig:
     replicas: dict[str, ReplicaConfig] = field(default_factory=dict)
     routing_policy: str = "prefix_aware"  # one of ROUTING_POLICIES
     # the score's weights (llm-d's endpoint picker defaults: queue 2, KV 2, prefix 3)
-    weight_queue: float = 2.0             # a replica's requests waiting
-    weight_kv_cache: float = 2.0          # a replica's KV blocks in use
-    weight_prefix: float = 3.0            # the share of the prompt's prefix a replica already holds
+    weight_queue: float = 2.0             # weight of a replica's queue (requests waiting and running)
+    weight_kv_cache: float = 2.0          # weight of a replica's KV-cache use
+    weight_prefix: float = 3.0            # weight of the share of the prompt's prefix a replica likely holds
     weight_session: float = 1.0           # the replica a session (`user`, x-session-id) was last sent to
     metrics_interval_s: float = 0.5       # each replica's metrics scraped this often
     metrics_stale_s: float = 3.0          # older metrics count as a saturated replica

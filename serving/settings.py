@@ -43,8 +43,8 @@ class ServerConfig:
     max_batch_size: int = 64                 # every model's max_batch_size (TensorRT-LLM's convention)
     # the LLM step the ensemble, llm_bls and the text stages call ("tensorrt_llm" in the GPU container)
     llm_model_name: str = "python_llm"
-    preprocessing_instances: int = 1
-    postprocessing_instances: int = 1
+    preprocessing_instances: int = 1         # instances of the preprocessing stage (tokenizing)
+    postprocessing_instances: int = 1        # instances of the postprocessing stage (detokenizing)
     # llm_bls serves each request on a thread of its own: the most at once
     bls_max_concurrent_requests: int = 256
     # tritonserver's malloc, preloaded into it and its stubs (serving/allocator.py)
@@ -59,9 +59,9 @@ class ServerConfig:
     # False: serve exits as soon as a replica does (in a container, so the
     # orchestrator sees it, restarts it with its own backoff and counts it)
     restart_replicas: bool = True
-    restart_backoff_s: float = 1.0
-    restart_backoff_max_s: float = 30.0
-    restart_reset_after_s: float = 60.0
+    restart_backoff_s: float = 1.0           # the first restart's delay
+    restart_backoff_max_s: float = 30.0      # the longest delay, however many exits in a row
+    restart_reset_after_s: float = 60.0      # a replica that ran this long starts the next row afresh
     # serve's own Prometheus metrics (serving_replica_restarts_total ...) on
     # 127.0.0.1; 0: none
     supervisor_metrics_port: int = 8003

@@ -4,6 +4,7 @@ they make."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from .default_model import resolve_model_dir
 from .settings import DeploymentSettings, SettingsError
@@ -19,7 +20,7 @@ def add_settings_args(parser: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args: argparse.Namespace) -> DeploymentSettings:
-    overrides = {"engine.model_dir": str(resolve_model_dir(args.model_dir))} if args.model_dir else {}
+    overrides: dict[str, Any] = {"engine.model_dir": str(resolve_model_dir(args.model_dir))} if args.model_dir else {}
     try:
         return DeploymentSettings.load(settings_file=args.settings, assignments=args.set or [],
                                        default_model_dir=lambda: str(resolve_model_dir(None)), **overrides)
