@@ -8,6 +8,11 @@ rising precedence, from their defaults, a TOML settings file (`[engine]`,
 `[text]`, `[server]`, `[gateway]` tables), the environment
 (`LLM__ENGINE__MAX_NUM_SEQS=8`) and `--set section.field=value`; a structured
 field (the gateway's `tiers`) takes JSON in the environment and in `--set`.
+A section may nest groups of settings (a dataclass field: the gateway's
+`degradation`), read as a table of its own (`[gateway.degradation]`),
+`LLM__GATEWAY__DEGRADATION__MAX_LEVEL=2` and `--set gateway.degradation.max_level=2`;
+errors name a setting by that full path. `python -m serving settings` prints
+them all (serving/settings_reference.py).
 The model repository's configs are rendered from the result
 (`serving/repository.py`).
 """

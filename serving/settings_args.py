@@ -15,8 +15,9 @@ def add_settings_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--settings", metavar="FILE.toml",
                         help="a settings file with [engine], [text], [server] and [gateway] tables")
     parser.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
-                        help="override a setting, e.g. --set engine.dtype=bfloat16 (repeatable; beats the "
-                             "settings file and LLM__SECTION__FIELD environment variables)")
+                        help="override a setting, e.g. --set engine.dtype=bfloat16, --set "
+                             "gateway.degradation.max_level=2 (repeatable; beats the settings file and "
+                             "LLM__SECTION__FIELD environment variables); `python -m serving settings` lists them")
 
 
 def settings_from_args(args: argparse.Namespace) -> DeploymentSettings:
