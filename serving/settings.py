@@ -204,12 +204,12 @@ def _from_toml(path: Path) -> dict[str, Any]:
     return flat
 
 
-def _flatten(prefix: str, kind: Any, table: dict[str, Any]) -> dict[str, Any]:
+def _flatten(prefix: str, kind: type, table: dict[str, Any]) -> dict[str, Any]:
     """A TOML table as `prefix.field` -> value, a group's table (`[gateway.degradation]`)
     as `prefix.group.field`; a structured field's table (`tiers`) stays one value."""
     flat: dict[str, Any] = {}
     for key, value in table.items():
-        hint = field_types(kind).get(key) if is_group(kind) else None
+        hint = field_types(kind).get(key)
         if is_group(hint) and isinstance(value, dict):
             flat.update(_flatten(f"{prefix}.{key}", hint, value))
         else:
