@@ -26,7 +26,7 @@ import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -123,7 +123,7 @@ def load_section(section: str, settings_file: str | Path | None = None, assignme
     return _build(section, SECTIONS[section], values[section])
 
 
-def is_group(kind: Any) -> bool:
+def is_group(kind: Any) -> TypeGuard[type]:
     """A nested group of settings (`gateway.degradation`): a dataclass field,
     set field by field (`gateway.degradation.max_level`), never as a whole."""
     return isinstance(kind, type) and dataclasses.is_dataclass(kind)
