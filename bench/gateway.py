@@ -165,9 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     # a tier without limits: the benchmark measures the path, not the limiter's refusals
     tiers = '{"bench": {"priority": 0, "max_concurrent_requests": 0}}'
     gateway = GatewayProcess([f"gateway.port={gateway_port}", "gateway.host=127.0.0.1",
-                              f"gateway.upstream_grpc_url=127.0.0.1:{grpc_port}",
+                              f"gateway.fleet.upstream_grpc_url=127.0.0.1:{grpc_port}",
                               f"gateway.keys_file={work / 'keys.json'}",
-                              f"gateway.tiers={tiers}", "gateway.max_concurrent_requests=4096",
+                              f"gateway.tiers={tiers}", "gateway.limits.max_concurrent_requests=4096",
                               "gateway.public_grpc_port=0"],
                              log_path=work / "gateway.log", port=gateway_port)
     triton.start()

@@ -220,9 +220,10 @@ def run_policy(policy: str, settings: DeploymentSettings, workload: Workload, ar
     tiers = '{"bench": {"priority": 0, "max_concurrent_requests": 0}}'   # no limits: measure the routing
     replicas = json.dumps({name: {"grpc_url": s.grpc_url, "metrics_url": s.metrics_url}
                            for name, s in servers.items()})
-    gateway = GatewayProcess([f"gateway.port={gateway_port}", "gateway.host=127.0.0.1", f"gateway.replicas={replicas}",
-                              f"gateway.routing_policy={policy}", f"gateway.keys_file={keys}",
-                              f"gateway.tiers={tiers}", "gateway.max_concurrent_requests=4096",
+    gateway = GatewayProcess([f"gateway.port={gateway_port}", "gateway.host=127.0.0.1",
+                              f"gateway.fleet.replicas={replicas}",
+                              f"gateway.fleet.routing_policy={policy}", f"gateway.keys_file={keys}",
+                              f"gateway.tiers={tiers}", "gateway.limits.max_concurrent_requests=4096",
                               "gateway.public_grpc_port=0"],
                              log_path=work / "gateway.log", port=gateway_port)
     try:

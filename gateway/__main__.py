@@ -1,5 +1,5 @@
 """`python -m gateway serve`: the gateway alone (uvicorn), in front of a Triton
-reached over gRPC at `gateway.upstream_grpc_url`.
+reached over gRPC at `gateway.fleet.upstream_grpc_url`.
 `python -m gateway keys create|list|revoke`: the API key store.
 
 Settings come from the deployment settings' `gateway` section, read like the

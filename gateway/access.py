@@ -199,7 +199,8 @@ class AccessPolicy:
                                    f"Rate limit reached for tokens: {tokens.amount} per {tokens.seconds} s "
                                    f"(used {math.floor(token_state.used)}, this request needs {need}).")
 
-        slot = await self.slots.acquire(key_id, tier.max_concurrent_requests, self.config.max_concurrent_requests)
+        slot = await self.slots.acquire(key_id, tier.max_concurrent_requests,
+                                        self.config.limits.max_concurrent_requests)
         if not isinstance(slot, Slot):
             if slot == "global":
                 raise self._refuse(caller, "global", 1.0, None, None,

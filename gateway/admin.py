@@ -77,21 +77,21 @@ def _replica(fleet: Fleet, name: str) -> Replica:
 @router.get("/admin/replicas")
 async def replicas(request: Request) -> JSONResponse:
     fleet = _check(request)
-    return JSONResponse({"replicas": [describe(r, fleet.config.metrics_stale_s) for r in fleet.replicas]})
+    return JSONResponse({"replicas": [describe(r, fleet.config.fleet.metrics_stale_s) for r in fleet.replicas]})
 
 
 @router.post("/admin/replicas/{name}/drain")
 async def drain(name: str, request: Request) -> JSONResponse:
     fleet = _check(request)
     replica = fleet.set_draining(_replica(fleet, name).name, True)
-    return JSONResponse(describe(replica, fleet.config.metrics_stale_s))
+    return JSONResponse(describe(replica, fleet.config.fleet.metrics_stale_s))
 
 
 @router.post("/admin/replicas/{name}/resume")
 async def resume(name: str, request: Request) -> JSONResponse:
     fleet = _check(request)
     replica = fleet.set_draining(_replica(fleet, name).name, False)
-    return JSONResponse(describe(replica, fleet.config.metrics_stale_s))
+    return JSONResponse(describe(replica, fleet.config.fleet.metrics_stale_s))
 
 
 @router.get("/admin/degradation")

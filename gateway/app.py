@@ -208,8 +208,8 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream | None 
 
     app = FastAPI(title="triton-llm-stack gateway", version="1", lifespan=lifespan,
                   docs_url=None, redoc_url=None)
-    # generated from the request models, with this deployment's gateway.max_n (openai/openapi.py)
-    app.openapi = lambda: published_schema(app, config.max_n)  # type: ignore[method-assign]
+    # generated from the request models, with this deployment's gateway.limits.max_n (openai/openapi.py)
+    app.openapi = lambda: published_schema(app, config.limits.max_n)  # type: ignore[method-assign]
     # every route reaches Triton through the fleet: routing, health, failover
     app.state.config, app.state.policy, app.state.upstream = config, served, fleet
     app.state.fleet, app.state.streams, app.state.drain = fleet, streams, drain
@@ -249,7 +249,7 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream | None 
         return JSONResponse({"status": "ok", "replicas_routable": len(fleet.routable())})
 
     # Triton's error shape under /v2, whichever layer refused (the guard too)
-    guarded = TritonErrorShape(BodyGuard(app, config.max_body_bytes, config.max_json_depth))
+    guarded = TritonErrorShape(BodyGuard(app, config.limits.max_body_bytes, config.limits.max_json_depth))
     app.state.asgi = RequestContextMiddleware(DrainGuard(guarded, drain))
     # /metrics and /admin/* only on the ops listener (ops.py), never on this public app
     app.state.ops_asgi = create_ops_app(app)

@@ -35,6 +35,7 @@ from .probe_golden import ensure_golden
 from .repository import render_repository
 from .settings import DeploymentSettings
 from .settings_args import add_settings_args, settings_from_args
+from .settings_reference import add_parser as add_settings_command
 from .supervisor import Backoff, Supervisor, reclaim_stale_gateway
 from .trtllm.command import add_parsers as add_trtllm_commands
 
@@ -322,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     render.add_argument("--model-repository", default=str(REPO_ROOT / "model_repository"),
                         help="the template repository to render")
     render.set_defaults(func=cmd_render)
+    add_settings_command(sub)
 
     # deployment: render-k8s (the Kubernetes manifests), probe and drain (what the containers run)
     add_deploy_commands(sub)

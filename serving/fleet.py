@@ -147,17 +147,17 @@ def plan_replicas(options: LaunchOptions, count: int, cores: int | None = None) 
 
 
 def gateway_replicas(replicas: list[Replica]) -> dict[str, dict[str, str]]:
-    """`gateway.replicas` (gateway/config.py ReplicaConfig) for these servers."""
+    """`gateway.fleet.replicas` (gateway/config.py ReplicaConfig) for these servers."""
     return {r.name: {"grpc_url": r.server.grpc_url, "metrics_url": r.server.metrics_url} for r in replicas}
 
 
 def gateway_assignments(replicas: list[Replica], golden_file: Path | None) -> list[str]:
     """The `--set` assignments that point a gateway at the fleet. The single
     upstream stays replica 0, for a gateway that does not route (yet)."""
-    assignments = [f"gateway.upstream_grpc_url={replicas[0].server.grpc_url}",
-                   f"gateway.replicas={json.dumps(gateway_replicas(replicas), separators=(',', ':'))}"]
+    assignments = [f"gateway.fleet.upstream_grpc_url={replicas[0].server.grpc_url}",
+                   f"gateway.fleet.replicas={json.dumps(gateway_replicas(replicas), separators=(',', ':'))}"]
     if golden_file is not None:
-        assignments.append(f"gateway.probe_golden_file={golden_file}")
+        assignments.append(f"gateway.fleet.probe_golden_file={golden_file}")
     return assignments
 
 

@@ -8,6 +8,11 @@ rising precedence, from their defaults, a TOML settings file (`[engine]`,
 `[text]`, `[server]`, `[gateway]` tables), the environment
 (`LLM__ENGINE__MAX_NUM_SEQS=8`) and `--set section.field=value`; a structured
 field (the gateway's `tiers`) takes JSON in the environment and in `--set`.
+A section may nest groups of settings (a dataclass field: the gateway's
+`degradation`), read as a table of its own (`[gateway.degradation]`),
+`LLM__GATEWAY__DEGRADATION__MAX_LEVEL=2` and `--set gateway.degradation.max_level=2`;
+errors name a setting by that full path. `python -m serving settings` prints
+them all (serving/settings_reference.py).
 The model repository's configs are rendered from the result
 (`serving/repository.py`).
 """
@@ -21,7 +26,7 @@ import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -43,8 +48,8 @@ class ServerConfig:
     max_batch_size: int = 64                 # every model's max_batch_size (TensorRT-LLM's convention)
     # the LLM step the ensemble, llm_bls and the text stages call ("tensorrt_llm" in the GPU container)
     llm_model_name: str = "python_llm"
-    preprocessing_instances: int = 1
-    postprocessing_instances: int = 1
+    preprocessing_instances: int = 1         # instances of the preprocessing stage (tokenizing)
+    postprocessing_instances: int = 1        # instances of the postprocessing stage (detokenizing)
     # llm_bls serves each request on a thread of its own: the most at once
     bls_max_concurrent_requests: int = 256
     # tritonserver's malloc, preloaded into it and its stubs (serving/allocator.py)
@@ -59,9 +64,9 @@ class ServerConfig:
     # False: serve exits as soon as a replica does (in a container, so the
     # orchestrator sees it, restarts it with its own backoff and counts it)
     restart_replicas: bool = True
-    restart_backoff_s: float = 1.0
-    restart_backoff_max_s: float = 30.0
-    restart_reset_after_s: float = 60.0
+    restart_backoff_s: float = 1.0           # the first restart's delay
+    restart_backoff_max_s: float = 30.0      # the longest delay, however many exits in a row
+    restart_reset_after_s: float = 60.0      # a replica that ran this long starts the next row afresh
     # serve's own Prometheus metrics (serving_replica_restarts_total ...) on
     # 127.0.0.1; 0: none
     supervisor_metrics_port: int = 8003
@@ -118,34 +123,64 @@ def load_section(section: str, settings_file: str | Path | None = None, assignme
     return _build(section, SECTIONS[section], values[section])
 
 
-def field_names(section: str) -> list[str]:
-    return [f.name for f in dataclasses.fields(SECTIONS[section])]
+def is_group(kind: Any) -> TypeGuard[type]:
+    """A nested group of settings (`gateway.degradation`): a dataclass field,
+    set field by field (`gateway.degradation.max_level`), never as a whole."""
+    return isinstance(kind, type) and dataclasses.is_dataclass(kind)
 
 
-def _resolve(name: str) -> tuple[str, str]:
-    """`section.field`, or a bare field name that only one section has."""
-    section, dot, field_name = name.partition(".")
-    if dot:
-        if section not in SECTIONS or field_name not in field_names(section):
+def field_types(kind: type) -> dict[str, Any]:
+    """A settings dataclass's fields and their types, in definition order."""
+    hints = typing.get_type_hints(kind)
+    return {f.name: hints[f.name] for f in dataclasses.fields(kind)}
+
+
+def setting_names(kind: type, prefix: str = "") -> list[str]:
+    """Every setting of a section or group, nested ones as `group.field`."""
+    names: list[str] = []
+    for name, hint in field_types(kind).items():
+        names += setting_names(hint, f"{prefix}{name}.") if is_group(hint) else [f"{prefix}{name}"]
+    return names
+
+
+def _resolve(name: str) -> tuple[list[str], Any]:
+    """`section.field` (`section.group.field` in a group), or a bare field
+    name that only one section has: the path and the setting's type."""
+    section, dot, rest = name.partition(".")
+    if not dot:
+        owners = [s for s in SECTIONS if name in field_types(SECTIONS[s])]
+        if len(owners) != 1:
+            raise SettingsError(f"{name}: {'ambiguous' if owners else 'no such setting'}; {_known()}")
+        section, rest = owners[0], name
+    if section not in SECTIONS:
+        raise SettingsError(f"{name}: no such setting; {_known()}")
+    path, kind = [section], SECTIONS[section]
+    for part in rest.split("."):
+        if not is_group(kind) or part not in field_types(kind):
             raise SettingsError(f"{name}: no such setting; {_known()}")
-        return section, field_name
-    owners = [s for s in SECTIONS if name in field_names(s)]
-    if len(owners) != 1:
-        raise SettingsError(f"{name}: {'ambiguous' if owners else 'no such setting'}; {_known()}")
-    return owners[0], name
+        path.append(part)
+        kind = field_types(kind)[part]
+    if is_group(kind):
+        raise SettingsError(f"{name}: a group of settings; set its fields: "
+                            f"{', '.join(f'{name}.{n}' for n in setting_names(kind))}")
+    return path, kind
 
 
 def _known() -> str:
-    return "settings are " + ", ".join(f"{s}.{{{','.join(field_names(s))}}}" for s in SECTIONS)
+    return "settings are " + ", ".join(f"{s}.{{{','.join(setting_names(kind))}}}" for s, kind in SECTIONS.items())
 
 
 def _merge(values: dict[str, dict[str, Any]], flat: Mapping[str, Any], source: str) -> None:
     for name, value in flat.items():
         try:
-            section, field_name = _resolve(name)
+            path, kind = _resolve(name)
+            value = _structured_from_json(".".join(path), kind, value)
         except SettingsError as exc:
             raise SettingsError(f"{source}: {exc}") from None
-        values[section][field_name] = value
+        table = values[path[0]]
+        for group in path[1:-1]:
+            table = table.setdefault(group, {})
+        table[path[-1]] = value
 
 
 def _parse_assignment(item: str) -> tuple[str, str]:
@@ -165,37 +200,43 @@ def _from_toml(path: Path) -> dict[str, Any]:
         if section not in SECTIONS or not isinstance(table, dict):
             raise SettingsError(f"settings file {path}: [{section}] is not a section; sections are "
                                 f"{', '.join(SECTIONS)}")
-        flat.update({f"{section}.{key}": value for key, value in table.items()})
+        flat.update(_flatten(section, SECTIONS[section], table))
+    return flat
+
+
+def _flatten(prefix: str, kind: type, table: dict[str, Any]) -> dict[str, Any]:
+    """A TOML table as `prefix.field` -> value, a group's table (`[gateway.degradation]`)
+    as `prefix.group.field`; a structured field's table (`tiers`) stays one value."""
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        hint = field_types(kind).get(key)
+        if is_group(hint) and isinstance(value, dict):
+            flat.update(_flatten(f"{prefix}.{key}", hint, value))
+        else:
+            flat[f"{prefix}.{key}"] = value
     return flat
 
 
 def _from_environ(environ: Mapping[str, str]) -> dict[str, str]:
-    flat = {}
-    for key, value in environ.items():
-        if key.startswith(ENV_PREFIX):
-            section, _, field_name = key[len(ENV_PREFIX):].lower().partition("__")
-            flat[f"{section}.{field_name}"] = value
-    return flat
+    """`LLM__SECTION__FIELD`, `LLM__SECTION__GROUP__FIELD` in a group."""
+    return {key[len(ENV_PREFIX):].lower().replace("__", "."): value
+            for key, value in environ.items() if key.startswith(ENV_PREFIX)}
 
 
 _STRUCTURED = (dict, list, tuple)
 
 
-def _structured_from_json(section: str, kind: type, values: dict[str, Any]) -> dict[str, Any]:
+def _structured_from_json(name: str, kind: Any, value: Any) -> Any:
     """A structured field given as text (environment, --set) is JSON."""
-    hints = typing.get_type_hints(kind)
-    parsed = dict(values)
-    for name, value in values.items():
-        if isinstance(value, str) and typing.get_origin(hints.get(name)) in _STRUCTURED:
-            try:
-                parsed[name] = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise SettingsError(f"{section}.{name}: not valid JSON ({exc.msg})") from None
-    return parsed
+    if isinstance(value, str) and typing.get_origin(kind) in _STRUCTURED:
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise SettingsError(f"{name}: not valid JSON ({exc.msg})") from None
+    return value
 
 
 def _build(section: str, kind: type, values: dict[str, Any]) -> Any:
-    values = _structured_from_json(section, kind, values)
     try:
         return TypeAdapter(kind).validate_python(values)
     except ValidationError as exc:

@@ -4,6 +4,7 @@ they make."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from .default_model import resolve_model_dir
 from .settings import DeploymentSettings, SettingsError
@@ -14,12 +15,13 @@ def add_settings_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--settings", metavar="FILE.toml",
                         help="a settings file with [engine], [text], [server] and [gateway] tables")
     parser.add_argument("--set", action="append", metavar="SECTION.FIELD=VALUE",
-                        help="override a setting, e.g. --set engine.dtype=bfloat16 (repeatable; beats the "
-                             "settings file and LLM__SECTION__FIELD environment variables)")
+                        help="override a setting, e.g. --set engine.dtype=bfloat16, --set "
+                             "gateway.degradation.max_level=2 (repeatable; beats the settings file and "
+                             "LLM__SECTION__FIELD environment variables); `python -m serving settings` lists them")
 
 
 def settings_from_args(args: argparse.Namespace) -> DeploymentSettings:
-    overrides = {"engine.model_dir": str(resolve_model_dir(args.model_dir))} if args.model_dir else {}
+    overrides: dict[str, Any] = {"engine.model_dir": str(resolve_model_dir(args.model_dir))} if args.model_dir else {}
     try:
         return DeploymentSettings.load(settings_file=args.settings, assignments=args.set or [],
                                        default_model_dir=lambda: str(resolve_model_dir(None)), **overrides)

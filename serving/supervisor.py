@@ -102,7 +102,7 @@ def reclaim_stale_gateway(upstream_grpc_url: str) -> None:
     was killed before gateways died with it): killed, and said. Ours by its
     command line (`-m gateway serve` with this upstream, as serve writes it)
     and stale only when its launcher is gone."""
-    found = find_leftovers("-m", "gateway", "serve", f"gateway.upstream_grpc_url={upstream_grpc_url}")
+    found = find_leftovers("-m", "gateway", "serve", f"gateway.fleet.upstream_grpc_url={upstream_grpc_url}")
     if found.stale:
         _say(f"an earlier gateway over {upstream_grpc_url} outlived its launcher (pids "
              f"{', '.join(map(str, found.stale))}): killing it")

@@ -27,7 +27,7 @@ class PromptConfig:
     # Added as the first message when a conversation brings no system message;
     # empty leaves that to the chat template (many add their own).
     default_system_prompt: str = ""
-    max_messages: int = 1024
+    max_messages: int = 1024                # messages in one conversation; more are refused (invalid input)
     # [ {"role", "content"} ] is 2 deep; the margin leaves room for content parts
     max_messages_depth: int = 8
     # Byte bounds checked before any parsing or tokenizing (a megabyte takes
@@ -35,7 +35,7 @@ class PromptConfig:
     # bytes per context token for `text_input` (plain text is never cut), and
     # MESSAGES_BYTES_FACTOR times that for `messages` (old turns may be dropped).
     max_text_input_bytes: int = 0
-    max_messages_bytes: int = 0
+    max_messages_bytes: int = 0             # the bound for `messages` (0: derived, as above)
 
     def __post_init__(self) -> None:
         for name in ("max_messages", "max_messages_depth"):

@@ -29,32 +29,32 @@ log = logging.getLogger("gateway.degrade")
 
 
 def thresholds_of(config: GatewayConfig) -> list[Threshold]:
-    return [Threshold(QUEUE_TIME, config.degrade_queue_time_enter_s, config.degrade_queue_time_exit_s),
-            Threshold(KV_USE, config.degrade_kv_enter, config.degrade_kv_exit),
-            Threshold(PREEMPTIONS, config.degrade_preemptions_enter_per_s, config.degrade_preemptions_exit_per_s),
-            Threshold(ERROR_RATE, config.degrade_error_rate_enter, config.degrade_error_rate_exit)]
+    d = config.degradation
+    return [Threshold(QUEUE_TIME, d.queue_time_enter_s, d.queue_time_exit_s),
+            Threshold(KV_USE, d.kv_enter, d.kv_exit),
+            Threshold(PREEMPTIONS, d.preemptions_enter_per_s, d.preemptions_exit_per_s),
+            Threshold(ERROR_RATE, d.error_rate_enter, d.error_rate_exit)]
 
 
 class Degradation:
     def __init__(self, config: GatewayConfig, clock: Callable[[], float] = time.monotonic) -> None:
-        max_level = effective_max_level(config)
-        if max_level >= CAP_MAX_TOKENS and config.degrade_max_tokens <= 0:
-            raise ValueError(f"gateway.degrade_max_tokens: the cap of level 1 must be positive "
-                             f"(got {config.degrade_max_tokens})")
-        if config.degrade_window_s <= 0:
-            raise ValueError(f"gateway.degrade_window_s must be positive (got {config.degrade_window_s})")
-        if config.degrade_enter_dwell_s < config.degrade_window_s:
+        max_level, d = effective_max_level(config), config.degradation
+        if max_level >= CAP_MAX_TOKENS and d.max_tokens_cap <= 0:
+            raise ValueError(f"gateway.degradation.max_tokens_cap: the cap of level 1 must be positive "
+                             f"(got {d.max_tokens_cap})")
+        if d.window_s <= 0:
+            raise ValueError(f"gateway.degradation.window_s must be positive (got {d.window_s})")
+        if d.enter_dwell_s < d.window_s:
             # one extreme sample (a burst of preemptions or failures) holds a
             # window's value up for one whole window: only a dwell at least that
             # long tells a spike from sustained overload
-            raise ValueError(f"gateway.degrade_enter_dwell_s ({config.degrade_enter_dwell_s} s) must be at least "
-                             f"gateway.degrade_window_s ({config.degrade_window_s} s), or a single spike could "
+            raise ValueError(f"gateway.degradation.enter_dwell_s ({d.enter_dwell_s} s) must be at least "
+                             f"gateway.degradation.window_s ({d.window_s} s), or a single spike could "
                              f"raise the degradation level")
         self.config = config
         self._clock = clock
-        self.signals = Signals(config.degrade_window_s, config.metrics_stale_s)
-        self.controller = Controller(thresholds_of(config), max_level, config.degrade_enter_dwell_s,
-                                     config.degrade_exit_dwell_s, clock())
+        self.signals = Signals(d.window_s, config.fleet.metrics_stale_s)
+        self.controller = Controller(thresholds_of(config), max_level, d.enter_dwell_s, d.exit_dwell_s, clock())
         self.roles = TierRoles.of(config.tiers)
         self.values: SignalValues = dict.fromkeys(SIGNALS)
         self._thresholds = {t.signal: t for t in self.controller.thresholds}
@@ -68,7 +68,7 @@ class Degradation:
         fleet.load_listeners.append(self.on_load)
         fleet.outcome_listeners.append(self.signals.outcome)
         fleet.model_for = self.model_for
-        if not self.config.discovery_dns and not any(r.config.metrics_url for r in fleet.replicas):
+        if not self.config.fleet.discovery_dns and not any(r.config.metrics_url for r in fleet.replicas):
             log.warning("degradation is on but no replica's metrics are scraped (no metrics_url): "
                         "without scrape rounds it is never evaluated and stays at level 0")
 
@@ -116,7 +116,7 @@ class Degradation:
         if level < CAP_MAX_TOKENS:
             return caller
         one_piece = level >= ONE_PIECE and caller.tier_name in self.roles.one_piece
-        return replace(caller, tier=capped(caller.tier, self.config.degrade_max_tokens),
+        return replace(caller, tier=capped(caller.tier, self.config.degradation.max_tokens_cap),
                        one_piece=one_piece or caller.one_piece)
 
     def refusal(self, caller: Caller) -> GatewayError | None:
@@ -131,7 +131,7 @@ class Degradation:
 
     def model_for(self, model: str) -> str:
         if self.controller.level >= FALLBACK_MODEL:
-            return self.config.degrade_fallback_model
+            return self.config.degradation.fallback_model
         return model
 
     def describe(self) -> dict[str, Any]:
@@ -144,11 +144,11 @@ class Degradation:
                 "window_s": self.signals.window_s, "enter_dwell_s": controller.enter_dwell_s,
                 "exit_dwell_s": controller.exit_dwell_s,
                 "shed_tiers": sorted(self.roles.shed), "one_piece_tiers": sorted(self.roles.one_piece),
-                "fallback_model": self.config.degrade_fallback_model or None}
+                "fallback_model": self.config.degradation.fallback_model or None}
 
 
 def build_degradation(config: GatewayConfig, clock: Callable[[], float] = time.monotonic) -> Degradation | None:
-    """The deployment's controller; None when `degrade_max_level` is 0 (off)."""
+    """The deployment's controller; None when `gateway.degradation.max_level` is 0 (off)."""
     if effective_max_level(config) == 0:
         return None
     return Degradation(config, clock)

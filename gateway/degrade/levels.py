@@ -1,13 +1,13 @@
 """What each degradation level does, and to whom. Levels are cumulative
 (level 3 also caps and sheds):
 
-1. every tier's `max_tokens` capped at `degrade_max_tokens`;
+1. every tier's `max_tokens` capped at `gateway.degradation.max_tokens_cap`;
 2. the lowest tier (the lowest `priority`) refused at admission: 429;
 3. the lowest tier still served answered in one piece: a streamed request
    gets one content event with the whole text (the engine request is sent
    with `stream: false`, so the engine and the text stages send one response
    instead of one per step);
-4. every engine request sent to `degrade_fallback_model`.
+4. every engine request sent to `gateway.degradation.fallback_model`.
 
 Which tiers are "lowest" is fixed from the settings once: the tiers sharing
 the lowest priority. When every tier shares it there is nobody to shed
@@ -26,11 +26,11 @@ LEVELS = (0, CAP_MAX_TOKENS, SHED_LOWEST_TIER, ONE_PIECE, FALLBACK_MODEL)
 
 def effective_max_level(config: GatewayConfig) -> int:
     """The highest level this deployment can reach: 4 needs a fallback model."""
-    if config.degrade_max_level not in LEVELS:
-        raise ValueError(f"gateway.degrade_max_level: one of {', '.join(map(str, LEVELS))} "
-                         f"(got {config.degrade_max_level})")
-    ceiling = FALLBACK_MODEL if config.degrade_fallback_model else ONE_PIECE
-    return min(config.degrade_max_level, ceiling)
+    if config.degradation.max_level not in LEVELS:
+        raise ValueError(f"gateway.degradation.max_level: one of {', '.join(map(str, LEVELS))} "
+                         f"(got {config.degradation.max_level})")
+    ceiling = FALLBACK_MODEL if config.degradation.fallback_model else ONE_PIECE
+    return min(config.degradation.max_level, ceiling)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Replicas from DNS: in a cluster the gateway follows a headless service
-(`gateway.discovery_dns = "triton.llm.svc.cluster.local:8001"`), whose name
+(`gateway.fleet.discovery_dns = "triton.llm.svc.cluster.local:8001"`), whose name
 resolves to one address per ready pod. Every `discovery_interval_s` the name
 is resolved again: a new address is a new replica (probed before it gets
 callers, like any other), a vanished one is retired (it finishes its
@@ -34,7 +34,7 @@ async def resolve(host: str, port: int) -> list[str]:
 def parse_target(target: str) -> tuple[str, int]:
     host, sep, port = target.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"gateway.discovery_dns: expected host:grpc_port, got {target!r}")
+        raise ValueError(f"gateway.fleet.discovery_dns: expected host:grpc_port, got {target!r}")
     return host.strip("[]"), int(port)
 
 
@@ -46,14 +46,14 @@ class Discovery:
     def __init__(self, fleet: Fleet, config: GatewayConfig, resolver: Resolver = resolve) -> None:
         self.fleet = fleet
         self.config = config
-        self.host, self.port = parse_target(config.discovery_dns)
+        self.host, self.port = parse_target(config.fleet.discovery_dns)
         self.resolver = resolver
         self.resolved = asyncio.Event()       # set after the first lookup, whatever it found
         self._names: set[str] = set()
 
     def replica_config(self, address: str) -> ReplicaConfig:
         return ReplicaConfig(grpc_url=f"{_host(address)}:{self.port}",
-                             metrics_url=f"http://{_host(address)}:{self.config.discovery_metrics_port}/metrics")
+                             metrics_url=f"http://{_host(address)}:{self.config.fleet.discovery_metrics_port}/metrics")
 
     async def refresh(self) -> None:
         try:
@@ -84,6 +84,6 @@ class Discovery:
             except Exception:
                 log.exception("replica discovery failed; trying again")
             try:
-                await asyncio.wait_for(stopping.wait(), self.config.discovery_interval_s)
+                await asyncio.wait_for(stopping.wait(), self.config.fleet.discovery_interval_s)
             except TimeoutError:
                 pass

@@ -65,8 +65,9 @@ def prompt_text(text_input: str, options: GenerationOptions) -> str:
 
 class Fleet:
     def __init__(self, config: GatewayConfig, replicas: list[Replica], golden: GoldenAnswer | None = None) -> None:
-        if not replicas and not config.discovery_dns:
-            raise ValueError("a fleet needs at least one replica (gateway.replicas or gateway.discovery_dns)")
+        if not replicas and not config.fleet.discovery_dns:
+            raise ValueError("a fleet needs at least one replica "
+                             "(gateway.fleet.replicas or gateway.fleet.discovery_dns)")
         self.config = config
         self.replicas = replicas
         self.by_name = {r.name: r for r in replicas}
@@ -88,17 +89,17 @@ class Fleet:
         self._first_verdicts: asyncio.Event | None = None
         self._routing_unproven = False     # the first-probe wait gave up
         self._stopping: asyncio.Event | None = None
-        self.discovery = Discovery(self, config) if config.discovery_dns else None
+        self.discovery = Discovery(self, config) if config.fleet.discovery_dns else None
         self._publish()
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> Fleet:
-        specs = config.replicas or ({} if config.discovery_dns else
-                                    {"default": ReplicaConfig(grpc_url=config.upstream_grpc_url)})
+        specs = config.fleet.replicas or ({} if config.fleet.discovery_dns else
+                                          {"default": ReplicaConfig(grpc_url=config.fleet.upstream_grpc_url)})
         golden = None
-        if config.probe_golden_file:
+        if config.fleet.probe_golden_file:
             from serving.probe_golden import load_golden  # late: the gateway reads only the file
-            golden = load_golden(config.probe_golden_file)
+            golden = load_golden(config.fleet.probe_golden_file)
         return cls(config, [Replica.build(name, spec, config) for name, spec in specs.items()], golden)
 
     # the Upstream interface (what Generation calls)
@@ -128,7 +129,7 @@ class Fleet:
                               session=context.fields.get("user") if context is not None else None)
         tried: set[str] = set(exclude)
         last_error: GatewayError | None = None
-        for attempt in range(max(1, self.config.failover_attempts)):
+        for attempt in range(max(1, self.config.fleet.failover_attempts)):
             pool, spilled = pool_for(request.tier, self.routable(), self.replicas, self.config, time.monotonic())
             candidates = [r for r in pool if r.name not in tried]
             if not candidates:
@@ -173,16 +174,16 @@ class Fleet:
         first lookup."""
         if self.discovery is not None and not self.discovery.resolved.is_set():
             try:
-                await asyncio.wait_for(self.discovery.resolved.wait(), self.config.probe_timeout_s)
+                await asyncio.wait_for(self.discovery.resolved.wait(), self.config.fleet.probe_timeout_s)
             except TimeoutError:
                 pass
         if self.golden is None or self._first_verdicts is None or self._first_verdicts.is_set():
             return
         try:
-            await asyncio.wait_for(self._first_verdicts.wait(), self.config.probe_timeout_s)
+            await asyncio.wait_for(self._first_verdicts.wait(), self.config.fleet.probe_timeout_s)
         except TimeoutError:
             log.warning("no replica answered its first probe within %.0f s; routing anyway",
-                        self.config.probe_timeout_s)
+                        self.config.fleet.probe_timeout_s)
             self._first_verdicts.set()
             self._routing_unproven = True
             self._publish()
@@ -201,7 +202,8 @@ class Fleet:
             self._stopping.set()
         pending: set[asyncio.Task[None]] = set()
         if self._tasks:
-            _, pending = await asyncio.wait(self._tasks, timeout=min(self.config.probe_timeout_s, _PROBE_FINISH_S))
+            _, pending = await asyncio.wait(self._tasks,
+                                            timeout=min(self.config.fleet.probe_timeout_s, _PROBE_FINISH_S))
         for task in pending:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -226,7 +228,7 @@ class Fleet:
         if replica.health.failed(reason, self.may_eject(replica), decisive):
             EJECTIONS.labels(replica=replica.name, reason=reason).inc()
             log.warning("replica %s ejected (%s); back in after %d good probes, not before %.0f s",
-                        replica.name, reason, self.config.readmit_after_successes,
+                        replica.name, reason, self.config.fleet.readmit_after_successes,
                         replica.health.ejected_until - time.monotonic())
             self._publish()
 
@@ -322,7 +324,7 @@ class Fleet:
         self._ensure_loops()
 
     async def _scrape_loop(self) -> None:
-        interval = self.config.metrics_interval_s
+        interval = self.config.fleet.metrics_interval_s
         async with httpx.AsyncClient(timeout=max(0.5, min(2.0, interval * 2))) as http:
             # ends with the fleet (aclose waits for its loops: a scrape loop that
             # never ended held every gateway's shutdown for 5 s)
@@ -356,7 +358,7 @@ class Fleet:
             good = await self._probe(replica)
             # a failure is confirmed (or cleared) sooner: a hung replica is out
             # in about two half-intervals after its first miss
-            pause = self.config.probe_interval_s / (1 if good else 2)
+            pause = self.config.fleet.probe_interval_s / (1 if good else 2)
             if stopping is None:
                 await asyncio.sleep(pause)
                 continue
@@ -366,10 +368,10 @@ class Fleet:
                 pass
 
     async def _probe(self, replica: Replica) -> bool:
-        ready_timeout = max(0.5, min(2.0, self.config.probe_interval_s / 2))
+        ready_timeout = max(0.5, min(2.0, self.config.fleet.probe_interval_s / 2))
         try:
             outcome = await probe_once(replica.upstream.client, self.golden, ready_timeout_s=ready_timeout,
-                                       answer_timeout_s=self.config.probe_timeout_s)
+                                       answer_timeout_s=self.config.fleet.probe_timeout_s)
         except Exception:
             log.exception("probing replica %s failed unexpectedly", replica.name)
             outcome = "error"
@@ -385,6 +387,7 @@ class Fleet:
 
 def build_fleet(config: GatewayConfig, upstream: Any = None) -> Fleet:
     """The deployment's fleet; `upstream` (tests) stands in for a single replica's."""
-    if upstream is not None and not config.replicas:
-        return Fleet(config, [Replica.build("default", ReplicaConfig(config.upstream_grpc_url), config, upstream)])
+    if upstream is not None and not config.fleet.replicas:
+        return Fleet(config, [Replica.build("default", ReplicaConfig(config.fleet.upstream_grpc_url), config,
+                                            upstream)])
     return Fleet.from_config(config)

@@ -22,7 +22,7 @@ def check_pools(config: GatewayConfig, replicas: list[Replica]) -> None:
     for replica in replicas:
         unknown = [t for t in replica.config.dedicated_to if t not in config.tiers]
         if unknown:
-            raise ValueError(f"gateway.replicas.{replica.name}.dedicated_to: no tier named {', '.join(unknown)} "
+            raise ValueError(f"gateway.fleet.replicas.{replica.name}.dedicated_to: no tier named {', '.join(unknown)} "
                              f"(tiers: {', '.join(config.tiers)})")
 
 
@@ -42,7 +42,7 @@ def pool_for(tier: str | None, routable: list[Replica], replicas: list[Replica],
         return own, False
     if not own:
         return shared, True
-    if rule == "when_busy" and all(_busy(r, config.metrics_stale_s, now) for r in own):
+    if rule == "when_busy" and all(_busy(r, config.fleet.metrics_stale_s, now) for r in own):
         return own + shared, True
     return own, False
 

@@ -24,9 +24,13 @@ OK, OVERLOADED, WRONG_ANSWER = "ok", "overloaded", "wrong_answer"
 
 
 class GoldenAnswer(Protocol):
-    prompt: str
-    max_tokens: int
-    output_ids: list[int] | tuple[int, ...]
+    # read-only members, so a frozen dataclass (serving/probe_golden.py's Golden) is one
+    @property
+    def prompt(self) -> str: ...
+    @property
+    def max_tokens(self) -> int: ...
+    @property
+    def output_ids(self) -> list[int] | tuple[int, ...]: ...
 
 
 async def probe_once(client: object, golden: GoldenAnswer | None, *, ready_timeout_s: float,

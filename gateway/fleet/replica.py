@@ -29,7 +29,8 @@ class Replica:
     def build(cls, name: str, config: ReplicaConfig, gateway: GatewayConfig,
               upstream: Upstream | None = None) -> Replica:
         return cls(name, config, upstream or Upstream(config.grpc_url),
-                   Health(gateway.eject_after_failures, gateway.readmit_after_successes, gateway.eject_backoff_s))
+                   Health(gateway.fleet.eject_after_failures, gateway.fleet.readmit_after_successes,
+                          gateway.fleet.eject_backoff_s))
 
     @property
     def routable(self) -> bool:

@@ -66,7 +66,7 @@ class RoutedStream:
         config = self._fleet.config
         while self._inner is not None:
             try:
-                async for event in self._inner.rest(config.stall_timeout_s):
+                async for event in self._inner.rest(config.fleet.stall_timeout_s):
                     self.generated.extend(event.output_ids)
                     yield event
             except UpstreamFailure as failure:
@@ -90,7 +90,7 @@ class RoutedStream:
         """Continue on another replica; its first event, or None when the
         stream cannot move (the caller then gets the error event)."""
         config, request = self._fleet.config, self._request
-        if not request.streaming or self.migrations >= config.migrate_attempts or self._inner is None:
+        if not request.streaming or self.migrations >= config.fleet.migrate_attempts or self._inner is None:
             MIGRATIONS.labels(reason=reason, outcome="failed").inc()
             return None
         old, old_replica = self._inner, self.replica

@@ -39,11 +39,11 @@ class Decision:
 
 class Router:
     def __init__(self, config: GatewayConfig, rng: random.Random | None = None) -> None:
-        if config.routing_policy not in ROUTING_POLICIES:
-            raise ValueError(f"gateway.routing_policy: one of {', '.join(ROUTING_POLICIES)} "
-                             f"(got {config.routing_policy!r})")
+        if config.fleet.routing_policy not in ROUTING_POLICIES:
+            raise ValueError(f"gateway.fleet.routing_policy: one of {', '.join(ROUTING_POLICIES)} "
+                             f"(got {config.fleet.routing_policy!r})")
         self.config = config
-        self.policy = config.routing_policy
+        self.policy = config.fleet.routing_policy
         self._turn = itertools.count()
         self._rng = rng or random.Random()
         self._sessions: OrderedDict[str, str] = OrderedDict()
@@ -72,17 +72,17 @@ class Router:
         session_home = self._sessions.get(request.session) if request.session else None
         best: tuple[float, float, Decision] | None = None
         for replica in candidates:
-            fresh = not replica.load.stale(config.metrics_stale_s, now)
+            fresh = not replica.load.stale(config.fleet.metrics_stale_s, now)
             queue = (1.0 - replica.busy() / most_busy if most_busy > 0 else 1.0) if fresh else 0.0
             kv = (1.0 - min(replica.load.kv_utilisation, 1.0)) if fresh else 0.0
-            score = config.weight_queue * queue + config.weight_kv_cache * kv
+            score = config.fleet.weight_queue * queue + config.fleet.weight_kv_cache * kv
             matched, reason = 0, "load"
             if self.policy == "prefix_aware":
                 matched = replica.prefix.matched(hashes)
                 if hashes:
-                    score += config.weight_prefix * matched / len(hashes)
+                    score += config.fleet.weight_prefix * matched / len(hashes)
                 if session_home == replica.name:
-                    score += config.weight_session
+                    score += config.fleet.weight_session
                 reason = "prefix" if matched else ("session" if session_home == replica.name else "load")
             # ties: fewer in flight, then chance (not always the first replica)
             key = (score, -replica.in_flight + self._rng.random() * 1e-3)

@@ -2,7 +2,7 @@
 the request models the validators are (schemas.py, responses_schema.py), plus
 what only this deployment knows or FastAPI cannot tell from the routes:
 
-- `n` up to `gateway.max_n`, and on completions n × number of prompts ≤ max_n
+- `n` up to `gateway.limits.max_n`, and on completions n × number of prompts ≤ max_n
   with `best_of` equal to n: the same setting `translate.check_n` refuses
   with, said as an `anyOf` over the allowed `n` (JSON Schema has no product);
 - the seed's exact bound (2**64 - 1: FastAPI's document model rounds it to a float);

@@ -8,7 +8,7 @@ N, then the live ones: the `openai` SDK's own resume,
 A streamed or background response is a resumable stream (gateway/streams/)
 whose id is the response id, so `GET /v1/streams/{id}` with `Last-Event-ID:
 N+1` reads the same events. A background response runs to its end whether or
-not anyone reads, and stays readable for `gateway.response_retention_s`; a
+not anyone reads, and stays readable for `gateway.streams.response_retention_s`; a
 plain streamed one has the tier's grace period, like the chat streams."""
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ async def _run(request: Request, caller: Caller, body: _Sampling, fmt: Format, p
     request_id = context.request_id if context else logs.new_request_id()
     check_model(request, caller, body.model)
     config = request.app.state.config
-    upstream_requests = upstream_of(body, caller.tier, config.max_n, request_id)
+    upstream_requests = upstream_of(body, caller.tier, config.limits.max_n, request_id)
     if context is not None:
         context.fields.update(model=body.model, stream=bool(body.stream), n=len(upstream_requests),
                               user=logs.hashed(body.user or getattr(body, "safety_identifier", None)),

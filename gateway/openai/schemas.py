@@ -122,10 +122,10 @@ class _Sampling(_Strict):
     max_tokens: Tokens | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: positive_fp32(1) | None = None
-    # the deployment's bound (gateway.max_n) is added to the published schema
+    # the deployment's bound (gateway.limits.max_n) is added to the published schema
     # by gateway/openai/openapi.py and checked by translate.check_n
     n: int | None = Field(default=None, ge=1, le=INT32_MAX,
-                          description="at most `gateway.max_n`; on completions n × number of prompts too")
+                          description="at most `gateway.limits.max_n`; on completions n × number of prompts too")
     seed: int | None = Field(default=None, ge=0, le=SEED_MAX)
     stop: Annotated[NonEmpty | Annotated[list[NonEmpty], Field(max_length=MAX_STOP_SEQUENCES)] | None,
                     refused(_stop_refusal)] = None
@@ -223,7 +223,7 @@ def _prompt_refusal(value: Any) -> str | None:
 class CompletionRequest(_Sampling):
     # token-id prompts are refused: the public models take text
     prompt: Annotated[NonEmpty | Annotated[list[NonEmpty], Field(min_length=1)], refused(_prompt_refusal)] = \
-        Field(description="at most `gateway.max_n` prompts, n × prompts too")
+        Field(description="at most `gateway.limits.max_n` prompts, n × prompts too")
     logprobs: Annotated[Annotated[int, Field(ge=0, le=0)] | None, refused(
         lambda v: unsupported("logprobs > 0", " (only the chosen tokens' log-probs: logprobs=0)")
         if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None)] = None

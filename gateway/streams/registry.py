@@ -44,9 +44,9 @@ class StreamRegistry:
         """Start `produce` as a stream of `caller`'s, with one reader attached
         (the request that opened it; it detaches when its response ends). A
         background stream runs to its end without readers and stays readable
-        for `gateway.response_retention_s`."""
+        for `gateway.streams.response_retention_s`."""
         session = StreamSession(stream_id or new_stream_id(), caller.key_id, caller.tier.stream_grace_s,
-                                self.config.stream_buffer_bytes, error_event)
+                                self.config.streams.buffer_bytes, error_event)
         session.background, session.summary = background, summary
         self._sessions[session.stream_id] = session
         session.readers = 1
@@ -129,7 +129,7 @@ class StreamRegistry:
 
     def _retention_s(self, session: StreamSession) -> float:
         """How long a stream stays readable after its end."""
-        return self.config.response_retention_s if session.background else max(session.grace_s, 1.0)
+        return self.config.streams.response_retention_s if session.background else max(session.grace_s, 1.0)
 
     def _spawn(self, work: object) -> None:
         task = asyncio.ensure_future(work)     # type: ignore[arg-type]

@@ -57,7 +57,7 @@ async def serve_resumable(request: Request, caller: Caller, produce: Producer, *
     releases the admission however it ends (completed, expired, deleted)."""
     registry = registry_of(request)
     session = registry.open(caller, produce, error_event, stream_id, background=background, summary=summary)
-    keepalive_s = registry.config.keepalive_interval_s
+    keepalive_s = registry.config.streams.keepalive_interval_s
     try:
         await unless_hung_up(session.wait_first(keepalive_s), request.receive)
     except HungUp:
@@ -138,7 +138,7 @@ async def resume(request: Request, caller: Caller, stream_id: str, after: int | 
     registry = registry_of(request)
     if after is None:
         after = parse_last_event_id(request.headers.get("last-event-id"))
-    keepalive_s = registry.config.keepalive_interval_s
+    keepalive_s = registry.config.streams.keepalive_interval_s
     headers = {**SSE_HEADERS, STREAM_ID_HEADER: stream_id}
     session = registry.find(stream_id, caller)
     if session is not None:

@@ -160,7 +160,7 @@ class GrpcDoor:
     def __init__(self, config: GatewayConfig, policy: Policy, upstream: Upstream,
                  drain: DrainState | None = None) -> None:
         self.address = _address(config.host, config.public_grpc_port)
-        self.max_message_bytes = config.max_body_bytes
+        self.max_message_bytes = config.limits.max_body_bytes
         self.servicer = TritonDoor(policy, upstream, drain)
         self.server: grpc.aio.Server | None = None
         self.port = 0

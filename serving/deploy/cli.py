@@ -9,7 +9,7 @@ from pathlib import Path
 from ..paths import BUILD_DIR
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:      # type: ignore[type-arg]
+def add_commands(sub: argparse._SubParsersAction) -> None:
     render = sub.add_parser("render-k8s", help="render the Kubernetes manifests from the settings (cpu or gpu profile)")
     render.add_argument("--profile", choices=("cpu", "gpu"), default="cpu")
     render.add_argument("--out", help="the folder to write (default <build>/k8s/<profile>)")

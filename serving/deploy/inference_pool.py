@@ -23,9 +23,9 @@ def sidecar(settings: DeploymentSettings, profile: K8sProfile, names: Names,
     p = ports(settings)
     local = {"local": {"grpc_url": f"127.0.0.1:{p['grpc']}", "metrics_url": f"http://127.0.0.1:{p['metrics']}/metrics"}}
     # its ops port stays on the pod's loopback: Triton's NetworkPolicy admits no one to it
-    overrides = {"LLM__GATEWAY__DISCOVERY_DNS": "", "LLM__GATEWAY__PUBLIC_GRPC_PORT": "0",
+    overrides = {"LLM__GATEWAY__FLEET__DISCOVERY_DNS": "", "LLM__GATEWAY__PUBLIC_GRPC_PORT": "0",
                  "LLM__GATEWAY__OPS_HOST": "127.0.0.1",
-                 "LLM__GATEWAY__REPLICAS": json.dumps(local, separators=(",", ":"))}
+                 "LLM__GATEWAY__FLEET__REPLICAS": json.dumps(local, separators=(",", ":"))}
     container = gateway_container(settings.replace(**{"gateway.public_grpc_port": 0, "gateway.ops_host": "127.0.0.1"}),
                                   profile, names, name="openai", overrides=overrides, golden=golden)
     return container, gateway_volumes(names, golden)

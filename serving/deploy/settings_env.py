@@ -1,6 +1,7 @@
 """The deployment settings as the containers read them: `LLM__SECTION__FIELD`
-environment variables (serving/settings.py's own format), one ConfigMap that
-every Triton and gateway container loads. Only values that differ from a
+(`LLM__SECTION__GROUP__FIELD` in a group) environment variables
+(serving/settings.py's own format), one ConfigMap that every Triton and
+gateway container loads. Only values that differ from a
 field's default are written (plus `engine.model_dir`, which has none), so the
 manifests show what this deployment changed; `DeploymentSettings.load` on the
 result gives back the same settings (tests/unit/deploy checks the round trip).
@@ -18,7 +19,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from ..default_model import DEFAULT_MODEL_NAME
-from ..settings import ENV_PREFIX, SECTIONS, DeploymentSettings
+from ..settings import ENV_PREFIX, SECTIONS, DeploymentSettings, field_types, is_group
 from .names import Names
 from .profile import BUILD_DIR, CACHE_DIR, K8sProfile
 
@@ -48,7 +49,8 @@ def _text(value: Any) -> str:
 
 
 def settings_env(settings: DeploymentSettings) -> dict[str, str]:
-    """LLM__SECTION__FIELD -> value for every field that differs from its default."""
+    """LLM__SECTION__FIELD (LLM__SECTION__GROUP__FIELD in a group) -> value for
+    every field that differs from its default."""
     env: dict[str, str] = {}
     for section in SECTIONS:
         current = _dump(getattr(settings, section))
@@ -56,15 +58,27 @@ def settings_env(settings: DeploymentSettings) -> dict[str, str]:
             default = _dump(type(settings.engine)(model_dir=settings.engine.model_dir))
         else:
             default = _dump(SECTIONS[section]())
-        for name, value in current.items():
-            if (value != default[name] or (section, name) == ("engine", "model_dir")) and value is not None:
-                env[f"{ENV_PREFIX}{section.upper()}__{name.upper()}"] = _text(value)
+        defaults = dict(_leaves(SECTIONS[section], default, (section,)))
+        for path, value in _leaves(SECTIONS[section], current, (section,)):
+            if (value != defaults[path] or path == ("engine", "model_dir")) and value is not None:
+                env[ENV_PREFIX + "__".join(p.upper() for p in path)] = _text(value)
     return env
+
+
+def _leaves(kind: Any, dumped: dict[str, Any], path: tuple[str, ...]) -> list[tuple[tuple[str, ...], Any]]:
+    """Each setting's path and value, a group's settings one by one."""
+    leaves: list[tuple[tuple[str, ...], Any]] = []
+    for name, hint in field_types(kind).items():
+        if is_group(hint):
+            leaves += _leaves(hint, dumped[name], (*path, name))
+        else:
+            leaves.append(((*path, name), dumped[name]))
+    return leaves
 
 
 def grpc_port(settings: DeploymentSettings) -> int:
     """Triton's gRPC port: the one the gateway's discovery name carries."""
-    _, _, port = settings.gateway.discovery_dns.rpartition(":")
+    _, _, port = settings.gateway.fleet.discovery_dns.rpartition(":")
     return int(port) if port.isdigit() else DEFAULT_GRPC_PORT
 
 
@@ -74,8 +88,9 @@ def for_cluster(settings: DeploymentSettings, profile: K8sProfile, names: Names,
     g, e = settings.gateway, settings.engine
     defaults = SECTIONS["gateway"]()
     changes: dict[str, Any] = {}
-    if not g.discovery_dns:
-        changes["gateway.discovery_dns"] = f"{names.triton}.{profile.namespace}.svc.cluster.local:{DEFAULT_GRPC_PORT}"
+    if not g.fleet.discovery_dns:
+        changes["gateway.fleet.discovery_dns"] = (f"{names.triton}.{profile.namespace}.svc.cluster.local:"
+                                                  f"{DEFAULT_GRPC_PORT}")
     if not g.redis_url and profile.redis:
         changes["gateway.redis_url"] = f"redis://{names.redis}.{profile.namespace}.svc.cluster.local:{REDIS_PORT}/0"
     if not g.keys_file:
@@ -83,9 +98,9 @@ def for_cluster(settings: DeploymentSettings, profile: K8sProfile, names: Names,
     if not g.admin_key_file:
         changes["gateway.admin_key_file"] = ADMIN_KEY_FILE
     if golden_mounted:
-        changes["gateway.probe_golden_file"] = GOLDEN_MOUNT
-    elif not g.probe_golden_file and e.model_dir == DEFAULT_MODEL_DIR:
-        changes["gateway.probe_golden_file"] = IMAGE_GOLDEN
+        changes["gateway.fleet.probe_golden_file"] = GOLDEN_MOUNT
+    elif not g.fleet.probe_golden_file and e.model_dir == DEFAULT_MODEL_DIR:
+        changes["gateway.fleet.probe_golden_file"] = IMAGE_GOLDEN
     if g.ops_port and g.ops_host == defaults.ops_host:
         # the pod IP, for Prometheus; the public Service keeps to the API ports (gateway.py)
         changes["gateway.ops_host"] = OPS_HOST_IN_POD

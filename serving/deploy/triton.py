@@ -24,13 +24,14 @@ TRITON_STOP_S = 30
 
 
 def ports(settings: DeploymentSettings) -> dict[str, int]:
-    return {"http": TRITON_HTTP_PORT, "grpc": grpc_port(settings), "metrics": settings.gateway.discovery_metrics_port}
+    return {"http": TRITON_HTTP_PORT, "grpc": grpc_port(settings),
+            "metrics": settings.gateway.fleet.discovery_metrics_port}
 
 
 def drain_delay_s(settings: DeploymentSettings) -> int:
     """How long a stopping pod keeps answering new requests: until every gateway has
     re-resolved the name without it (its discovery interval, after the DNS cache)."""
-    return math.ceil(settings.gateway.discovery_interval_s) + DNS_TTL_S
+    return math.ceil(settings.gateway.fleet.discovery_interval_s) + DNS_TTL_S
 
 
 def termination_grace_s(settings: DeploymentSettings) -> int:
@@ -72,7 +73,7 @@ def _resources(profile: K8sProfile) -> dict[str, Any]:
 
 def triton_container(settings: DeploymentSettings, profile: K8sProfile, names: Names) -> dict[str, Any]:
     p = ports(settings)
-    probe_timeout = math.ceil(settings.gateway.probe_timeout_s)
+    probe_timeout = math.ceil(settings.gateway.fleet.probe_timeout_s)
     return {
         "name": "triton", "image": profile.image, "imagePullPolicy": profile.image_pull_policy,
         "args": ["triton"],

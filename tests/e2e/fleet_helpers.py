@@ -21,9 +21,10 @@ from gateway.process import GatewayProcess
 from serving.launcher import TritonServer, free_local_ports
 from tests.e2e.triton_calls import scrape_metrics
 
-FLEET_SETTINGS = ["gateway.probe_interval_s=1", "gateway.probe_timeout_s=15", "gateway.eject_after_failures=2",
-                  "gateway.readmit_after_successes=2", "gateway.eject_backoff_s=2", "gateway.metrics_interval_s=0.25",
-                  "gateway.metrics_stale_s=1.5", "gateway.public_grpc_port=0", "gateway.drain_timeout_s=60"]
+FLEET_SETTINGS = ["gateway.fleet.probe_interval_s=1", "gateway.fleet.probe_timeout_s=15",
+                  "gateway.fleet.eject_after_failures=2", "gateway.fleet.readmit_after_successes=2",
+                  "gateway.fleet.eject_backoff_s=2", "gateway.fleet.metrics_interval_s=0.25",
+                  "gateway.fleet.metrics_stale_s=1.5", "gateway.public_grpc_port=0", "gateway.drain_timeout_s=60"]
 
 
 @dataclass
@@ -92,7 +93,7 @@ def start_fleet_gateway(replicas: dict[str, TritonServer], work: Path, golden: P
     admin_key_file.write_text("fleet-admin-key-for-tests-0123456789")
     spec = {name: {"grpc_url": server.grpc_url, "metrics_url": server.metrics_url} for name, server in replicas.items()}
     process = GatewayProcess([f"gateway.port={port}", "gateway.host=127.0.0.1", f"gateway.keys_file={store.path}",
-                              f"gateway.replicas={json.dumps(spec)}", f"gateway.probe_golden_file={golden}",
+                              f"gateway.fleet.replicas={json.dumps(spec)}", f"gateway.fleet.probe_golden_file={golden}",
                               f"gateway.admin_key_file={admin_key_file}", *FLEET_SETTINGS, *extra],
                              log_path=work / "gateway.log", port=port)
     process.start()

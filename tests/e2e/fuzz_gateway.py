@@ -38,7 +38,7 @@ def fuzz_gateway_process(triton_server: TritonServer, work: Path, *, tokens_cap:
         raise RuntimeError(f"gateway keys create failed: {created.stderr}")
     port, = free_local_ports(1)
     process = GatewayProcess([f"gateway.port={port}", "gateway.host=127.0.0.1",
-                              f"gateway.upstream_grpc_url={triton_server.grpc_url}", f"gateway.keys_file={keys}",
+                              f"gateway.fleet.upstream_grpc_url={triton_server.grpc_url}", f"gateway.keys_file={keys}",
                               "gateway.public_grpc_port=0"],
                              log_path=work / "gateway.log", port=port, settings_file=str(settings))
     process.start()

@@ -214,7 +214,7 @@ def draw_body(rng: random.Random, route: str) -> Body:
         body[Raw(b'"' + raw + b'"')] = rng.choice([1, "x"])
         return Body(_encode(body), "bad_key", _shown_key(raw), has_bad_bytes=True)
     if roll < 0.25 and route == "/v1/completions":
-        body.update(prompt=["a", "b", "c"], n=2)        # n × prompts over gateway.max_n (4)
+        body.update(prompt=["a", "b", "c"], n=2)        # n × prompts over gateway.limits.max_n (4)
         return Body(_encode(body), "cross_field", "n")
     if roll < 0.27:
         extra = {"/v1/responses": {"stream": False, "background": True, "store": False}}.get(

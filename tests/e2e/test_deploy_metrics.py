@@ -60,9 +60,9 @@ def gateway(triton_server: TritonServer, model_dir: Path, tmp_path_factory: pyte
         "LLM__GATEWAY__HOST": "127.0.0.1", "LLM__GATEWAY__PORT": str(port), "LLM__GATEWAY__PUBLIC_GRPC_PORT": "0",
         "LLM__GATEWAY__OPS_PORT": str(ops_port),        # /metrics: the ops port, as Prometheus scrapes it
         # found by name, as compose and Kubernetes find the replicas
-        "LLM__GATEWAY__DISCOVERY_DNS": f"127.0.0.1:{triton_server.options.grpc_port}",
-        "LLM__GATEWAY__DISCOVERY_METRICS_PORT": str(triton_server.options.metrics_port),
-        "LLM__GATEWAY__PROBE_GOLDEN_FILE": str(golden), "LLM__GATEWAY__PROBE_INTERVAL_S": "1",
+        "LLM__GATEWAY__FLEET__DISCOVERY_DNS": f"127.0.0.1:{triton_server.options.grpc_port}",
+        "LLM__GATEWAY__FLEET__DISCOVERY_METRICS_PORT": str(triton_server.options.metrics_port),
+        "LLM__GATEWAY__FLEET__PROBE_GOLDEN_FILE": str(golden), "LLM__GATEWAY__FLEET__PROBE_INTERVAL_S": "1",
         "LLM__GATEWAY__KEYS_FILE": str(keys.path), "LLM__GATEWAY__ADMIN_KEY_FILE": str(work / "admin_key"),
         "PYTHONUNBUFFERED": "1"})
     log = work / "gateway.log"

@@ -63,12 +63,12 @@ def gateway(single_sequence: TritonServer, tmp_path_factory: pytest.TempPathFact
     paid, free = store.create("paid", label="load").key, store.create("free", label="shed").key
     replicas = {"one": {"grpc_url": single_sequence.grpc_url, "metrics_url": single_sequence.metrics_url}}
     process = GatewayProcess([f"gateway.port={port}", "gateway.host=127.0.0.1", "gateway.public_grpc_port=0",
-                              f"gateway.keys_file={store.path}", f"gateway.replicas={json.dumps(replicas)}",
-                              "gateway.metrics_interval_s=0.25", f"gateway.degrade_window_s={WINDOW_S}",
-                              f"gateway.degrade_enter_dwell_s={ENTER_DWELL_S}",
-                              f"gateway.degrade_exit_dwell_s={EXIT_DWELL_S}",
-                              f"gateway.degrade_queue_time_enter_s={QUEUE_ENTER_S}",
-                              f"gateway.degrade_queue_time_exit_s={QUEUE_EXIT_S}"],
+                              f"gateway.keys_file={store.path}", f"gateway.fleet.replicas={json.dumps(replicas)}",
+                              "gateway.fleet.metrics_interval_s=0.25", f"gateway.degradation.window_s={WINDOW_S}",
+                              f"gateway.degradation.enter_dwell_s={ENTER_DWELL_S}",
+                              f"gateway.degradation.exit_dwell_s={EXIT_DWELL_S}",
+                              f"gateway.degradation.queue_time_enter_s={QUEUE_ENTER_S}",
+                              f"gateway.degradation.queue_time_exit_s={QUEUE_EXIT_S}"],
                              log_path=work / "gateway.log", port=port)
     process.start()
     started = DegradingGateway(process, f"http://127.0.0.1:{port}", paid, free)

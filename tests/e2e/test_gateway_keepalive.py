@@ -48,7 +48,7 @@ def single_sequence(start_triton) -> TritonServer:
 @pytest.fixture(scope="module")
 def gateway(single_sequence: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     started = start_gateway(single_sequence, tmp_path_factory.mktemp("keepalive"),
-                            f"gateway.keepalive_interval_s={KEEPALIVE_S}")
+                            f"gateway.streams.keepalive_interval_s={KEEPALIVE_S}")
     yield started
     assert started.process.stop() == 0
 

@@ -28,14 +28,14 @@ import httpx
 import openai
 import pytest
 
-from gateway.config import GatewayConfig
+from gateway.config import StreamsConfig
 from serving.launcher import TritonServer
 from tests.e2e.fleet_helpers import SIGCONT, SIGSTOP, kill_group, wait_until
 from tests.e2e.test_gateway_openai import Gateway, start_gateway
 
 pytestmark = pytest.mark.e2e
 
-KEEPALIVE_S = GatewayConfig().keepalive_interval_s      # the default: never set below
+KEEPALIVE_S = StreamsConfig().keepalive_interval_s      # the default: never set below
 PAUSE_S = KEEPALIVE_S + 4.0
 # a proxy's read timeout: longer than the interval, shorter than the pause
 READ_TIMEOUT_S = KEEPALIVE_S + 2.5
@@ -59,7 +59,7 @@ def triton(start_triton) -> TritonServer:
 def gateway(triton: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     assert KEEPALIVE_S == 15.0, "the test is about the default interval"
     started = start_gateway(triton, tmp_path_factory.mktemp("keepalive_sdk"),
-                            f"gateway.stall_timeout_s={STALL_TIMEOUT_S}")
+                            f"gateway.fleet.stall_timeout_s={STALL_TIMEOUT_S}")
     yield started
     assert started.process.stop() == 0
 

@@ -38,7 +38,8 @@ PROMPT = "Tell me about the sea"
 @pytest.fixture(scope="module")
 def gateway(replicas, golden, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetGateway]:
     started = start_fleet_gateway(replicas, tmp_path_factory.mktemp("migration"), golden,
-                                  f"gateway.stall_timeout_s={STALL_TIMEOUT_S}", "gateway.routing_policy=least_load")
+                                  f"gateway.fleet.stall_timeout_s={STALL_TIMEOUT_S}",
+                                  "gateway.fleet.routing_policy=least_load")
     yield started
     assert started.process.stop() == 0
 
@@ -118,7 +119,7 @@ def test_a_frozen_replicas_streams_move_and_its_orphans_are_stopped_after_sigcon
 
 def test_free_keys_never_reach_a_paid_replica_and_paid_spills_over_while_it_is_down(replicas, golden,
                                                                                     tmp_path_factory):
-    pools = ('gateway.replicas={"paid0": {"grpc_url": "%s", "metrics_url": "%s", "dedicated_to": ["paid"]}, '  # noqa: UP031 (JSON braces)
+    pools = ('gateway.fleet.replicas={"paid0": {"grpc_url": "%s", "metrics_url": "%s", "dedicated_to": ["paid"]}, '  # noqa: UP031 (JSON braces)
              '"shared": {"grpc_url": "%s", "metrics_url": "%s"}}' % (
                  replicas["r0"].grpc_url, replicas["r0"].metrics_url, replicas["r1"].grpc_url,
                  replicas["r1"].metrics_url))

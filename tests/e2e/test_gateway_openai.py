@@ -48,7 +48,8 @@ def start_gateway(triton: TritonServer, work: Path, *extra: str) -> Gateway:
     key = KeyStore(keys).create("paid", label="e2e").key
     # no gRPC door unless a test asks for one (`extra`, applied last, wins): fleets must not share :9001
     process = GatewayProcess([f"gateway.port={port}", "gateway.host=127.0.0.1", "gateway.public_grpc_port=0",
-                              f"gateway.upstream_grpc_url={triton.grpc_url}", f"gateway.keys_file={keys}", *extra],
+                              f"gateway.fleet.upstream_grpc_url={triton.grpc_url}", f"gateway.keys_file={keys}",
+                              *extra],
                              log_path=work / "gateway.log", port=port)
     started = time.monotonic()
     process.start()

@@ -38,7 +38,8 @@ def test_ops_endpoints_are_on_loopback_and_not_on_the_public_port(triton_server:
     (tmp_path / "admin_key").write_text(ADMIN_KEY)
     # gateway.ops_host left at its default: the test checks where that puts the listener
     process = GatewayProcess([f"gateway.port={port}", "gateway.host=127.0.0.1", "gateway.public_grpc_port=0",
-                              f"gateway.upstream_grpc_url={triton_server.grpc_url}", f"gateway.keys_file={store.path}",
+                              f"gateway.fleet.upstream_grpc_url={triton_server.grpc_url}",
+                              f"gateway.keys_file={store.path}",
                               f"gateway.admin_key_file={tmp_path / 'admin_key'}"],
                              log_path=tmp_path / "gateway.log", port=port)
     assert process.ops_url is not None and process.metrics_url is not None

@@ -27,9 +27,10 @@ pytestmark = pytest.mark.e2e
 _GATEWAY = """
 import json, sys
 from gateway.__main__ import serve
-from gateway.config import GatewayConfig, TierConfig
+from gateway.config import FleetConfig, GatewayConfig, TierConfig
 raw = json.loads(sys.argv[1])
 raw["tiers"] = {name: TierConfig(**tier) for name, tier in raw["tiers"].items()}
+raw["fleet"] = FleetConfig(**raw["fleet"])
 raw.update(host="127.0.0.1", port=int(sys.argv[2]), ops_port=int(sys.argv[3]))
 sys.exit(serve(GatewayConfig(**raw), "WARNING"))
 """
@@ -66,7 +67,7 @@ def fleet(triton_server: Any, redis_server: RedisServer,  # noqa: F811
     store = KeyStore(folder / "keys.json")
     keys = {tier: store.create(tier).key for tier in TIERS}
     settings = json.dumps({"keys_file": str(store.path), "redis_url": redis_server.url,
-                           "upstream_grpc_url": triton_server.grpc_url, "tiers": TIERS,
+                           "fleet": {"upstream_grpc_url": triton_server.grpc_url}, "tiers": TIERS,
                            "public_grpc_port": 0})
     gateways: list[Gateway] = []
     try:

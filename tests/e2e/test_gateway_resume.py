@@ -46,7 +46,7 @@ def fleet(triton_server: TritonServer, redis_server: RedisServer,  # noqa: F811
     processes, urls = [], []
     for index, port in enumerate(free_local_ports(2)):
         process = GatewayProcess([f"gateway.port={port}", "gateway.host=127.0.0.1", "gateway.public_grpc_port=0",
-                                  f"gateway.upstream_grpc_url={triton_server.grpc_url}",
+                                  f"gateway.fleet.upstream_grpc_url={triton_server.grpc_url}",
                                   f"gateway.keys_file={store.path}", f"gateway.redis_url={redis_server.url}",
                                   f"gateway.tiers={json.dumps(TIERS)}"],
                                  log_path=work / f"gateway{index}.log", port=port)

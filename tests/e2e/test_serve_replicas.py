@@ -135,10 +135,10 @@ def test_the_gateway_is_up_and_given_both_replicas_and_the_golden(fleet: Fleet, 
                   if "gateway" in " ".join(p.cmdline())]
     cmdline = gateway.cmdline()
     settings = dict(cmdline[i + 1].split("=", 1) for i, arg in enumerate(cmdline) if arg == "--set")
-    assert json.loads(settings["gateway.replicas"]) == {
+    assert json.loads(settings["gateway.fleet.replicas"]) == {
         f"r{i}": {"grpc_url": f"127.0.0.1:{ports.grpc}", "metrics_url": f"http://127.0.0.1:{ports.metrics}/metrics"}
         for i, ports in enumerate(fleet.layout)}
-    assert settings["gateway.probe_golden_file"] == str(golden_path(model_dir, fleet.build_dir))
+    assert settings["gateway.fleet.probe_golden_file"] == str(golden_path(model_dir, fleet.build_dir))
 
 
 def _tritonserver(fleet: Fleet, replica: str) -> psutil.Process | None:

@@ -11,7 +11,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class EngineConfig:
-    model_dir: str
+    model_dir: str                            # a local Hugging Face model folder (required)
     device: str = "cpu"                       # "cpu" or "cuda[:N]"
     dtype: str = "float32"                    # float32 | bfloat16 | float16
     block_size: int = 16                      # tokens per KV block
@@ -22,10 +22,10 @@ class EngineConfig:
     max_queue_size: int = 256                 # waiting requests before "overloaded:"; 0 = unbounded
     max_model_len: int | None = None          # None = model's max positions
     max_tokens_limit: int = 4096              # largest max_tokens a request may ask
-    default_max_tokens: int = 128
+    default_max_tokens: int = 128             # a request's max_tokens when it gives none
     default_token_timeout_ms: int = 0         # 0 = no per-token timeout
-    enable_kv_cache_reuse: bool = True
-    enable_chunked_context: bool = True
+    enable_kv_cache_reuse: bool = True        # prefix caching: requests share the KV blocks of a common prefix
+    enable_chunked_context: bool = True       # a long prompt's prefill split across steps (chunks)
     # While decodes run, a long prompt's chunks (one with more tokens than
     # max_num_batched_tokens) are cut so that the streams' inter-token
     # latency stays within (1 + ratio) x a decode-only step's, at its p99:

@@ -66,9 +66,9 @@ def test_compose_agrees_with_the_settings_and_the_images():
     defaults = GatewayConfig()
     assert services["triton"]["deploy"]["replicas"] == 2
     env = services["gateway"]["environment"]
-    host, _, grpc = env["LLM__GATEWAY__DISCOVERY_DNS"].partition(":")
+    host, _, grpc = env["LLM__GATEWAY__FLEET__DISCOVERY_DNS"].partition(":")
     assert host == "triton" and grpc == "8001"
-    assert int(env["LLM__GATEWAY__DISCOVERY_METRICS_PORT"]) == defaults.discovery_metrics_port
+    assert int(env["LLM__GATEWAY__FLEET__DISCOVERY_METRICS_PORT"]) == defaults.fleet.discovery_metrics_port
     published = {p.rsplit(":", 1)[1] for p in services["gateway"]["ports"]}
     assert published == {str(defaults.port), str(defaults.public_grpc_port), str(defaults.ops_port)}
     # the ops port (/metrics, /admin/*) on the compose network for Prometheus; on the host, loopback only
@@ -77,13 +77,13 @@ def test_compose_agrees_with_the_settings_and_the_images():
     # the golden file the CPU image bakes in (docker/cpu.Dockerfile: prepare-model at build)
     dockerfile = (REPO_ROOT / "docker" / "cpu.Dockerfile").read_text()
     assert "LLM_BUILD_DIR=/var/lib/triton-llm/build" in dockerfile and "prepare-model" in dockerfile
-    assert env["LLM__GATEWAY__PROBE_GOLDEN_FILE"] == "/var/lib/triton-llm/build/probe/SmolLM2-135M-Instruct.json"
+    assert env["LLM__GATEWAY__FLEET__PROBE_GOLDEN_FILE"] == "/var/lib/triton-llm/build/probe/SmolLM2-135M-Instruct.json"
     # the gateway's drain fits in compose's stop grace period
     grace = int(services["gateway"]["stop_grace_period"].rstrip("s"))
     assert grace > float(env["LLM__GATEWAY__DRAIN_TIMEOUT_S"])
     # Prometheus scrapes the replicas' metrics port
     prometheus = yaml.safe_load((REPO_ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
     triton_job = next(j for j in prometheus["scrape_configs"] if j["job_name"] == "triton")
-    assert triton_job["dns_sd_configs"][0]["port"] == defaults.discovery_metrics_port
+    assert triton_job["dns_sd_configs"][0]["port"] == defaults.fleet.discovery_metrics_port
     gateway_job = next(j for j in prometheus["scrape_configs"] if j["job_name"] == "gateway")
     assert gateway_job["static_configs"][0]["targets"] == [f"gateway:{defaults.ops_port}"]

@@ -69,8 +69,8 @@ def test_a_changed_setting_shows_in_the_manifests():
 
 
 def test_ports_follow_the_settings():
-    objs = objects("gateway.port=9100", "gateway.public_grpc_port=9101", "gateway.discovery_metrics_port=8102",
-                   "gateway.discovery_dns=triton.example.svc.cluster.local:8101", "gateway.ops_port=9102")
+    objs = objects("gateway.port=9100", "gateway.public_grpc_port=9101", "gateway.fleet.discovery_metrics_port=8102",
+                   "gateway.fleet.discovery_dns=triton.example.svc.cluster.local:8101", "gateway.ops_port=9102")
     gateway = container(objs, "gateway", "Deployment", "triton-llm-gateway")
     assert {p["name"]: p["containerPort"] for p in gateway["ports"]} == {"http": 9100, "grpc": 9101, "ops": 9102}
     service = objs[("Service", "triton-llm-gateway")]
@@ -80,7 +80,7 @@ def test_ports_follow_the_settings():
     assert {p["name"]: p["containerPort"] for p in triton["ports"]} == {"http": 8000, "grpc": 8101, "metrics": 8102}
     env = {e["name"]: e.get("value") for e in triton["env"]}
     assert env["LLM_TRITON_GRPC_PORT"] == "8101" and env["LLM_TRITON_METRICS_PORT"] == "8102"
-    assert config_env(objs)["LLM__GATEWAY__DISCOVERY_DNS"] == "triton.example.svc.cluster.local:8101"
+    assert config_env(objs)["LLM__GATEWAY__FLEET__DISCOVERY_DNS"] == "triton.example.svc.cluster.local:8101"
     policy = objs[("NetworkPolicy", "triton-llm-triton")]["spec"]["ingress"]
     assert {p["port"] for p in policy[0]["ports"]} == {8000, 8101, 8102}
     assert [p["port"] for p in policy[1]["ports"]] == [8102]
@@ -125,7 +125,7 @@ def test_the_ops_port_is_reachable_by_prometheus_but_not_through_the_public_serv
 def test_the_gateway_discovers_the_headless_service_and_shares_redis():
     objs = objects()
     env = config_env(objs)
-    assert env["LLM__GATEWAY__DISCOVERY_DNS"] == "triton-llm-triton.triton-llm.svc.cluster.local:8001"
+    assert env["LLM__GATEWAY__FLEET__DISCOVERY_DNS"] == "triton-llm-triton.triton-llm.svc.cluster.local:8001"
     assert objs[("Service", "triton-llm-triton")]["spec"]["clusterIP"] == "None"
     assert objs[("StatefulSet", "triton-llm-triton")]["spec"]["serviceName"] == "triton-llm-triton"
     assert env["LLM__GATEWAY__REDIS_URL"] == "redis://triton-llm-redis.triton-llm.svc.cluster.local:6379/0"
@@ -155,7 +155,7 @@ def test_drain_timeout_sets_the_grace_periods():
     assert pre_stop[:4] == ["python", "-m", "serving", "drain"]
     assert pre_stop[pre_stop.index("--timeout-s") + 1] == "600"
     # it first waits for the gateways' DNS refresh
-    assert int(pre_stop[pre_stop.index("--delay-s") + 1]) > settings().gateway.discovery_interval_s
+    assert int(pre_stop[pre_stop.index("--delay-s") + 1]) > settings().gateway.fleet.discovery_interval_s
     grace = pod(long, "StatefulSet", "triton-llm-triton")["terminationGracePeriodSeconds"]
     assert grace > int(pre_stop[pre_stop.index("--delay-s") + 1]) + 600
 
@@ -222,9 +222,9 @@ def test_hpa_scales_on_the_engine_queue_with_a_gentle_scale_down():
 
 def test_golden_answer():
     # the default model: the images' own golden file
-    assert config_env(objects())["LLM__GATEWAY__PROBE_GOLDEN_FILE"] == IMAGE_GOLDEN
+    assert config_env(objects())["LLM__GATEWAY__FLEET__PROBE_GOLDEN_FILE"] == IMAGE_GOLDEN
     # another model without one: readiness only (no wrong golden)
-    assert "LLM__GATEWAY__PROBE_GOLDEN_FILE" not in config_env(objects("engine.model_dir=/var/lib/triton-llm/m"))
+    assert "LLM__GATEWAY__FLEET__PROBE_GOLDEN_FILE" not in config_env(objects("engine.model_dir=/var/lib/triton-llm/m"))
 
 
 def test_golden_file_ships_in_a_configmap(tmp_path: Path):
@@ -232,7 +232,7 @@ def test_golden_file_ships_in_a_configmap(tmp_path: Path):
     golden.write_text(json.dumps({"prompt": "1, 2,", "output_ids": [1, 2]}))
     objs = objects("engine.model_dir=/var/lib/triton-llm/m", golden=golden)
     assert objs[("ConfigMap", "triton-llm-probe-golden")]["data"]["golden.json"] == golden.read_text()
-    assert config_env(objs)["LLM__GATEWAY__PROBE_GOLDEN_FILE"] == "/etc/triton-llm/probe/golden.json"
+    assert config_env(objs)["LLM__GATEWAY__FLEET__PROBE_GOLDEN_FILE"] == "/etc/triton-llm/probe/golden.json"
     gateway_pod = pod(objs, "Deployment", "triton-llm-gateway")
     assert {"name": "golden", "configMap": {"name": "triton-llm-probe-golden"}} in gateway_pod["volumes"]
 
@@ -245,8 +245,8 @@ def test_inference_pool_selects_pods_that_serve_the_openai_api():
     sidecar = container(objs, "openai")
     assert pool["targetPorts"] == [{"number": sidecar["ports"][0]["containerPort"]}]
     env = {e["name"]: e["value"] for e in sidecar["env"]}
-    assert json.loads(env["LLM__GATEWAY__REPLICAS"])["local"]["grpc_url"] == "127.0.0.1:8001"
-    assert env["LLM__GATEWAY__DISCOVERY_DNS"] == ""
+    assert json.loads(env["LLM__GATEWAY__FLEET__REPLICAS"])["local"]["grpc_url"] == "127.0.0.1:8001"
+    assert env["LLM__GATEWAY__FLEET__DISCOVERY_DNS"] == ""
     # the pool's traffic may reach the sidecar's port
     ingress = objs[("NetworkPolicy", "triton-llm-triton")]["spec"]["ingress"]
     assert {"ports": [{"protocol": "TCP", "port": 9000}]} in ingress

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.access import AccessPolicy
-from gateway.config import GatewayConfig, TierConfig
+from gateway.config import GatewayConfig, LimitsConfig, TierConfig
 from gateway.errors import GatewayError
 from gateway.keys import KeyStore, parse_key
 from gateway.policy import Caller
@@ -212,7 +212,7 @@ def test_concurrency_cap_and_idempotent_release(make_policy: PolicyFactory) -> N
 
 def test_global_cap_is_503_for_every_key(make_policy: PolicyFactory, tmp_path: Path) -> None:
     registry = CollectorRegistry()
-    policy, key = make_policy(TierConfig(), registry=registry, max_concurrent_requests=1)
+    policy, key = make_policy(TierConfig(), registry=registry, limits=LimitsConfig(max_concurrent_requests=1))
     other_key = KeyStore(tmp_path / "keys.json").create("other").key
 
     async def go() -> None:

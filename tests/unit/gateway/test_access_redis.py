@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway.access import AccessPolicy
-from gateway.config import GatewayConfig, TierConfig
+from gateway.config import GatewayConfig, LimitsConfig, TierConfig
 from gateway.errors import GatewayError
 from gateway.keys import KeyStore
 
@@ -27,7 +27,7 @@ def _fleet(server: RedisServer, tmp_path: Path, tier: TierConfig, *, tokens_wind
     store = KeyStore(tmp_path / "keys.json")
     keys = [store.create("t").key, store.create("t").key]
     config = GatewayConfig(keys_file=str(store.path), redis_url=server.url, tiers={"t": tier},
-                           max_concurrent_requests=max_concurrent_requests)
+                           limits=LimitsConfig(max_concurrent_requests=max_concurrent_requests))
     prefix = f"test-{uuid.uuid4().hex[:8]}"      # one module-wide server: tests must not share counters
     policies = [AccessPolicy(config, registry=CollectorRegistry(), tokens_window_s=tokens_window_s,
                              redis_prefix=prefix, slot_ttl_s=slot_ttl_s) for _ in range(2)]

@@ -18,7 +18,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from client import AsyncLLMClient
 from gateway.app import create_app
-from gateway.config import GatewayConfig
+from gateway.config import DegradationConfig, GatewayConfig
 from gateway.degrade import DegradingPolicy, build_degradation
 from gateway.errors import GatewayError
 from gateway.metrics import REGISTRY
@@ -48,8 +48,8 @@ class TieredPolicy(FakePolicy):
 
 
 class App:
-    def __init__(self, level: int, script: Script | None = None, **config: Any) -> None:
-        self.config = GatewayConfig(**config)
+    def __init__(self, level: int, script: Script | None = None, **degradation: Any) -> None:
+        self.config = GatewayConfig(degradation=DegradationConfig(**degradation))
         self.transport = FakeTransport(script or engine("Hel", "lo", ", ", "world"))
         self.policy = TieredPolicy(self.config)
         client = AsyncLLMClient(client_config("127.0.0.1:1"), transport=self.transport)
@@ -82,7 +82,7 @@ def test_level_0_leaves_requests_alone():
 
 
 def test_level_1_caps_every_tiers_max_tokens_on_every_route():
-    app = App(1, degrade_max_tokens=100)
+    app = App(1, max_tokens_cap=100)
     assert app.post("/v1/chat/completions", {**CHAT, "max_tokens": 1000}).status_code == 200
     assert app.sent()[1]["max_tokens"] == 100
     assert app.post("/v1/completions", {"model": "ensemble", "prompt": "Say"}, key=FREE).status_code == 200
@@ -92,12 +92,12 @@ def test_level_1_caps_every_tiers_max_tokens_on_every_route():
     response = app.post("/v2/models/ensemble/generate", {"text_input": "Say", "max_tokens": 1000})
     assert response.status_code == 200 and app.sent()[1]["max_tokens"] == 100
     # a tier's own lower cap stays
-    assert App(1, degrade_max_tokens=1000).post("/v1/completions", {"model": "ensemble", "prompt": "Say"},
+    assert App(1, max_tokens_cap=1000).post("/v1/completions", {"model": "ensemble", "prompt": "Say"},
                                                 key=FREE).status_code == 200
 
 
 def test_level_2_sheds_the_lowest_tier_with_429_and_retry_after_before_admission():
-    app = App(2, degrade_exit_dwell_s=30.0)
+    app = App(2, exit_dwell_s=30.0)
     before = REGISTRY.get_sample_value("gateway_degradation_shed_total", {"tier": "free"}) or 0.0
     response = app.post("/v1/chat/completions", CHAT, key=FREE)
     assert response.status_code == 429
@@ -167,18 +167,19 @@ def test_level_3_one_piece_on_the_responses_api_and_triton_generate_stream():
 
 
 def test_level_4_sends_engine_requests_to_the_fallback_model():
-    app = App(4, degrade_fallback_model="llm_small")
+    app = App(4, fallback_model="llm_small")
     assert app.degradation.controller.max_level == 4
     response = app.post("/v1/chat/completions", CHAT)
     assert response.status_code == 200 and response.json()["model"] == "ensemble"   # the caller's name stays
     assert app.sent()[0] == "llm_small"
-    assert App(3, degrade_fallback_model="llm_small").post("/v1/chat/completions", CHAT).status_code == 200
+    assert App(3, fallback_model="llm_small").post("/v1/chat/completions", CHAT).status_code == 200
 
 
 def test_degradation_off_and_the_admin_view(tmp_path: Path):
     key_file = tmp_path / "admin_key"
     key_file.write_text(ADMIN_KEY)
-    off = create_app(GatewayConfig(degrade_max_level=0, admin_key_file=str(key_file)), FakePolicy())
+    off = create_app(GatewayConfig(degradation=DegradationConfig(max_level=0),
+                                   admin_key_file=str(key_file)), FakePolicy())
     assert off.state.degradation is None and isinstance(off.state.policy, FakePolicy)
 
     async def get(app: Any) -> httpx.Response:

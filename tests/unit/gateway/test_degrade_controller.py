@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from gateway.config import GatewayConfig, ReplicaConfig, TierConfig
+from gateway.config import DegradationConfig, GatewayConfig, ReplicaConfig, TierConfig
 from gateway.degrade import build_degradation
 from gateway.degrade.controller import RECOVERED, Controller, Threshold
 from gateway.degrade.levels import TierRoles, effective_max_level
@@ -108,18 +108,18 @@ def test_thresholds_and_dwells_are_validated():
 
 def test_level_4_needs_a_fallback_model_and_0_turns_it_off():
     assert effective_max_level(GatewayConfig()) == 3
-    assert effective_max_level(GatewayConfig(degrade_fallback_model="llm_bls")) == 4
-    assert effective_max_level(GatewayConfig(degrade_max_level=2, degrade_fallback_model="llm_bls")) == 2
-    assert build_degradation(GatewayConfig(degrade_max_level=0)) is None
-    with pytest.raises(ValueError, match="degrade_max_level"):
-        effective_max_level(GatewayConfig(degrade_max_level=5))
-    with pytest.raises(ValueError, match="degrade_max_tokens"):
-        build_degradation(GatewayConfig(degrade_max_tokens=0))
+    assert effective_max_level(GatewayConfig(degradation=DegradationConfig(fallback_model="llm_bls"))) == 4
+    assert effective_max_level(GatewayConfig(degradation=DegradationConfig(max_level=2, fallback_model="llm_bls"))) == 2
+    assert build_degradation(GatewayConfig(degradation=DegradationConfig(max_level=0))) is None
+    with pytest.raises(ValueError, match=r"gateway\.degradation\.max_level"):
+        effective_max_level(GatewayConfig(degradation=DegradationConfig(max_level=5)))
+    with pytest.raises(ValueError, match=r"gateway\.degradation\.max_tokens_cap"):
+        build_degradation(GatewayConfig(degradation=DegradationConfig(max_tokens_cap=0)))
     # a dwell shorter than the window would let one sample's whole window of influence raise the level
-    with pytest.raises(ValueError, match="degrade_window_s"):
-        build_degradation(GatewayConfig(degrade_window_s=0.0))
-    with pytest.raises(ValueError, match="degrade_enter_dwell_s"):
-        build_degradation(GatewayConfig(degrade_window_s=10.0, degrade_enter_dwell_s=5.0))
+    with pytest.raises(ValueError, match=r"gateway\.degradation\.window_s"):
+        build_degradation(GatewayConfig(degradation=DegradationConfig(window_s=0.0)))
+    with pytest.raises(ValueError, match=r"gateway\.degradation\.enter_dwell_s"):
+        build_degradation(GatewayConfig(degradation=DegradationConfig(window_s=10.0, enter_dwell_s=5.0)))
     c = controller(max_level=effective_max_level(GatewayConfig()), enter_dwell_s=1.0)
     assert [level for _, level in run(c, {KV_USE: 1.0}, 0.0, 100.0)] == [1, 2, 3]
 
@@ -156,7 +156,7 @@ def sample(name: str, labels: dict[str, str] | None = None) -> float:
 
 def test_one_huge_sample_in_the_window_changes_nothing():
     clock = Clock()
-    d = build_degradation(GatewayConfig(degrade_window_s=10.0, degrade_enter_dwell_s=10.0), clock)
+    d = build_degradation(GatewayConfig(degradation=DegradationConfig(window_s=10.0, enter_dwell_s=10.0)), clock)
     assert d is not None
     queued = 0.0
     for tick in range(200):                     # 100 s of scrapes, twice a second
@@ -171,8 +171,8 @@ def test_one_huge_sample_in_the_window_changes_nothing():
 
 def test_a_change_is_published_and_logged_with_its_cause(caplog: pytest.LogCaptureFixture):
     clock = Clock()
-    d = build_degradation(GatewayConfig(degrade_window_s=2.0, degrade_enter_dwell_s=2.0,
-                                        degrade_exit_dwell_s=3.0), clock)
+    d = build_degradation(GatewayConfig(degradation=DegradationConfig(window_s=2.0, enter_dwell_s=2.0,
+                                                                exit_dwell_s=3.0)), clock)
     assert d is not None
     ups = sample("gateway_degradation_changes_total", {"direction": "up", "cause": KV_USE})
     downs = sample("gateway_degradation_changes_total", {"direction": "down", "cause": RECOVERED})

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from gateway.config import GatewayConfig
+from gateway.config import FleetConfig, GatewayConfig
 from gateway.fleet.discovery import parse_target
 from gateway.fleet.fleet import Fleet
 
@@ -26,7 +26,8 @@ class ScriptedDNS:
 
 
 def test_the_fleet_follows_the_dns_name():
-    config = GatewayConfig(discovery_dns="triton.llm.svc.cluster.local:8001", discovery_metrics_port=8002)
+    config = GatewayConfig(fleet=FleetConfig(discovery_dns="triton.llm.svc.cluster.local:8001",
+                                             discovery_metrics_port=8002))
     fleet = Fleet(config, [])
     dns = ScriptedDNS(["10.0.0.1", "10.0.0.2"], ["10.0.0.2", "10.0.0.3"], OSError("SERVFAIL"), ["10.0.0.3"],
                       ["10.0.0.3", "fd00::7"])
@@ -64,7 +65,7 @@ def test_the_fleet_follows_the_dns_name():
 
 
 def test_a_replica_back_in_dns_before_it_left_takes_requests_again():
-    fleet = Fleet(GatewayConfig(discovery_dns="svc:8001"), [])
+    fleet = Fleet(GatewayConfig(fleet=FleetConfig(discovery_dns="svc:8001")), [])
     fleet.discovery.resolver = ScriptedDNS(["10.0.0.1"], [], ["10.0.0.1"])
 
     async def scenario():
@@ -82,5 +83,5 @@ def test_a_replica_back_in_dns_before_it_left_takes_requests_again():
 
 @pytest.mark.parametrize("target", ["svc", "svc:", ":8001", "svc:http", "svc:70000"])
 def test_a_discovery_target_needs_host_and_port(target):
-    with pytest.raises(ValueError, match=r"^gateway\.discovery_dns: expected host:grpc_port"):
+    with pytest.raises(ValueError, match=r"^gateway\.fleet\.discovery_dns: expected host:grpc_port"):
         parse_target(target)

@@ -8,12 +8,13 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 from client import AsyncLLMClient, RequestError
 from gateway.app import create_app
-from gateway.config import GatewayConfig, ReplicaConfig
+from gateway.config import FleetConfig, GatewayConfig, ReplicaConfig
 from gateway.errors import GatewayError
 from gateway.fleet.fleet import Fleet, prompt_text
 from gateway.fleet.health import Health
@@ -82,7 +83,7 @@ def replica(name: str, *, waiting: float = 0, kv: float = 0.0, at: float | None 
 
 
 def test_least_load_prefers_the_idle_replica_and_stale_metrics_count_as_saturated():
-    router = Router(GatewayConfig(routing_policy="least_load"))
+    router = Router(GatewayConfig(fleet=FleetConfig(routing_policy="least_load")))
     busy, idle = replica("busy", waiting=6, kv=0.8), replica("idle", waiting=0, kv=0.1)
     assert router.pick([busy, idle], RouteRequest("hi")).replica is idle
     silent = replica("silent", waiting=0, kv=0.0, at=1.0)      # last scraped long ago
@@ -90,7 +91,7 @@ def test_least_load_prefers_the_idle_replica_and_stale_metrics_count_as_saturate
 
 
 def test_prefix_aware_sends_a_shared_prefix_where_it_went_before_unless_that_replica_is_swamped():
-    router = Router(GatewayConfig(routing_policy="prefix_aware"))
+    router = Router(GatewayConfig(fleet=FleetConfig(routing_policy="prefix_aware")))
     a, b = replica("a"), replica("b")
     system = "You are the support agent of a shipping company. " * 30
     first = router.pick([a, b], RouteRequest(system + "Where is my parcel?"))
@@ -104,18 +105,19 @@ def test_prefix_aware_sends_a_shared_prefix_where_it_went_before_unless_that_rep
 
 
 def test_round_robin_cycles_and_session_affinity_counts():
-    router = Router(GatewayConfig(routing_policy="round_robin"))
+    router = Router(GatewayConfig(fleet=FleetConfig(routing_policy="round_robin")))
     a, b = replica("a"), replica("b")
     assert [router.pick([a, b], RouteRequest("q")).replica.name for _ in range(4)] == ["a", "b", "a", "b"]
-    sticky = Router(GatewayConfig(routing_policy="prefix_aware", weight_session=5.0))
+    sticky = Router(GatewayConfig(fleet=FleetConfig(routing_policy="prefix_aware", weight_session=5.0)))
     home = sticky.pick([a, b], RouteRequest("short", session="u1")).replica
     assert all(sticky.pick([a, b], RouteRequest("other", session="u1")).replica is home for _ in range(5))
 
 
-def fleet_of(scripts: dict[str, object], **config: object) -> tuple[Fleet, dict[str, FakeTransport]]:
-    settings = GatewayConfig(replicas={n: ReplicaConfig(grpc_url=f"{n}:1") for n in scripts}, **config)
+def fleet_of(scripts: dict[str, object], **fleet: Any) -> tuple[Fleet, dict[str, FakeTransport]]:
+    settings = GatewayConfig(fleet=FleetConfig(replicas={n: ReplicaConfig(grpc_url=f"{n}:1") for n in scripts},
+                                               **fleet))
     transports = {n: FakeTransport(s) for n, s in scripts.items()}
-    replicas = [Replica.build(n, settings.replicas[n], settings,
+    replicas = [Replica.build(n, settings.fleet.replicas[n], settings,
                               Upstream(client=AsyncLLMClient(client_config(f"{n}:1"), transport=transports[n])))
                 for n in scripts]
     return Fleet(settings, replicas), transports
@@ -234,8 +236,8 @@ def test_draining_the_gateway_refuses_new_posts_and_fails_readiness():
 def test_admin_endpoints_need_the_admin_key_and_drain_a_replica(tmp_path):
     key_file = tmp_path / "admin_key"
     key_file.write_text("s3cret-admin-key")
-    settings = GatewayConfig(admin_key_file=str(key_file), routing_policy="round_robin",
-                             replicas={"a": ReplicaConfig("a:1"), "b": ReplicaConfig("b:1")})
+    settings = GatewayConfig(admin_key_file=str(key_file), fleet=FleetConfig(
+        routing_policy="round_robin", replicas={"a": ReplicaConfig("a:1"), "b": ReplicaConfig("b:1")}))
     app = create_app(settings, FakePolicy())
     admin = {"Authorization": "Bearer s3cret-admin-key", "Content-Length": "0"}
 
@@ -260,9 +262,9 @@ def test_a_replica_dying_mid_stream_ends_the_stream_with_an_error_event_and_coun
     from client import ServerConnectionError
     from tests.unit.gateway.openai_fakes import ev
     died = lambda *a: [ev("Hel", ids=(1,)), ServerConnectionError("connection reset")]  # noqa: E731
-    settings = GatewayConfig(routing_policy="round_robin", replicas={"a": ReplicaConfig("a:1")})
+    settings = GatewayConfig(fleet=FleetConfig(routing_policy="round_robin", replicas={"a": ReplicaConfig("a:1")}))
     transport = FakeTransport(died)
-    replica_a = Replica.build("a", settings.replicas["a"], settings,
+    replica_a = Replica.build("a", settings.fleet.replicas["a"], settings,
                               Upstream(client=AsyncLLMClient(client_config("a:1"), transport=transport)))
     app = create_app(settings, FakePolicy())
     app.state.fleet.replicas[:] = [replica_a]
@@ -312,11 +314,11 @@ def test_the_gauges_are_published_when_what_a_caller_gets_changes_not_on_every_g
     for _ in range(5):
         fleet.succeeded(p)      # steady: nothing a caller gets changes
     assert len(published) == 1
-    for _ in range(fleet.config.eject_after_failures):
+    for _ in range(fleet.config.fleet.eject_after_failures):
         fleet.failed(p, "probe", decisive=True)
     ejected = len(published)
     assert p.health.ejected and ejected >= 2
     p.health.ejected_until = 0.0   # its back-off over
-    for _ in range(fleet.config.readmit_after_successes):
+    for _ in range(fleet.config.fleet.readmit_after_successes):
         fleet.succeeded(p)
     assert not p.health.ejected and len(published) == ejected + 1   # the re-admission

@@ -23,6 +23,7 @@ import openai
 import pytest
 from httpx_sse import aconnect_sse, connect_sse
 
+from gateway.config import StreamsConfig
 from gateway.streams import serve
 from tests.unit.gateway.asgi_driver import call
 from tests.unit.gateway.openai_fakes import AUTH, Pause, ev, harness
@@ -52,7 +53,7 @@ def gateway_chunks(route: str, keepalive: bytes) -> tuple[bytes, ...]:
     """The body the gateway sends for one streamed request, chunk by chunk as sent."""
     path, fields = REQUESTS[route]
     body = json.dumps({"model": "ensemble", "temperature": 0, "stream": True, **fields}).encode()
-    h = harness(quiet_script, keepalive_interval_s=INTERVAL_S)
+    h = harness(quiet_script, streams=StreamsConfig(keepalive_interval_s=INTERVAL_S))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(serve, "KEEPALIVE", keepalive)
         exchange = asyncio.run(call(h.app, "POST", path, headers=AUTH, body=body))

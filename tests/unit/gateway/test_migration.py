@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 import pytest
 
 from client import AsyncLLMClient, GenerationOptions, ServerConnectionError
 from gateway.app import create_app
-from gateway.config import GatewayConfig, ReplicaConfig, TierConfig
+from gateway.config import FleetConfig, GatewayConfig, ReplicaConfig, TierConfig
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.load import LoadReading
 from gateway.fleet.pools import check_pools, pool_for
@@ -22,12 +23,13 @@ from tests.unit.gateway.openai_fakes import AUTH, HANG, FakePolicy, FakeTranspor
 
 
 def fleet_of(scripts: dict[str, object], dedicated: dict[str, tuple[str, ...]] | None = None,
-             **config: object) -> tuple[Fleet, dict[str, FakeTransport]]:
+             **fleet: Any) -> tuple[Fleet, dict[str, FakeTransport]]:
     dedicated = dedicated or {}
-    settings = GatewayConfig(replicas={n: ReplicaConfig(grpc_url=f"{n}:1", dedicated_to=dedicated.get(n, ()))
-                                       for n in scripts}, routing_policy="round_robin", **config)
+    settings = GatewayConfig(fleet=FleetConfig(
+        replicas={n: ReplicaConfig(grpc_url=f"{n}:1", dedicated_to=dedicated.get(n, ())) for n in scripts},
+        routing_policy="round_robin", **fleet))
     transports = {n: FakeTransport(s) for n, s in scripts.items()}
-    replicas = [Replica.build(n, settings.replicas[n], settings,
+    replicas = [Replica.build(n, settings.fleet.replicas[n], settings,
                               Upstream(client=AsyncLLMClient(client_config(f"{n}:1"), transport=transports[n])))
                 for n in scripts]
     return Fleet(settings, replicas), transports
@@ -106,8 +108,8 @@ def test_nothing_moves_when_the_budget_is_spent_already():
 
 
 def test_through_the_app_the_caller_sees_one_whole_stream_with_exact_usage():
-    settings = GatewayConfig(routing_policy="round_robin", replicas={"a": ReplicaConfig("a:1"),
-                                                                     "b": ReplicaConfig("b:1")})
+    settings = GatewayConfig(fleet=FleetConfig(routing_policy="round_robin", replicas={"a": ReplicaConfig("a:1"),
+                                                                                       "b": ReplicaConfig("b:1")}))
     app = create_app(settings, FakePolicy())
     for replica, script in zip(app.state.fleet.replicas, (dies_after(1, 2), continues)):
         replica.upstream = Upstream(client=AsyncLLMClient(client_config("x:1"), transport=FakeTransport(script)))
@@ -125,10 +127,10 @@ def test_through_the_app_the_caller_sees_one_whole_stream_with_exact_usage():
 def test_tier_pools_keep_free_keys_off_paid_replicas_and_spill_over_by_rule():
     tiers = {"free": TierConfig(priority=0), "paid": TierConfig(priority=10, spill_over="when_down"),
              "gold": TierConfig(priority=20, spill_over="never"), "busy": TierConfig(spill_over="when_busy")}
-    settings = GatewayConfig(tiers=tiers, replicas={
+    settings = GatewayConfig(tiers=tiers, fleet=FleetConfig(replicas={
         "p": ReplicaConfig("p:1", metrics_url="http://p/metrics", dedicated_to=("paid", "gold", "busy")),
-        "s": ReplicaConfig("s:1")})
-    replicas = [Replica.build(n, c, settings, upstream=object()) for n, c in settings.replicas.items()]  # type: ignore[arg-type]
+        "s": ReplicaConfig("s:1")}))
+    replicas = [Replica.build(n, c, settings, upstream=object()) for n, c in settings.fleet.replicas.items()]  # type: ignore[arg-type]
     paid, shared = replicas
     now = time.monotonic()
     paid.load = LoadReading(waiting=0, at=now)
@@ -144,7 +146,7 @@ def test_tier_pools_keep_free_keys_off_paid_replicas_and_spill_over_by_rule():
     assert pool("free", [paid]) == ([], False)
     paid.load = LoadReading(waiting=3, at=now)
     assert pool("busy") == (["p", "s"], True) and pool("paid") == (["p"], False)
-    with pytest.raises(ValueError, match=r"gateway\.replicas\.p\.dedicated_to: no tier named nope"):
+    with pytest.raises(ValueError, match=r"gateway\.fleet\.replicas\.p\.dedicated_to: no tier named nope"):
         check_pools(settings, [Replica.build("p", ReplicaConfig("p:1", dedicated_to=("nope",)), settings,
                                              upstream=object())])   # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"gateway\.tiers\.x\.spill_over"):

@@ -1,6 +1,6 @@
 """The published OpenAPI document is the contract: generated from the request
 models the validators are, with their bounds, enums, unions and
-`additionalProperties: false`, and the deployment's `gateway.max_n`. Checked
+`additionalProperties: false`, and the deployment's `gateway.limits.max_n`. Checked
 two ways: the schema's own words (bounds, enums), and its verdict on bodies
 against the gateway's answer (schema-valid ⇔ 200)."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from gateway.app import create_app
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, LimitsConfig
 from gateway.openai.fields import FP32_TINY, INT32_MAX
 from gateway.openai.schemas import MAX_STOP_SEQUENCES
 from gateway.upstream import PUBLIC_MODELS
@@ -27,7 +27,7 @@ REQUEST_MODELS = ("ChatCompletionRequest", "CompletionRequest", "ResponseRequest
 
 @pytest.fixture(scope="module")
 def document() -> dict[str, Any]:
-    return create_app(GatewayConfig(max_n=MAX_N), FakePolicy()).openapi()
+    return create_app(GatewayConfig(limits=LimitsConfig(max_n=MAX_N)), FakePolicy()).openapi()
 
 
 def _prop(document: dict[str, Any], component: str, name: str) -> dict[str, Any]:
@@ -132,7 +132,7 @@ COMPONENTS = {"/v1/chat/completions": "ChatCompletionRequest", "/v1/completions"
 
 
 def test_the_schema_accepts_exactly_what_the_gateway_accepts(document: dict[str, Any]) -> None:
-    h = harness(simple_script("x"), max_n=MAX_N)
+    h = harness(simple_script("x"), limits=LimitsConfig(max_n=MAX_N))
 
     async def answers() -> list[int]:
         async with h.client() as client:
@@ -167,7 +167,7 @@ def test_bodies_generated_from_the_published_schema_are_accepted(document: dict[
 
         collect()
         bodies += [(route, body) for body in generated]
-    h = harness(simple_script("x"), max_n=MAX_N)
+    h = harness(simple_script("x"), limits=LimitsConfig(max_n=MAX_N))
 
     async def answers() -> list[tuple[int, str]]:
         async with h.client() as client:

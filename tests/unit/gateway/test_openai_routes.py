@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gateway.config import TierConfig
+from gateway.config import LimitsConfig, TierConfig
 from gateway.metrics import exposition
 from tests.unit.gateway.openai_fakes import AUTH, HANG, ev, harness, overloaded_script, simple_script
 
@@ -97,7 +97,7 @@ def test_completions_batch_of_prompts_indexes_choices_per_prompt():
 
 
 def test_n_above_the_limit_is_refused_before_upstream():
-    h = harness(simple_script("x"), max_n=2)
+    h = harness(simple_script("x"), limits=LimitsConfig(max_n=2))
     response = run(post(h, "/v1/chat/completions", {**CHAT, "n": 3}))
     assert response.status_code == 400 and response.json()["error"]["param"] == "n"
     assert h.transport.opened == [] and h.policy.admissions == []

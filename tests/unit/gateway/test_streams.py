@@ -11,7 +11,7 @@ import json
 import time
 
 from client.errors import RequestError
-from gateway.config import TierConfig
+from gateway.config import StreamsConfig, TierConfig
 from tests.unit.gateway.asgi_driver import call
 from tests.unit.gateway.openai_fakes import AUTH, HANG, OTHER_KEY, Pause, ev, harness
 
@@ -116,7 +116,7 @@ def test_delete_stops_at_once_and_another_key_gets_404():
 
 def test_a_resume_from_before_the_buffer_is_410_and_a_bad_position_400():
     # 64 bytes keep about one chunk: the early events are gone by the end
-    h = harness(lambda *a: paced(*WORDS, pause_s=0.005), tier=grace(5), stream_buffer_bytes=64)
+    h = harness(lambda *a: paced(*WORDS, pause_s=0.005), tier=grace(5), streams=StreamsConfig(buffer_bytes=64))
 
     async def scenario():
         first = await call(h.app, "POST", "/v1/chat/completions", headers=AUTH, body=BODY, hang_up_after=1)
@@ -136,7 +136,7 @@ def test_a_resume_from_before_the_buffer_is_410_and_a_bad_position_400():
 
 def test_keepalive_comments_flow_until_the_first_token():
     h = harness(lambda *a: [Pause(0.35), ev("late", ids=(1,), finish="stop", final=True)], tier=grace(5),
-                keepalive_interval_s=0.05)
+                streams=StreamsConfig(keepalive_interval_s=0.05))
     exchange = asyncio.run(call(h.app, "POST", "/v1/chat/completions", headers=AUTH, body=BODY))
     assert exchange.status == 200
     before_first = exchange.body.split(b"data: ", 1)[0]
@@ -146,7 +146,7 @@ def test_keepalive_comments_flow_until_the_first_token():
 
 def test_a_refusal_after_the_keepalives_began_is_the_streams_last_event():
     overloaded = RequestError("in ensemble 'ensemble', overloaded: the waiting queue is full (9)")
-    h = harness(lambda *a: [Pause(0.2), overloaded], tier=grace(5), keepalive_interval_s=0.05)
+    h = harness(lambda *a: [Pause(0.2), overloaded], tier=grace(5), streams=StreamsConfig(keepalive_interval_s=0.05))
     exchange = asyncio.run(call(h.app, "POST", "/v1/chat/completions", headers=AUTH, body=BODY))
     assert exchange.status == 200 and b": keep-alive" in exchange.body
     error = json.loads(exchange.data()[-1])["error"]

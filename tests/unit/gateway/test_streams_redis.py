@@ -9,7 +9,7 @@ import asyncio
 import json
 import time
 
-from gateway.config import TierConfig
+from gateway.config import StreamsConfig, TierConfig
 from tests.unit.gateway.asgi_driver import call
 from tests.unit.gateway.openai_fakes import AUTH, HANG, OTHER_KEY, ev, harness
 from tests.unit.gateway.test_streams import BODY, WORDS, content, paced, until
@@ -19,8 +19,8 @@ from .redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
 
 def pair(server: RedisServer, script, grace_s: float) -> tuple:
     tier = TierConfig(priority=7, stream_grace_s=grace_s)
-    return (harness(script, tier=tier, redis_url=server.url, keepalive_interval_s=0.2),
-            harness(script, tier=tier, redis_url=server.url, keepalive_interval_s=0.2))
+    return (harness(script, tier=tier, redis_url=server.url, streams=StreamsConfig(keepalive_interval_s=0.2)),
+            harness(script, tier=tier, redis_url=server.url, streams=StreamsConfig(keepalive_interval_s=0.2)))
 
 
 async def close(*harnesses) -> None:

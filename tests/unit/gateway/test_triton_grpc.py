@@ -19,7 +19,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from client import AsyncLLMClient
-from gateway.config import GatewayConfig, TierConfig
+from gateway.config import GatewayConfig, LimitsConfig, TierConfig
 from gateway.errors import GatewayError
 from gateway.policy import Caller
 from gateway.triton.grpc_door import GrpcDoor
@@ -301,7 +301,7 @@ def test_a_message_over_the_body_bound_is_refused_by_grpc():
             with pytest.raises(InferenceServerException) as caught:
                 await client.infer("ensemble", prompt("x" * 5000), headers=HEADERS)
         assert caught.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
-    assert serve(engine("x"), test, max_body_bytes=1000).transport.opened == []
+    assert serve(engine("x"), test, limits=LimitsConfig(max_body_bytes=1000)).transport.opened == []
 
 
 def test_a_second_door_on_a_taken_port_fails_to_start():

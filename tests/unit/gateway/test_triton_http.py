@@ -13,7 +13,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from client.errors import ServerConnectionError
-from gateway.config import TierConfig
+from gateway.config import LimitsConfig, TierConfig
 from gateway.metrics import exposition
 from tests.unit.gateway.openai_fakes import AUTH, HANG, harness, overloaded_script
 from tests.unit.gateway.triton_fakes import engine, tev
@@ -75,7 +75,7 @@ def test_generate_refuses_stream_true_and_bad_inputs_before_the_engine():
 
 
 def test_refusals_are_tritons_shape_with_their_status_and_headers():
-    h = harness(engine("x"), tier=TierConfig(allowed_models=("llm_bls",)), max_body_bytes=1000)
+    h = harness(engine("x"), tier=TierConfig(allowed_models=("llm_bls",)), limits=LimitsConfig(max_body_bytes=1000))
 
     async def anonymous():
         async with h.client() as client:

@@ -119,12 +119,12 @@ def test_gateway_settings_for_the_fleet_parse_as_the_gateway_reads_them(tmp_path
     replicas = plan_replicas(_options(tmp_path), 2, cores=2)
     golden = tmp_path / "probe" / "m.json"
     config = load_section("gateway", assignments=gateway_assignments(replicas, golden), environ={})
-    assert config.replicas == {
+    assert config.fleet.replicas == {
         "r0": ReplicaConfig(grpc_url="127.0.0.1:8001", metrics_url="http://127.0.0.1:8002/metrics"),
         "r1": ReplicaConfig(grpc_url="127.0.0.1:8011", metrics_url="http://127.0.0.1:8012/metrics")}
-    assert config.probe_golden_file == str(golden)
-    assert config.upstream_grpc_url == "127.0.0.1:8001"
-    assert "gateway.probe_golden_file" not in " ".join(gateway_assignments(replicas, None))
+    assert config.fleet.probe_golden_file == str(golden)
+    assert config.fleet.upstream_grpc_url == "127.0.0.1:8001"
+    assert "gateway.fleet.probe_golden_file" not in " ".join(gateway_assignments(replicas, None))
 
 
 def test_serve_refuses_a_bad_layout_before_starting_anything(model_dir: Path, capsys: pytest.CaptureFixture[str]):

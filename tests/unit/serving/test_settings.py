@@ -13,12 +13,29 @@ from pathlib import Path
 import pytest
 
 from ensemble.stage_settings import TextStageConfig, TextStageSettings
-from gateway.config import GatewayConfig, ReplicaConfig, TierConfig
+from gateway.config import (
+    DegradationConfig,
+    FleetConfig,
+    GatewayConfig,
+    LimitsConfig,
+    ReplicaConfig,
+    StreamsConfig,
+    TierConfig,
+)
 from python_llm.config_params import engine_config_from_parameters
 from python_llm.engine.config import EngineConfig
 from serving.paths import REPO_ROOT
 from serving.repository import render_repository
-from serving.settings import SECTIONS, DeploymentSettings, ServerConfig, SettingsError
+from serving.settings import (
+    SECTIONS,
+    DeploymentSettings,
+    ServerConfig,
+    SettingsError,
+    field_types,
+    is_group,
+    load_section,
+    setting_names,
+)
 
 # a valid value other than the default for every engine setting: a new
 # setting fails test_every_field_has_a_test_value until it is listed here
@@ -43,28 +60,29 @@ SERVER_VALUES = {"max_batch_size": 8, "llm_model_name": "tensorrt_llm", "preproc
                  "restart_backoff_max_s": 9.0,
                  "restart_reset_after_s": 20.0, "supervisor_metrics_port": 0}
 GATEWAY_VALUES = {
-    "host": "127.0.0.2", "port": 9100, "public_grpc_port": 9101, "upstream_grpc_url": "10.0.0.5:8001",
-    "keys_file": "/etc/keys.json",
-    "redis_url": "redis://127.0.0.1:6390/0", "max_body_bytes": 2048, "max_json_depth": 6, "max_n": 2,
-    "max_concurrent_requests": 7, "stream_buffer_bytes": 4096, "keepalive_interval_s": 2.5,
-    "response_retention_s": 30.0, "ops_host": "127.0.0.3", "ops_port": 9103,
-    "replicas": {"a": ReplicaConfig(grpc_url="10.0.0.7:8001", metrics_url="http://10.0.0.7:8002/metrics",
-                                    dedicated_to=("gold",))},
-    "routing_policy": "least_load", "weight_queue": 1.5, "weight_kv_cache": 0.5, "weight_prefix": 4.0,
-    "weight_session": 0.25, "metrics_interval_s": 0.25, "metrics_stale_s": 1.5, "probe_interval_s": 2.0,
-    "probe_timeout_s": 4.0, "probe_golden_file": "/var/probe.json", "eject_after_failures": 2,
-    "readmit_after_successes": 3, "eject_backoff_s": 1.0, "failover_attempts": 2, "drain_timeout_s": 12.0,
-    "admin_key_file": "/etc/gateway_admin_key", "stall_timeout_s": 4.5, "migrate_attempts": 1,
-    "discovery_dns": "triton.llm.svc.cluster.local:8001", "discovery_interval_s": 2.0, "discovery_metrics_port": 9302,
-    "degrade_max_level": 3, "degrade_window_s": 30.0, "degrade_enter_dwell_s": 35.0, "degrade_exit_dwell_s": 40.0,
-    "degrade_queue_time_enter_s": 8.0, "degrade_queue_time_exit_s": 1.5, "degrade_kv_enter": 0.95,
-    "degrade_kv_exit": 0.6, "degrade_preemptions_enter_per_s": 2.0, "degrade_preemptions_exit_per_s": 0.05,
-    "degrade_error_rate_enter": 0.3, "degrade_error_rate_exit": 0.01, "degrade_max_tokens": 128,
-    "degrade_fallback_model": "ensemble_small",
+    "host": "127.0.0.2", "port": 9100, "public_grpc_port": 9101, "keys_file": "/etc/keys.json",
+    "redis_url": "redis://127.0.0.1:6390/0", "ops_host": "127.0.0.3", "ops_port": 9103, "drain_timeout_s": 12.0,
+    "admin_key_file": "/etc/gateway_admin_key",
     # a structured field: a TOML table in a file, JSON in the environment and --set
     "tiers": {"gold": TierConfig(requests_per_second=1.5, tokens_per_second=300.0, priority=4, max_tokens_cap=64,
                                  max_concurrent_requests=3, allowed_models=("llm_bls",),
                                  stream_grace_s=3.0, spill_over="never")},
+    # groups: a TOML table each ([gateway.limits]), field by field in the environment and --set
+    "limits": LimitsConfig(max_body_bytes=2048, max_json_depth=6, max_n=2, max_concurrent_requests=7),
+    "fleet": FleetConfig(
+        upstream_grpc_url="10.0.0.5:8001",
+        replicas={"a": ReplicaConfig(grpc_url="10.0.0.7:8001", metrics_url="http://10.0.0.7:8002/metrics",
+                                     dedicated_to=("gold",))},
+        routing_policy="least_load", weight_queue=1.5, weight_kv_cache=0.5, weight_prefix=4.0, weight_session=0.25,
+        metrics_interval_s=0.25, metrics_stale_s=1.5, probe_interval_s=2.0, probe_timeout_s=4.0,
+        probe_golden_file="/var/probe.json", eject_after_failures=2, readmit_after_successes=3, eject_backoff_s=1.0,
+        failover_attempts=2, stall_timeout_s=4.5, migrate_attempts=1,
+        discovery_dns="triton.llm.svc.cluster.local:8001", discovery_interval_s=2.0, discovery_metrics_port=9302),
+    "streams": StreamsConfig(buffer_bytes=4096, keepalive_interval_s=2.5, response_retention_s=30.0),
+    "degradation": DegradationConfig(
+        max_level=3, window_s=30.0, enter_dwell_s=35.0, exit_dwell_s=40.0, queue_time_enter_s=8.0,
+        queue_time_exit_s=1.5, kv_enter=0.95, kv_exit=0.6, preemptions_enter_per_s=2.0, preemptions_exit_per_s=0.05,
+        error_rate_enter=0.3, error_rate_exit=0.01, max_tokens_cap=128, fallback_model="ensemble_small"),
 }
 VALUES = {"engine": ENGINE_VALUES, "text": TEXT_VALUES, "server": SERVER_VALUES, "gateway": GATEWAY_VALUES}
 
@@ -99,30 +117,65 @@ def _text(value: object) -> str:
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
+def _is_group(value: object) -> bool:
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+def _leaves(prefix: str, values: dict[str, object]) -> dict[str, object]:
+    """`section.field` -> value, a group's fields as `section.group.field`."""
+    leaves: dict[str, object] = {}
+    for name, value in values.items():
+        if _is_group(value):
+            leaves.update(_leaves(f"{prefix}.{name}", {f.name: getattr(value, f.name)
+                                                         for f in dataclasses.fields(value)}))  # type: ignore[arg-type]
+        else:
+            leaves[f"{prefix}.{name}"] = value
+    return leaves
+
+
+ALL_LEAVES = {k: v for s, vals in VALUES.items() for k, v in _leaves(s, vals).items()}
+
+
+def _defaults(kind: type, prefix: str) -> dict[str, object]:
+    """Each setting's default (None where it has none), a group's field by field."""
+    defaults: dict[str, object] = {}
+    for f in dataclasses.fields(kind):
+        hint = field_types(kind)[f.name]
+        if is_group(hint):
+            defaults.update(_defaults(hint, f"{prefix}.{f.name}"))
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults[f"{prefix}.{f.name}"] = f.default_factory()
+        else:
+            defaults[f"{prefix}.{f.name}"] = None if f.default is dataclasses.MISSING else f.default
+    return defaults
+
+
 @pytest.mark.parametrize("section", list(SECTIONS))
 def test_every_field_has_a_test_value(section):
-    fields = [f for f in dataclasses.fields(SECTIONS[section])]
-    assert sorted(f.name for f in fields) == sorted(VALUES[section])
-    for f in fields:    # each test value really differs from the default
-        default = f.default if f.default is not dataclasses.MISSING else None
-        assert VALUES[section][f.name] != default, f.name
+    defaults, values = _defaults(SECTIONS[section], section), _leaves(section, VALUES[section])
+    assert sorted(values) == sorted(defaults) == sorted(f"{section}.{n}" for n in setting_names(SECTIONS[section]))
+    for name, value in values.items():    # each test value really differs from the default
+        assert value != defaults[name], name
 
 
 def _from_set() -> DeploymentSettings:
-    return DeploymentSettings.load(environ={}, assignments=[f"{s}.{k}={_text(v)}"
-                                                            for s, vals in VALUES.items() for k, v in vals.items()])
+    return DeploymentSettings.load(environ={}, assignments=[f"{k}={_text(v)}" for k, v in ALL_LEAVES.items()])
 
 
 def _from_file(tmp_path: Path) -> DeploymentSettings:
+    """Groups as tables of their own (`[gateway.degradation]`)."""
+    tables: dict[str, list[str]] = {}
+    for name, value in ALL_LEAVES.items():
+        table, _, key = name.rpartition(".")
+        tables.setdefault(table, []).append(f"{key} = {_toml(value)}")
     path = tmp_path / "settings.toml"
-    path.write_text("\n".join(f"[{s}]\n" + "\n".join(f"{k} = {_toml(v)}" for k, v in vals.items())
-                              for s, vals in VALUES.items()))
+    path.write_text("\n".join(f"[{table}]\n" + "\n".join(lines) for table, lines in tables.items()))
     return DeploymentSettings.load(settings_file=path, environ={})
 
 
 def _from_environ() -> DeploymentSettings:
-    return DeploymentSettings.load(environ={f"LLM__{s.upper()}__{k.upper()}": _text(v)
-                                            for s, vals in VALUES.items() for k, v in vals.items()})
+    return DeploymentSettings.load(environ={"LLM__" + k.upper().replace(".", "__"): _text(v)
+                                            for k, v in ALL_LEAVES.items()})
 
 
 def _parameters(config_text: str) -> dict[str, str]:
@@ -240,18 +293,58 @@ def _nested_setting_lines() -> set[str]:
     return {f"{path}:{number}" for number in range(start, start + len(lines))}
 
 
-@pytest.mark.parametrize("section,field", [(s, f) for s, kind in SECTIONS.items() for f in dataclasses.fields(kind)],
-                         ids=lambda v: v if isinstance(v, str) else v.name)
-def test_each_default_is_defined_once(section, field):
+def _setting_fields(kind: type, prefix: str) -> list[tuple[str, dataclasses.Field]]:
+    """Every setting (a group's field by field, not the group) and its dataclass field."""
+    found: list[tuple[str, dataclasses.Field]] = []
+    for f in dataclasses.fields(kind):
+        hint = field_types(kind)[f.name]
+        found += _setting_fields(hint, f"{prefix}.{f.name}") if is_group(hint) else [(f"{prefix}.{f.name}", f)]
+    return found
+
+
+@pytest.mark.parametrize("name,field", [pair for s, kind in SECTIONS.items() for pair in _setting_fields(kind, s)],
+                         ids=lambda v: v if isinstance(v, str) else "")
+def test_each_default_is_defined_once(name, field):
     has_default = field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
     sites = [site for site in _default_sites(field.name) if site not in _nested_setting_lines()]
-    assert len(sites) == int(has_default), f"{section}.{field.name}: defaults at {sites}"
+    assert len(sites) == int(has_default), f"{name}: defaults at {sites}"
 
 
 def test_the_gateway_section_loads_alone_and_tiers_take_json():
-    from serving.settings import load_section
     config = load_section("gateway", environ={"LLM__GATEWAY__PORT": "9200"},
                           assignments=['gateway.tiers={"t": {"priority": 2}}', "engine.max_num_seqs=3"])
     assert config.port == 9200 and config.tiers == {"t": TierConfig(priority=2)}
-    with pytest.raises(SettingsError, match=r"^gateway\.tiers: not valid JSON"):
+    with pytest.raises(SettingsError, match=r"^--set: gateway\.tiers: not valid JSON"):
         load_section("gateway", environ={}, assignments=["gateway.tiers={bad"])
+
+
+def test_a_group_loads_from_its_own_table_the_environment_and_set(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text("[gateway.degradation]\nmax_level = 2\nwindow_s = 5.0\n\n[gateway.fleet]\nmigrate_attempts = 0\n")
+    config = load_section("gateway", settings_file=path, assignments=["gateway.degradation.window_s=7"],
+                          environ={"LLM__GATEWAY__DEGRADATION__ENTER_DWELL_S": "9", "LLM__GATEWAY__PORT": "9300"})
+    assert config.degradation == DegradationConfig(max_level=2, window_s=7.0, enter_dwell_s=9.0)
+    assert config.fleet == FleetConfig(migrate_attempts=0) and config.port == 9300
+
+
+@pytest.mark.parametrize("assignment,message", [
+    ("gateway.degradation.no_such=1", r"^--set: gateway\.degradation\.no_such: no such setting; settings are .*"
+                                      r"gateway\.\{host,.*degradation\.max_level,"),
+    ("gateway.degradation.max_level=high", r"^gateway\.degradation\.max_level: Input should be a valid integer"),
+    ("gateway.degradation=3", r"^--set: gateway\.degradation: a group of settings; set its fields: "
+                              r"gateway\.degradation\.max_level, "),
+    ("gateway.port.x=1", r"^--set: gateway\.port\.x: no such setting"),
+    ('gateway.fleet.replicas={"a": {"grpc_url": 5}}', r"^gateway\.fleet\.replicas\.a\.grpc_url: Input should be"),
+])
+def test_a_bad_nested_setting_is_named_by_its_full_path(assignment, message):
+    with pytest.raises(SettingsError, match=message):
+        load_section("gateway", environ={}, assignments=[assignment])
+
+
+def test_a_bad_nested_table_or_variable_is_named_by_its_full_path(tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text("[gateway.degradation]\nmax_levl = 2\n")
+    with pytest.raises(SettingsError, match=r"settings file .*: gateway\.degradation\.max_levl: no such setting"):
+        load_section("gateway", settings_file=path, environ={})
+    with pytest.raises(SettingsError, match=r"^environment: gateway\.limits\.max_m: no such setting"):
+        load_section("gateway", environ={"LLM__GATEWAY__LIMITS__MAX_M": "2"})
