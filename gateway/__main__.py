@@ -29,10 +29,10 @@ def serve(config: GatewayConfig, log_level: str) -> int:
 
     import uvicorn
 
-    from . import logs
     from .app import build_policy, create_app
-    from .drain import DrainingServer
-    from .ops import OpsBindError, ops_server, serve_together
+    from .lifecycle.drain import DrainingServer
+    from .ops import logs
+    from .ops.server import OpsBindError, ops_server, serve_together
 
     logs.configure(log_level)
     app = create_app(config, build_policy(config))
@@ -60,7 +60,7 @@ def serve(config: GatewayConfig, log_level: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["keys"]:
-        from .keys_cli import main as keys_main
+        from .admission.keys_cli import main as keys_main
         settings, rest = _split_settings(argv[1:])
         return keys_main(rest, config=load_config(settings.settings, settings.set or []))
     parser = argparse.ArgumentParser(prog="python -m gateway", description=__doc__,

@@ -6,7 +6,7 @@ admission refuses a shed tier before the wrapped policy spends anything on it
 (no slot taken, no request counted)."""
 from __future__ import annotations
 
-from ..policy import Admission, Caller, Policy
+from ..core.policy import Admission, Caller, Policy
 from .degradation import Degradation
 
 

@@ -18,8 +18,8 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
-from .. import strict_json
-from ..errors import GatewayError
+from ..bodies import strict_json
+from ..core.errors import GatewayError
 
 _NOT_AN_OBJECT = "The body must be a JSON object (OpenAI request format)"
 

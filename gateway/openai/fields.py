@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import BeforeValidator, Field, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
 from pydantic_core import PydanticCustomError
 
-from ..upstream import PUBLIC_MODELS
+from ..core.upstream import PUBLIC_MODELS
 
 INT32_MAX = int(np.iinfo(np.int32).max)
 FP32_MAX = float(np.finfo(np.float32).max)

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from ..upstream import UPSTREAM_TOKEN_TIMEOUT_S
+from ..core.upstream import UPSTREAM_TOKEN_TIMEOUT_S
 from .fields import FP32_MAX, INT32_MAX, FalseOnly, ServedModel, positive_fp32, refused, unsupported
 
 MAX_STOP_SEQUENCES = 16

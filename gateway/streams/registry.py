@@ -16,8 +16,8 @@ import secrets
 from typing import Any
 
 from ..config import GatewayConfig
-from ..metrics import STREAMS_ACTIVE, STREAMS_ENDED
-from ..policy import Caller
+from ..core.policy import Caller
+from ..ops.metrics import STREAMS_ACTIVE, STREAMS_ENDED
 from .session import ErrorEvent, Producer, StreamSession
 from .shared import SharedStreams
 

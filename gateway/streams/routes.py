@@ -6,8 +6,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from ..openai.routes import authenticated
-from ..policy import Caller
+from ..core.authentication import authenticated
+from ..core.policy import Caller
 from . import serve
 
 router = APIRouter()

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .. import strict_json
-from ..errors import GatewayError
-from ..strict_json import path_text, shown
+from ..bodies import strict_json
+from ..bodies.strict_json import path_text, shown
+from ..core.errors import GatewayError
 
 
 def parse(raw: bytes) -> Any:

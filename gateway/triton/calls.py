@@ -14,14 +14,13 @@ from dataclasses import dataclass
 
 from client import StreamEvent
 
-from .. import logs
-from ..errors import GatewayError
-from ..openai.generation import Generation
-from ..openai.routes import BYTES_PER_TOKEN_BOUND
-from ..openai.translate import UpstreamRequest
-from ..policy import Admission, Caller, Policy
-from ..upstream import Upstream
-from ..usage import settle
+from ..core.engine_request import BYTES_PER_TOKEN_BOUND, UpstreamRequest
+from ..core.errors import GatewayError
+from ..core.generation import Generation
+from ..core.policy import Admission, Caller, Policy
+from ..core.upstream import Upstream
+from ..core.usage import settle
+from ..ops import logs
 from .inputs import ValidatedCall
 from .metadata import check_served
 

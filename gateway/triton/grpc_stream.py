@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from tritonclient.grpc import service_pb2
 
-from ..errors import GatewayError
-from ..policy import Caller
-from ..upstream import UpstreamFailure
+from ..core.errors import GatewayError
+from ..core.policy import Caller
+from ..core.upstream import UpstreamFailure
 from . import calls
 from .grpc_observe import metadata_of, observed
 from .outputs import infer_proto, visible

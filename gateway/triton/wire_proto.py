@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 from tritonclient.grpc import service_pb2
 
-from .. import logs
-from ..errors import GatewayError
-from ..policy import Caller
-from ..strict_json import shown
+from ..bodies.strict_json import shown
+from ..core.errors import GatewayError
+from ..core.policy import Caller
+from ..ops import logs
 from .inputs import ValidatedCall, WireInput, caller_id, input_error, validate
 from .outputs import check_requested
 from .raw import decode_raw

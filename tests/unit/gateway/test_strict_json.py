@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway import strict_json
-from gateway.errors import GatewayError
+from gateway.bodies import strict_json
+from gateway.core.errors import GatewayError
 
 
 def unfit(raw: bytes) -> strict_json.Unfit:

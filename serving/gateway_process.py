@@ -13,6 +13,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from .children import spawn
+
 
 class GatewayStartError(RuntimeError):
     pass
@@ -63,8 +65,7 @@ class GatewayProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             # its own process group: a terminal's Ctrl-C goes to the parent, which stops it in order;
-            # killed with its parent, however that dies (serving/children.py)
-            from serving.children import spawn  # late: the gateway alone never spawns itself
+            # killed with its parent, however that dies (children.py)
             self.process = spawn(self.command(), signal.SIGKILL, stdout=log, stderr=subprocess.STDOUT,
                                  cwd=Path(__file__).resolve().parent.parent, start_new_session=True,
                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import logs
-from .metrics import KEY_COMPLETION_TOKENS, KEY_PROMPT_TOKENS, KEY_REQUESTS
+from ..ops import logs
+from ..ops.metrics import KEY_COMPLETION_TOKENS, KEY_PROMPT_TOKENS, KEY_REQUESTS
 from .policy import Admission, Caller
 
 if TYPE_CHECKING:
-    from .openai.generation import Generation
+    from .generation import Generation
 
 
 async def settle(generation: Generation, admission: Admission, caller: Caller, outcome: str) -> None:

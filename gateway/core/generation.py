@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 
 from client import StreamEvent
 
-from ..errors import GatewayError
-from ..metrics import ADDED_LATENCY, ITL, TTFT
-from ..policy import Admission
-from ..upstream import Upstream, UpstreamStream
-from .translate import UpstreamRequest
+from ..ops.metrics import ADDED_LATENCY, ITL, TTFT
+from .engine_request import UpstreamRequest
+from .errors import GatewayError
+from .policy import Admission
+from .upstream import Upstream, UpstreamStream
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from .config import TierConfig
+from ..config import TierConfig
 
 
 @dataclass(frozen=True)
