@@ -3,7 +3,8 @@ reached over gRPC at `gateway.upstream_grpc_url`.
 `python -m gateway keys create|list|revoke`: the API key store.
 
 Settings come from the deployment settings' `gateway` section, read like the
-rest (`--settings FILE`, `LLM__GATEWAY__*`, `--set gateway.field=value`)."""
+rest (`--settings FILE`, `LLM__GATEWAY__*`, `--set gateway.field=value`), by
+the gateway itself (lifecycle/settings.py)."""
 from __future__ import annotations
 
 import argparse
@@ -12,15 +13,14 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from serving.settings import SettingsError, load_section
-
 from .config import GatewayConfig
+from .lifecycle import settings
 
 
 def load_config(settings_file: str | None, assignments: Sequence[str]) -> GatewayConfig:
     try:
-        return load_section("gateway", settings_file=settings_file, assignments=assignments)
-    except SettingsError as exc:
+        return settings.load_config(settings_file, assignments)
+    except settings.SettingsError as exc:
         raise SystemExit(f"error: {exc}") from None
 
 
