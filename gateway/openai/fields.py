@@ -53,9 +53,9 @@ def _tiny(value: Any) -> str | None:
     return None
 
 
-def positive_fp32(high: float) -> Any:
-    """A float > 0 as the engine's FP32 input holds it, at most `high`."""
-    return Annotated[float, Field(ge=FP32_TINY, le=high), refused(_tiny)]
+# a float > 0 as the engine's FP32 input holds it: at most 1 (a probability), or any FP32
+UnitFP32 = Annotated[float, Field(ge=FP32_TINY, le=1), refused(_tiny)]
+PositiveFP32 = Annotated[float, Field(ge=FP32_TINY, le=FP32_MAX), refused(_tiny)]
 
 
 def _json_bool(value: Any) -> Any:

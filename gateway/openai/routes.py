@@ -36,7 +36,7 @@ router = APIRouter(route_class=OpenAIRoute)
 
 _MODELS_CREATED = 1_700_000_000     # a fixed `created`: the models have no creation date worth reporting
 
-_ERRORS = {400: {"description": "invalid request (OpenAI error shape)"},
+_ERRORS: dict[int | str, dict[str, Any]] = {400: {"description": "invalid request (OpenAI error shape)"},
            401: {"description": "missing or wrong API key"}, 403: {"description": "model not allowed for the tier"},
            404: {"description": "unknown model"}, 413: {"description": "body too large"},
            415: {"description": "not application/json"}, 429: {"description": "rate limited"},

@@ -51,11 +51,11 @@ def current() -> LogContext | None:
     return _current.get()
 
 
-def bind(context: LogContext) -> contextvars.Token:
+def bind(context: LogContext) -> contextvars.Token[LogContext | None]:
     return _current.set(context)
 
 
-def unbind(token: contextvars.Token) -> None:
+def unbind(token: contextvars.Token[LogContext | None]) -> None:
     _current.reset(token)
 
 

@@ -7,6 +7,7 @@ values through the client library."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from tritonclient.grpc import service_pb2
 
@@ -47,10 +48,10 @@ def proto_request(request: service_pb2.ModelInferRequest) -> ProtoRequest:
             if tensor.HasField("contents"):
                 raise input_error(shown(tensor.name), "has both contents and raw_input_contents")
             items.append(WireInput(tensor.name, tensor.datatype, tuple(tensor.shape),
-                                   lambda data=raw[index], datatype=tensor.datatype: decode_raw(datatype, data)))
+                                   partial(decode_raw, tensor.datatype, raw[index])))
         else:
             items.append(WireInput(tensor.name, tensor.datatype, tuple(tensor.shape),
-                                   lambda tensor=tensor: _contents(tensor)))
+                                   partial(_contents, tensor)))
     requested = None
     if request.outputs:
         requested = []
