@@ -47,7 +47,7 @@ def serve(config: GatewayConfig, log_level: str) -> int:
                                            access_log=False, lifespan="on", timeout_graceful_shutdown=10),
                             state.drain, busy=lambda: state.fleet.in_flight() + state.streams.running(),
                             drain_timeout_s=config.drain_timeout_s)
-    # SIGINT / SIGTERM drain first (drain.py), then uvicorn shuts down and
+    # SIGINT / SIGTERM drain first (lifecycle/drain.py), then uvicorn shuts down and
     # re-raises the signal to the handler it found: a no-op one makes a clean stop exit 0
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)

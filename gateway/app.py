@@ -252,13 +252,13 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: ReplicaClient | 
     # Triton's error shape under /v2, whichever layer refused (the guard too)
     guarded = TritonErrorShape(BodyGuard(app, config.max_body_bytes, config.max_json_depth))
     app.state.asgi = RequestContextMiddleware(DrainGuard(guarded, drain))
-    # /metrics and /admin/* only on the ops listener (ops.py), never on this public app
+    # /metrics and /admin/* only on the ops listener (ops/server.py), never on this public app
     app.state.ops_asgi = create_ops_app(app)
     return app
 
 
 def asgi_app(config: GatewayConfig, policy: Policy | None = None, upstream: ReplicaClient | None = None) -> ASGIApp:
     """The public stack as one ASGI callable (what the public uvicorn serves; the ops
-    endpoints are `create_app(...).state.ops_asgi`, served by ops.py)."""
+    endpoints are `create_app(...).state.ops_asgi`, served by ops/server.py)."""
     app = create_app(config, policy or build_policy(config), upstream)
     return app.state.asgi

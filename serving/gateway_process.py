@@ -48,7 +48,7 @@ class GatewayProcess:
         self.log_path = log_path
         self.settings_file = settings_file
         self.health_url = f"http://{probe_host}:{port}/health"
-        # the operational endpoints, never on the public port (gateway/ops.py); None when off
+        # the operational endpoints, never on the public port (gateway/ops/server.py); None when off
         self.ops_url = f"http://{probe_host}:{ops_port}" if ops_port else None
         self.metrics_url = f"{self.ops_url}/metrics" if self.ops_url else None
         self.process: subprocess.Popen[bytes] | None = None

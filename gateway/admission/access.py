@@ -1,4 +1,4 @@
-"""AccessPolicy: the gateway's `Policy` (gateway/policy.py) over the key store
+"""AccessPolicy: the gateway's `Policy` (gateway/core/policy.py) over the key store
 (keys.py), the tiers (config.py), the rate windows (limits.py) and the
 concurrency slots (slots.py).
 

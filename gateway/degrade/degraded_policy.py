@@ -1,5 +1,5 @@
 """The degradation levels applied at the access-control seam (gateway/
-policy.py), which every door goes through (the OpenAI routes, the Responses
+core/policy.py), which every door goes through (the OpenAI routes, the Responses
 API, Triton's HTTP routes and the gRPC door): authentication hands out the
 caller as the current level serves it (the capped tier, one-piece streams),
 admission refuses a shed tier before the wrapped policy spends anything on it

@@ -79,6 +79,6 @@ def _served(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
                                                    f"models are {', '.join(PUBLIC_MODELS)}.") from None
 
 
-# the served models (gateway/upstream.py's PUBLIC_MODELS, the one list): the
+# the served models (gateway/core/upstream.py's PUBLIC_MODELS, the one list): the
 # schema's enum; any other name is a 404 `model_not_found`
 ServedModel = Annotated[Literal[PUBLIC_MODELS], WrapValidator(_served)]  # type: ignore[valid-type]

@@ -1,4 +1,4 @@
-"""The operator's endpoints, on the ops listener only (ops.py), behind their
+"""The operator's endpoints, on the ops listener only (server.py), behind their
 own key (never an API key): `GET /admin/replicas` (each replica's state), `POST
 /admin/replicas/{name}/drain` (no new requests to it; its in-flight ones
 finish) and `/resume`, `GET /admin/degradation` (the degradation level, its

@@ -1,4 +1,4 @@
-"""Fakes for the OpenAI routes' unit tests: a Policy (gateway/policy.py) with
+"""Fakes for the OpenAI routes' unit tests: a Policy (gateway/core/policy.py) with
 one good key, and a client-library Transport replaying scripted engine
 responses, under the real AsyncLLMClient (so retries, stop-on-cancel and
 error handling are the library's own)."""

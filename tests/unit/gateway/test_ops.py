@@ -1,4 +1,4 @@
-"""The operational endpoints off the public port (gateway/ops.py): the public
+"""The operational endpoints off the public port (gateway/ops/server.py): the public
 app answers 404 on /metrics and /admin/* and lists neither in its OpenAPI
 document; the ops app serves them (admin still behind the admin key); both
 servers run in one event loop, the ops one through the public one's drain and
