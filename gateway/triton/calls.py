@@ -1,8 +1,8 @@
 """One Triton-protocol request from admission to its end, the same behind
 every door (HTTP generate / generate_stream / infer, gRPC ModelInfer /
 ModelStreamInfer): admitted under the caller's limits with a prompt
-estimate, sent through the one upstream (`Upstream`, the client library over
-gRPC) by the OpenAI routes' `Generation` (exact token accounting, TTFT / ITL,
+estimate, sent through the upstream (the fleet, as core/upstream.py's
+`Upstream`) by the core's `Generation` (exact token accounting, TTFT / ITL,
 stop by key on close), and however it ends, the engine request stopped, the
 admission released and the key's usage counted."""
 from __future__ import annotations
