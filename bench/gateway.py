@@ -25,8 +25,8 @@ from pathlib import Path
 import httpx
 
 from client import AsyncLLMClient, ClientConfig, RetryConfig
-from gateway.keys import KeyStore
-from gateway.process import GatewayProcess
+from gateway.admission.keys import KeyStore
+from serving.gateway_process import GatewayProcess
 from serving.launcher import LaunchOptions, TritonServer, free_local_ports
 from serving.settings import DeploymentSettings
 

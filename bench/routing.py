@@ -49,9 +49,9 @@ from rich.table import Table
 from bench.report import MachineInfo
 from bench.routing_workload import Turn, Workload, WorkloadSpec, make_workload
 from client import AsyncLLMClient, ClientConfig, RetryConfig
+from gateway.admission.keys import KeyStore
 from gateway.config import ROUTING_POLICIES
-from gateway.keys import KeyStore
-from gateway.process import GatewayProcess
+from serving.gateway_process import GatewayProcess
 from serving.launcher import LaunchOptions, TritonServer, free_local_ports
 from serving.settings import DeploymentSettings
 

@@ -3,7 +3,8 @@ reached over gRPC at `gateway.fleet.upstream_grpc_url`.
 `python -m gateway keys create|list|revoke`: the API key store.
 
 Settings come from the deployment settings' `gateway` section, read like the
-rest (`--settings FILE`, `LLM__GATEWAY__*`, `--set gateway.field=value`)."""
+rest (`--settings FILE`, `LLM__GATEWAY__*`, `--set gateway.field=value`), by
+the gateway itself (lifecycle/settings.py)."""
 from __future__ import annotations
 
 import argparse
@@ -12,15 +13,14 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from serving.settings import SettingsError, load_section
-
 from .config import GatewayConfig
+from .lifecycle import settings
 
 
 def load_config(settings_file: str | None, assignments: Sequence[str]) -> GatewayConfig:
     try:
-        return load_section("gateway", settings_file=settings_file, assignments=assignments)
-    except SettingsError as exc:
+        return settings.load_config(settings_file, assignments)
+    except settings.SettingsError as exc:
         raise SystemExit(f"error: {exc}") from None
 
 
@@ -29,10 +29,10 @@ def serve(config: GatewayConfig, log_level: str) -> int:
 
     import uvicorn
 
-    from . import logs
     from .app import build_policy, create_app
-    from .drain import DrainingServer
-    from .ops import OpsBindError, ops_server, serve_together
+    from .lifecycle.drain import DrainingServer
+    from .ops import logs
+    from .ops.server import OpsBindError, ops_server, serve_together
 
     logs.configure(log_level)
     app = create_app(config, build_policy(config))
@@ -47,7 +47,7 @@ def serve(config: GatewayConfig, log_level: str) -> int:
                                            access_log=False, lifespan="on", timeout_graceful_shutdown=10),
                             state.drain, busy=lambda: state.fleet.in_flight() + state.streams.running(),
                             drain_timeout_s=config.drain_timeout_s)
-    # SIGINT / SIGTERM drain first (drain.py), then uvicorn shuts down and
+    # SIGINT / SIGTERM drain first (lifecycle/drain.py), then uvicorn shuts down and
     # re-raises the signal to the handler it found: a no-op one makes a clean stop exit 0
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
@@ -60,7 +60,7 @@ def serve(config: GatewayConfig, log_level: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["keys"]:
-        from .keys_cli import main as keys_main
+        from .admission.keys_cli import main as keys_main
         settings, rest = _split_settings(argv[1:])
         return keys_main(rest, config=load_config(settings.settings, settings.set or []))
     parser = argparse.ArgumentParser(prog="python -m gateway", description=__doc__,

@@ -19,27 +19,27 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import logs
+from .bodies.guard import ASGIApp, BodyGuard, Message, Receive, Scope, Send
 from .config import GatewayConfig
+from .core.errors import GatewayError
+from .core.policy import Policy
 from .degrade import DegradingPolicy, build_degradation
-from .drain import DrainGuard, DrainState
-from .errors import GatewayError
 from .fleet import build_fleet
-from .guard import ASGIApp, BodyGuard, Message, Receive, Scope, Send
-from .metrics import IN_FLIGHT, REGISTRY, REQUEST_DURATION, REQUESTS
+from .fleet.replica_client import ReplicaClient
+from .lifecycle.drain import DrainGuard, DrainState
 from .openai.fields import MODEL_NOT_FOUND
 from .openai.openapi import allowed_methods, published_schema
 from .openai.responses_routes import router as responses_router
 from .openai.routes import router as openai_router
-from .ops import create_ops_app
-from .policy import Policy
+from .ops import logs
+from .ops.metrics import IN_FLIGHT, REGISTRY, REQUEST_DURATION, REQUESTS
+from .ops.server import create_ops_app
 from .streams import StreamRegistry
 from .streams.routes import router as streams_router
 from .triton.grpc_door import start_door
 from .triton.http_routes import route_label as triton_route
 from .triton.http_routes import router as triton_router
 from .triton.responses import TritonErrorShape, is_triton_path
-from .upstream import Upstream
 
 access_log = logging.getLogger("gateway.access")
 
@@ -51,7 +51,7 @@ _ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v
 
 def build_policy(config: GatewayConfig) -> Policy:
     """The access policy the deployment runs: API keys, tiers, limits."""
-    from .access import AccessPolicy  # imported here: it brings the key store and Redis clients
+    from .admission.access import AccessPolicy
     return AccessPolicy(config, registry=REGISTRY)
 
 
@@ -177,7 +177,7 @@ def _validation_error(exc: RequestValidationError) -> GatewayError:
     return GatewayError(400, f"{param}: {message}" if param else message, param=param, code="invalid_value")
 
 
-def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream | None = None,
+def create_app(config: GatewayConfig, policy: Policy, upstream: ReplicaClient | None = None,
                streams: StreamRegistry | None = None) -> FastAPI:
     """`upstream`: a single replica's (tests); else the replicas of the settings."""
     streams = streams or build_streams(config)
@@ -210,9 +210,10 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream | None 
                   docs_url=None, redoc_url=None)
     # generated from the request models, with this deployment's gateway.limits.max_n (openai/openapi.py)
     app.openapi = lambda: published_schema(app, config.limits.max_n)  # type: ignore[method-assign]
-    # every route reaches Triton through the fleet: routing, health, failover
-    app.state.config, app.state.policy, app.state.upstream = config, served, fleet
-    app.state.fleet, app.state.streams, app.state.drain = fleet, streams, drain
+    # every route reaches Triton through the fleet (the doors see it as core.upstream.Upstream):
+    # routing, health, failover
+    app.state.config, app.state.policy, app.state.fleet = config, served, fleet
+    app.state.streams, app.state.drain = streams, drain
     app.state.degradation = degradation
     app.include_router(openai_router)
     app.include_router(responses_router)
@@ -251,13 +252,13 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: Upstream | None 
     # Triton's error shape under /v2, whichever layer refused (the guard too)
     guarded = TritonErrorShape(BodyGuard(app, config.limits.max_body_bytes, config.limits.max_json_depth))
     app.state.asgi = RequestContextMiddleware(DrainGuard(guarded, drain))
-    # /metrics and /admin/* only on the ops listener (ops.py), never on this public app
+    # /metrics and /admin/* only on the ops listener (ops/server.py), never on this public app
     app.state.ops_asgi = create_ops_app(app)
     return app
 
 
-def asgi_app(config: GatewayConfig, policy: Policy | None = None, upstream: Upstream | None = None) -> ASGIApp:
+def asgi_app(config: GatewayConfig, policy: Policy | None = None, upstream: ReplicaClient | None = None) -> ASGIApp:
     """The public stack as one ASGI callable (what the public uvicorn serves; the ops
-    endpoints are `create_app(...).state.ops_asgi`, served by ops.py)."""
+    endpoints are `create_app(...).state.ops_asgi`, served by ops/server.py)."""
     app = create_app(config, policy or build_policy(config), upstream)
     return app.state.asgi

@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 
 from gateway.config import GatewayConfig
-from gateway.process import GatewayProcess, GatewayStartError
 
 from .capacity.command import add_parser as add_plan_command
 from .default_model import resolve_model_dir
 from .deploy.cli import add_commands as add_deploy_commands
 from .doctor.command import add_parser as add_doctor_command
 from .fleet import Fleet, FleetStartError, Replica, gateway_assignments, plan_replicas
+from .gateway_process import GatewayProcess, GatewayStartError
 from .launcher import (
     ADMIN_KEY_ENV,
     ADMIN_KEY_HEADER,
@@ -119,7 +119,7 @@ def _ops_line(gateway: GatewayConfig) -> str:
     """Where /metrics and /admin/* are: the ops listener, never the public port."""
     if not gateway.ops_port:
         return "  Ops         off (gateway.ops_port = 0): no /metrics, no /admin/*\n"
-    from gateway.admin import admin_key_path  # late: it brings FastAPI
+    from gateway.ops.admin import admin_key_path
     host = "127.0.0.1" if gateway.ops_host in ("0.0.0.0", "::", "") else gateway.ops_host
     url = f"http://[{host}]:{gateway.ops_port}" if ":" in host else f"http://{host}:{gateway.ops_port}"
     return (f"  Ops         {url}/metrics, {url}/admin/*  (listening on {gateway.ops_host}:{gateway.ops_port}, "
@@ -128,7 +128,7 @@ def _ops_line(gateway: GatewayConfig) -> str:
 
 def _local_key(gateway: GatewayConfig) -> str | None:
     """The key the banner's examples carry: created on the first run, reused after."""
-    from gateway.keys import ensure_local_key, resolve_keys_file
+    from gateway.admission.keys import ensure_local_key, resolve_keys_file
     return ensure_local_key(resolve_keys_file(gateway.keys_file))
 
 

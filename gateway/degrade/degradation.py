@@ -14,13 +14,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from ..admission.limits import retry_headers
 from ..config import GatewayConfig
-from ..errors import GatewayError
+from ..core.errors import GatewayError
+from ..core.policy import Caller
 from ..fleet import Fleet
 from ..fleet.replica import Replica
-from ..limits import retry_headers
-from ..metrics import DEGRADATION_CHANGES, DEGRADATION_LEVEL, DEGRADATION_SHED, DEGRADATION_SIGNAL
-from ..policy import Caller
+from ..ops.metrics import DEGRADATION_CHANGES, DEGRADATION_LEVEL, DEGRADATION_SHED, DEGRADATION_SIGNAL
 from .controller import Change, Controller, Threshold
 from .levels import CAP_MAX_TOKENS, FALLBACK_MODEL, ONE_PIECE, SHED_LOWEST_TIER, TierRoles, capped, effective_max_level
 from .signals import ERROR_RATE, KV_USE, PREEMPTIONS, QUEUE_TIME, SIGNALS, Signals, SignalValues

@@ -1,12 +1,12 @@
 """The degradation levels applied at the access-control seam (gateway/
-policy.py), which every door goes through (the OpenAI routes, the Responses
+core/policy.py), which every door goes through (the OpenAI routes, the Responses
 API, Triton's HTTP routes and the gRPC door): authentication hands out the
 caller as the current level serves it (the capped tier, one-piece streams),
 admission refuses a shed tier before the wrapped policy spends anything on it
 (no slot taken, no request counted)."""
 from __future__ import annotations
 
-from ..policy import Admission, Caller, Policy
+from ..core.policy import Admission, Caller, Policy
 from .degradation import Degradation
 
 

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 
 from ..fleet.replica import Replica
 from .counters import CounterDeltas
-from .window import Window
+from .window import SignalWindow
 
 QUEUE_TIME, KV_USE, PREEMPTIONS, ERROR_RATE = "queue_time", "kv_use", "preemptions", "error_rate"
 SIGNALS = (QUEUE_TIME, KV_USE, PREEMPTIONS, ERROR_RATE)
@@ -43,11 +43,11 @@ class Signals:
     def __init__(self, window_s: float, stale_s: float) -> None:
         self.window_s = window_s
         self._stale_s = stale_s
-        self._kv = Window(window_s)
-        self._waiting = Window(window_s)
-        self._queue_sum, self._queue_count = Window(window_s), Window(window_s)
-        self._preemptions = Window(window_s)
-        self._failed, self._outcomes = Window(window_s), Window(window_s)
+        self._kv = SignalWindow(window_s)
+        self._waiting = SignalWindow(window_s)
+        self._queue_sum, self._queue_count = SignalWindow(window_s), SignalWindow(window_s)
+        self._preemptions = SignalWindow(window_s)
+        self._failed, self._outcomes = SignalWindow(window_s), SignalWindow(window_s)
         self._deltas = CounterDeltas()
         self._pending_ok = 0
         self._pending_failed = 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 
 
-class Window:
+class SignalWindow:
     def __init__(self, span_s: float) -> None:
         if span_s <= 0:
             raise ValueError(f"a window must span a positive time (got {span_s} s)")

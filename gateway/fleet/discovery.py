@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from ..config import GatewayConfig, ReplicaConfig
-from ..metrics import REPLICAS_DISCOVERED
+from ..ops.metrics import REPLICAS_DISCOVERED
 from .replica import Replica
 
 if TYPE_CHECKING:

@@ -18,25 +18,25 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Set
 
 import httpx
 
 from client import GenerationOptions
 from client.retry import RetryBudget
 
-from .. import logs
 from ..config import GatewayConfig, ReplicaConfig
-from ..errors import GatewayError
-from ..metrics import EJECTIONS, FAILOVERS, PROBES, REPLICA_DRAINING, REPLICA_IN_FLIGHT, REPLICA_ROUTABLE, ROUTED
-from ..upstream import OVERLOAD_RETRY_AFTER_S, UpstreamStream
+from ..core.errors import GatewayError
+from ..core.upstream import OVERLOAD_RETRY_AFTER_S
+from ..ops import logs
+from ..ops.metrics import EJECTIONS, FAILOVERS, PROBES, REPLICA_DRAINING, REPLICA_IN_FLIGHT, REPLICA_ROUTABLE, ROUTED
 from .discovery import Discovery
 from .load import parse_load
 from .orphans import Orphans
 from .pools import check_pools, pool_for
-from .probe import OK, OVERLOADED, WRONG_ANSWER, GoldenAnswer, probe_once
+from .probe import OK, OVERLOADED, WRONG_ANSWER, GoldenAnswer, load_golden_answer, probe_once
 from .replica import Replica
+from .replica_client import ReplicaClient, ReplicaStream
 from .routed_stream import RoutedRequest, RoutedStream
 from .router import Router, RouteRequest
 
@@ -96,10 +96,7 @@ class Fleet:
     def from_config(cls, config: GatewayConfig) -> Fleet:
         specs = config.fleet.replicas or ({} if config.fleet.discovery_dns else
                                           {"default": ReplicaConfig(grpc_url=config.fleet.upstream_grpc_url)})
-        golden = None
-        if config.fleet.probe_golden_file:
-            from serving.probe_golden import load_golden  # late: the gateway reads only the file
-            golden = load_golden(config.fleet.probe_golden_file)
+        golden = load_golden_answer(config.fleet.probe_golden_file) if config.fleet.probe_golden_file else None
         return cls(config, [Replica.build(name, spec, config) for name, spec in specs.items()], golden)
 
     # the Upstream interface (what Generation calls)
@@ -120,7 +117,7 @@ class Fleet:
             raise
         return RoutedStream(stream, replica, self, request)
 
-    async def route(self, request: RoutedRequest, exclude: set[str] = frozenset()) -> tuple[UpstreamStream, Replica]:
+    async def route(self, request: RoutedRequest, exclude: Set[str] = frozenset()) -> tuple[ReplicaStream, Replica]:
         """Start `request` on the best replica of its tier's pool, failing over
         to another one (never `exclude`, never the same twice) while the retry
         budget lasts; the stream has answered once."""
@@ -385,7 +382,7 @@ class Fleet:
         return outcome in (OK, OVERLOADED)
 
 
-def build_fleet(config: GatewayConfig, upstream: Any = None) -> Fleet:
+def build_fleet(config: GatewayConfig, upstream: ReplicaClient | None = None) -> Fleet:
     """The deployment's fleet; `upstream` (tests) stands in for a single replica's."""
     if upstream is not None and not config.fleet.replicas:
         return Fleet(config, [Replica.build("default", ReplicaConfig(config.fleet.upstream_grpc_url), config,

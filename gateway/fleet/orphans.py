@@ -12,9 +12,9 @@ import time
 
 from client.errors import RequestError
 
-from ..metrics import ORPHANS_STOPPED
-from ..upstream import UpstreamStream
+from ..ops.metrics import ORPHANS_STOPPED
 from .replica import Replica
+from .replica_client import ReplicaStream
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ class Orphans:
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def adopt(self, replica: Replica, stream: UpstreamStream) -> None:
+    def adopt(self, replica: Replica, stream: ReplicaStream) -> None:
         """Stop `stream`'s engine request on `replica` in the background."""
         task = asyncio.ensure_future(self._stop(replica, stream))
         self._tasks.add(task)
@@ -43,7 +43,7 @@ class Orphans:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _stop(self, replica: Replica, stream: UpstreamStream) -> None:
+    async def _stop(self, replica: Replica, stream: ReplicaStream) -> None:
         request_id, key = stream.request_id, stream.request_key
         # the client library's own clean-up: close the RPC, send the stop (it
         # may wait on a frozen replica: this task is nobody's latency)

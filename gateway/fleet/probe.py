@@ -11,8 +11,12 @@ hung process accepts connections and never answers), `unreachable`,
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
-from typing import Protocol
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
 
 from client import GenerationOptions, RequestError, ServerConnectionError
 from client.errors import OVERLOADED_MARKER
@@ -24,13 +28,45 @@ OK, OVERLOADED, WRONG_ANSWER = "ok", "overloaded", "wrong_answer"
 
 
 class GoldenAnswer(Protocol):
-    # read-only members, so a frozen dataclass (serving/probe_golden.py's Golden) is one
+    """The expected answer (serving/probe_golden.py's `Golden` is one; so is `ProbeAnswer`)."""
+
     @property
     def prompt(self) -> str: ...
+
     @property
     def max_tokens(self) -> int: ...
+
     @property
-    def output_ids(self) -> list[int] | tuple[int, ...]: ...
+    def output_ids(self) -> Sequence[int]: ...
+
+
+@dataclass(frozen=True)
+class ProbeAnswer:
+    """What the probe needs of a golden file: the request to send and the ids to expect."""
+    prompt: str
+    max_tokens: int
+    output_ids: tuple[int, ...]
+    model: str
+    request: dict[str, Any]
+
+
+def load_golden_answer(path: str) -> ProbeAnswer:
+    """The golden file `serving prepare-model` wrote (its JSON is the contract
+    between the two: the gateway reads it, never the code that wrote it);
+    ValueError names what is wrong."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        answer = ProbeAnswer(prompt=str(data["prompt"]), max_tokens=int(data["max_tokens"]),
+                             output_ids=tuple(int(i) for i in data["output_ids"]),
+                             model=str(data.get("model", "ensemble")),
+                             request=dict(data.get("request") or {"max_tokens": int(data["max_tokens"]),
+                                                                    "temperature": 0.0, "ignore_eos": True}))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"probe golden file {path}: {exc!r}") from None
+    if not answer.prompt or len(answer.output_ids) != answer.max_tokens:
+        raise ValueError(f"probe golden file {path}: expected {answer.max_tokens} output ids for a non-empty prompt, "
+                         f"got {len(answer.output_ids)}")
+    return answer
 
 
 async def probe_once(client: object, golden: GoldenAnswer | None, *, ready_timeout_s: float,

@@ -7,17 +7,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import GatewayConfig, ReplicaConfig
-from ..upstream import Upstream
 from .health import Health
 from .load import LoadReading
 from .prefix import PrefixIndex
+from .replica_client import ReplicaClient
 
 
 @dataclass
 class Replica:
     name: str
     config: ReplicaConfig
-    upstream: Upstream
+    upstream: ReplicaClient
     health: Health
     prefix: PrefixIndex = field(default_factory=PrefixIndex)
     load: LoadReading = field(default_factory=LoadReading)
@@ -27,8 +27,8 @@ class Replica:
 
     @classmethod
     def build(cls, name: str, config: ReplicaConfig, gateway: GatewayConfig,
-              upstream: Upstream | None = None) -> Replica:
-        return cls(name, config, upstream or Upstream(config.grpc_url),
+              upstream: ReplicaClient | None = None) -> Replica:
+        return cls(name, config, upstream or ReplicaClient(config.grpc_url),
                    Health(gateway.fleet.eject_after_failures, gateway.fleet.readmit_after_successes,
                           gateway.fleet.eject_backoff_s))
 

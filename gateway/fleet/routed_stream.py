@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING
 
 from client import GenerationOptions, StreamEvent
 
-from ..errors import GatewayError
-from ..metrics import MIGRATIONS
-from ..upstream import UpstreamFailure, UpstreamStalled, UpstreamStream
+from ..core.errors import GatewayError
+from ..core.upstream import UpstreamFailure, UpstreamStalled
+from ..ops.metrics import MIGRATIONS
 from .replica import Replica
+from .replica_client import ReplicaStream
 
 if TYPE_CHECKING:
     from .fleet import Fleet
@@ -48,8 +49,8 @@ class RoutedStream:
     in-flight load until closed; a stream that breaks or stalls counts
     against its replica."""
 
-    def __init__(self, inner: UpstreamStream, replica: Replica, fleet: Fleet, request: RoutedRequest) -> None:
-        self._inner: UpstreamStream | None = inner
+    def __init__(self, inner: ReplicaStream, replica: Replica, fleet: Fleet, request: RoutedRequest) -> None:
+        self._inner: ReplicaStream | None = inner
         self.replica = replica
         self._fleet = fleet
         self._request = request
@@ -117,7 +118,7 @@ class RoutedStream:
                     old_replica.name, reason, failure, replica.name, len(self.generated))
         return inner.first
 
-    def _leave(self, old: UpstreamStream, replica: Replica) -> None:
+    def _leave(self, old: ReplicaStream, replica: Replica) -> None:
         """The old engine request is the orphan stopper's now."""
         self._fleet.orphans.adopt(replica, old)
         self._fleet.track(replica, -1)

@@ -1,4 +1,4 @@
-"""The OpenAI routes' JSON bodies, parsed strictly (gateway/strict_json.py)
+"""The OpenAI routes' JSON bodies, parsed strictly (gateway/bodies/strict_json.py)
 rather than by Starlette's `json.loads(bytes)`, so that whatever a body holds
 that JSON cannot carry (invalid UTF-8, lone surrogates, `NaN`, `1e400`, a
 5,000-digit integer, a duplicate key) is a 400 naming the field in OpenAI's
@@ -18,8 +18,8 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
-from .. import strict_json
-from ..errors import GatewayError
+from ..bodies import strict_json
+from ..core.errors import GatewayError
 
 _NOT_AN_OBJECT = "The body must be a JSON object (OpenAI request format)"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .generation import ChoiceState
+from ..core.generation import ChoiceState
 from .translate import finish_reason
 
 

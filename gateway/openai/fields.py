@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import BeforeValidator, Field, ValidationError, ValidatorFunctionWrapHandler, WrapValidator
 from pydantic_core import PydanticCustomError
 
-from ..upstream import PUBLIC_MODELS
+from ..core.upstream import PUBLIC_MODELS
 
 INT32_MAX = int(np.iinfo(np.int32).max)
 FP32_MAX = float(np.finfo(np.float32).max)
@@ -53,9 +53,9 @@ def _tiny(value: Any) -> str | None:
     return None
 
 
-def positive_fp32(high: float) -> Any:
-    """A float > 0 as the engine's FP32 input holds it, at most `high`."""
-    return Annotated[float, Field(ge=FP32_TINY, le=high), refused(_tiny)]
+# a float > 0 as the engine's FP32 input holds it: at most 1 (a probability), or any FP32
+UnitFP32 = Annotated[float, Field(ge=FP32_TINY, le=1), refused(_tiny)]
+PositiveFP32 = Annotated[float, Field(ge=FP32_TINY, le=FP32_MAX), refused(_tiny)]
 
 
 def _json_bool(value: Any) -> Any:
@@ -79,6 +79,6 @@ def _served(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
                                                    f"models are {', '.join(PUBLIC_MODELS)}.") from None
 
 
-# the served models (gateway/upstream.py's PUBLIC_MODELS, the one list): the
+# the served models (gateway/core/upstream.py's PUBLIC_MODELS, the one list): the
 # schema's enum; any other name is a 404 `model_not_found`
 ServedModel = Annotated[Literal[PUBLIC_MODELS], WrapValidator(_served)]  # type: ignore[valid-type]

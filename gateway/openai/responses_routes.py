@@ -21,20 +21,22 @@ from fastapi.responses import JSONResponse, Response
 
 from client import GenerationOptions
 
-from .. import logs
-from ..errors import GatewayError
-from ..policy import Caller
+from ..core.authentication import authenticated
+from ..core.engine_request import BYTES_PER_TOKEN_BOUND, UpstreamRequest, capped_max_tokens
+from ..core.errors import GatewayError
+from ..core.generation import Generation, engine_failure
+from ..core.policy import Caller
+from ..core.upstream import UpstreamFailure
+from ..ops import logs
 from ..streams import serve
 from ..streams.serve import CLIENT_CLOSED_REQUEST, registry_of, serve_resumable
-from ..upstream import UpstreamFailure
 from .body import OpenAIRoute
 from .chunks import ChatFormat
-from .generation import Generation, engine_failure
 from .responses_events import ResponseState, error_event
 from .responses_schema import ResponseRequest
-from .routes import _ERRORS, BYTES_PER_TOKEN_BOUND, authenticated, check_model, start_whole
+from .routes import _ERRORS, check_model, start_whole
 from .serve import Job, WholeResponse
-from .translate import UpstreamRequest, capped_max_tokens, prompt_bytes
+from .translate import prompt_bytes
 
 router = APIRouter(route_class=OpenAIRoute)     # bodies read by body.parse_body, as in routes.py
 
@@ -59,7 +61,7 @@ async def create_response(body: ResponseRequest, request: Request,
                               user=logs.hashed(body.user or body.safety_identifier))
     estimate = prompt_bytes([upstream_request]) // BYTES_PER_TOKEN_BOUND
     admission = await request.app.state.policy.admit(caller, estimate)
-    generation = Generation(request.app.state.upstream, body.model, [upstream_request], admission,
+    generation = Generation(request.app.state.fleet, body.model, [upstream_request], admission,
                             route="response", started_s=context.started_s if context else time.perf_counter(),
                             prompt_estimate=estimate, streamed=bool(body.stream),
                             # one piece (degradation): the engine sends the whole answer at once

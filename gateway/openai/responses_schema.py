@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from .fields import ServedModel, positive_fp32, refused
+from .fields import ServedModel, UnitFP32, refused
 from .schemas import STREAM_OPTIONS_NOTE, Nothing, Tokens, TokenTimeout, _Strict, only_when_streaming
 
 _TEXT_PARTS = ("input_text", "output_text")
@@ -67,7 +67,7 @@ class ResponseRequest(_Strict):
     instructions: str | None = None
     max_output_tokens: Tokens | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: positive_fp32(1) | None = None
+    top_p: UnitFP32 | None = None
     stream: bool | None = False
     stream_options: ResponseStreamOptions | None = Field(default=None, description=STREAM_OPTIONS_NOTE)
     # runs to its end whether or not anyone reads; read or resumed with GET /v1/responses/{id}

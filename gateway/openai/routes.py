@@ -14,45 +14,34 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from .. import logs
 from ..config import TierConfig
-from ..errors import GatewayError
-from ..hangup import HungUp, unless_hung_up
-from ..policy import Admission, Caller, Policy
+from ..core.authentication import authenticated
+from ..core.engine_request import BYTES_PER_TOKEN_BOUND, UpstreamRequest
+from ..core.errors import GatewayError
+from ..core.generation import Generation
+from ..core.hangup import HungUp, unless_hung_up
+from ..core.policy import Admission, Caller
+from ..core.upstream import PUBLIC_MODELS, Upstream
+from ..ops import logs
 from ..streams.serve import CLIENT_CLOSED_REQUEST, serve_resumable
-from ..upstream import PUBLIC_MODELS, Upstream
 from .body import OpenAIRoute
 from .chunks import ChatFormat, CompletionFormat, Format
 from .fields import ServedModel
-from .generation import Generation
 from .schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 from .serve import Job, error_event, produce_stream, whole
-from .translate import UpstreamRequest, chat_upstream, completion_upstream, prompt_bytes
+from .translate import chat_upstream, completion_upstream, prompt_bytes
 
 # the bodies are read by body.parse_body: a 400 naming the field for what JSON cannot carry
 router = APIRouter(route_class=OpenAIRoute)
 
-# the admission is charged this lower bound of the prompt's tokens before the
-# engine has counted them (no BPE vocabulary averages more than 8 bytes a
-# token); the real count is added when the first response brings it
-BYTES_PER_TOKEN_BOUND = 8
 _MODELS_CREATED = 1_700_000_000     # a fixed `created`: the models have no creation date worth reporting
 
-_ERRORS = {400: {"description": "invalid request (OpenAI error shape)"},
+_ERRORS: dict[int | str, dict[str, Any]] = {400: {"description": "invalid request (OpenAI error shape)"},
            401: {"description": "missing or wrong API key"}, 403: {"description": "model not allowed for the tier"},
            404: {"description": "unknown model"}, 413: {"description": "body too large"},
            415: {"description": "not application/json"}, 429: {"description": "rate limited"},
            503: {"description": "engine overloaded or unreachable; see Retry-After"},
            504: {"description": "the engine timed out: no first token in time, or the caller's token_timeout_ms"}}
-
-
-async def authenticated(request: Request) -> Caller:
-    policy: Policy = request.app.state.policy
-    caller = await policy.authenticate(request.headers.get("authorization"))
-    context = logs.current()
-    if context is not None:
-        context.tier, context.key_id = caller.tier_name, caller.key_id
-    return caller
 
 
 def check_model(request: Request, caller: Caller, model: str) -> None:
@@ -76,7 +65,7 @@ async def _run(request: Request, caller: Caller, body: _Sampling, fmt: Format, p
                               upstream_ids=[r.options.request_id for r in upstream_requests])
     estimate = prompt_bytes(upstream_requests) // BYTES_PER_TOKEN_BOUND
     admission = await request.app.state.policy.admit(caller, estimate)
-    upstream: Upstream = request.app.state.upstream
+    upstream: Upstream = request.app.state.fleet
     generation = Generation(upstream, body.model, upstream_requests, admission, route=fmt.object,
                             started_s=context.started_s if context else time.perf_counter(),
                             prompt_estimate=estimate, keep_logprobs=with_logprobs and not body.stream,

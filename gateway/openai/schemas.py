@@ -19,8 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from ..upstream import UPSTREAM_TOKEN_TIMEOUT_S
-from .fields import FP32_MAX, INT32_MAX, FalseOnly, ServedModel, positive_fp32, refused, unsupported
+from ..core.upstream import UPSTREAM_TOKEN_TIMEOUT_S
+from .fields import INT32_MAX, FalseOnly, PositiveFP32, ServedModel, UnitFP32, refused, unsupported
 
 MAX_STOP_SEQUENCES = 16
 # the one content part type; image_url, input_audio, file... are refused
@@ -121,7 +121,7 @@ class _Sampling(_Strict):
     stream_options: ChatStreamOptions | None = Field(default=None, description=STREAM_OPTIONS_NOTE)
     max_tokens: Tokens | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
-    top_p: positive_fp32(1) | None = None
+    top_p: UnitFP32 | None = None
     # the deployment's bound (gateway.limits.max_n) is added to the published schema
     # by gateway/openai/openapi.py and checked by translate.check_n
     n: int | None = Field(default=None, ge=1, le=INT32_MAX,
@@ -137,7 +137,7 @@ class _Sampling(_Strict):
     # vLLM-compatible extensions
     top_k: int | None = Field(default=None, ge=0, le=INT32_MAX)
     min_tokens: int | None = Field(default=None, ge=0, le=INT32_MAX)
-    repetition_penalty: positive_fp32(FP32_MAX) | None = None
+    repetition_penalty: PositiveFP32 | None = None
     ignore_eos: bool | None = None
     token_timeout_ms: TokenTimeout | None = None
 

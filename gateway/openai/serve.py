@@ -16,14 +16,14 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from ..errors import GatewayError
-from ..hangup import HungUp, unless_hung_up
-from ..policy import Admission, Caller
-from ..upstream import UpstreamFailure
-from ..usage import settle
+from ..core.errors import GatewayError
+from ..core.generation import ChoiceState, Generation, engine_failure, event_logprobs
+from ..core.hangup import HungUp, unless_hung_up
+from ..core.policy import Admission, Caller
+from ..core.upstream import UpstreamFailure
+from ..core.usage import settle
 from . import chunks
 from .chunks import Format
-from .generation import ChoiceState, Generation, engine_failure, event_logprobs
 from .translate import finish_reason
 
 log = logging.getLogger("gateway.requests")

@@ -5,12 +5,11 @@ The tier's values win over the caller's: `priority` comes from the tier alone
 and `max_tokens` is capped by `tier.max_tokens_cap`."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from client import GenerationOptions
 
 from ..config import TierConfig
-from ..errors import GatewayError
+from ..core.engine_request import UpstreamRequest, capped_max_tokens
+from ..core.errors import GatewayError
 from .schemas import ChatCompletionRequest, CompletionRequest, _Sampling
 
 # engine finish reasons that are an answer; the rest (cancelled, timeout, error)
@@ -20,29 +19,12 @@ FINISH_REASONS = {"stop": "stop", "length": "length", "content_filter": "content
 _ROLES = {"developer": "system"}
 
 
-@dataclass(frozen=True)
-class UpstreamRequest:
-    """One engine request: one choice of the answer."""
-    index: int
-    text_input: str
-    options: GenerationOptions
-    prompt_index: int = 0       # the n choices of one prompt share its prompt tokens in `usage`
-
-
 def check_n(request: _Sampling, max_n: int, prompts: int = 1) -> int:
     n = request.n or 1
     if n * prompts > max_n:
         what = "n" if prompts == 1 else "n × number of prompts"
         raise GatewayError(400, f"{what} must be at most {max_n} (got {n * prompts})", param="n")
     return n
-
-
-def capped_max_tokens(requested: int | None, tier: TierConfig) -> int | None:
-    """None leaves the engine's default (itself bounded by its limit)."""
-    cap = tier.max_tokens_cap
-    if cap <= 0:
-        return requested
-    return cap if requested is None else min(requested, cap)
 
 
 def choice_seed(seed: int | None, choice: int) -> int | None:

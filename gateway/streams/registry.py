@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections.abc import Coroutine
 from typing import Any
 
 from ..config import GatewayConfig
-from ..metrics import STREAMS_ACTIVE, STREAMS_ENDED
-from ..policy import Caller
+from ..core.policy import Caller
+from ..ops.metrics import STREAMS_ACTIVE, STREAMS_ENDED
 from .session import ErrorEvent, Producer, StreamSession
 from .shared import SharedStreams
 
@@ -131,8 +132,8 @@ class StreamRegistry:
         """How long a stream stays readable after its end."""
         return self.config.streams.response_retention_s if session.background else max(session.grace_s, 1.0)
 
-    def _spawn(self, work: object) -> None:
-        task = asyncio.ensure_future(work)     # type: ignore[arg-type]
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -3,18 +3,21 @@
 OpenAI chunks and Triton `generate_stream` events alike."""
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from ..openai.routes import authenticated
-from ..policy import Caller
+from ..core.authentication import authenticated
+from ..core.policy import Caller
 from . import serve
 
 router = APIRouter()
 
-_ERRORS = {400: {"description": "malformed Last-Event-ID"}, 401: {"description": "missing or wrong API key"},
-           404: {"description": "no such stream for this key"},
-           410: {"description": "the events after Last-Event-ID are no longer buffered"}}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "malformed Last-Event-ID"}, 401: {"description": "missing or wrong API key"},
+    404: {"description": "no such stream for this key"},
+    410: {"description": "the events after Last-Event-ID are no longer buffered"}}
 
 
 @router.get("/v1/streams/{stream_id}", responses=_ERRORS)

@@ -20,10 +20,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from ..errors import GatewayError
-from ..hangup import HungUp, disconnected, unless_hung_up
-from ..metrics import STREAM_RESUMES
-from ..policy import Caller
+from ..core.errors import GatewayError
+from ..core.hangup import HungUp, disconnected, unless_hung_up
+from ..core.policy import Caller
+from ..ops.metrics import STREAM_RESUMES
 from .registry import StreamRegistry
 from .session import ErrorEvent, Event, Producer, StreamGone, StreamSession
 from .shared import SharedStreams

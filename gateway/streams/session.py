@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import GatewayError
+from ..core.errors import GatewayError
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The JSON of a Triton HTTP body, parsed strictly (gateway/strict_json.py),
+"""The JSON of a Triton HTTP body, parsed strictly (gateway/bodies/strict_json.py),
 every refusal a 400 naming the field as a Triton caller knows it: the
 top-level key, or in an infer body the input (or output) whose tensor holds
 the problem. Numbers stay as written (`2.0` is a float, refused where an
@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .. import strict_json
-from ..errors import GatewayError
-from ..strict_json import path_text, shown
+from ..bodies import strict_json
+from ..bodies.strict_json import path_text, shown
+from ..core.errors import GatewayError
 
 
 def parse(raw: bytes) -> Any:

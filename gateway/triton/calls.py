@@ -1,8 +1,8 @@
 """One Triton-protocol request from admission to its end, the same behind
 every door (HTTP generate / generate_stream / infer, gRPC ModelInfer /
 ModelStreamInfer): admitted under the caller's limits with a prompt
-estimate, sent through the one upstream (`Upstream`, the client library over
-gRPC) by the OpenAI routes' `Generation` (exact token accounting, TTFT / ITL,
+estimate, sent through the upstream (the fleet, as core/upstream.py's
+`Upstream`) by the core's `Generation` (exact token accounting, TTFT / ITL,
 stop by key on close), and however it ends, the engine request stopped, the
 admission released and the key's usage counted."""
 from __future__ import annotations
@@ -14,14 +14,13 @@ from dataclasses import dataclass
 
 from client import StreamEvent
 
-from .. import logs
-from ..errors import GatewayError
-from ..openai.generation import Generation
-from ..openai.routes import BYTES_PER_TOKEN_BOUND
-from ..openai.translate import UpstreamRequest
-from ..policy import Admission, Caller, Policy
-from ..upstream import Upstream
-from ..usage import settle
+from ..core.engine_request import BYTES_PER_TOKEN_BOUND, UpstreamRequest
+from ..core.errors import GatewayError
+from ..core.generation import Generation
+from ..core.policy import Admission, Caller, Policy
+from ..core.upstream import Upstream
+from ..core.usage import settle
+from ..ops import logs
 from .inputs import ValidatedCall
 from .metadata import check_served
 

@@ -27,10 +27,10 @@ import grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from ..config import GatewayConfig
-from ..drain import DrainState
-from ..errors import GatewayError
-from ..policy import Caller, Policy
-from ..upstream import Upstream, UpstreamFailure
+from ..core.errors import GatewayError
+from ..core.policy import Caller, Policy
+from ..core.upstream import Upstream, UpstreamFailure
+from ..lifecycle.drain import DrainState
 from . import calls, metadata
 from .grpc_observe import Observation, metadata_of, observed
 from .grpc_stream import serve_stream

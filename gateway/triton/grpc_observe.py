@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from .. import logs
-from ..metrics import IN_FLIGHT, REQUEST_DURATION, REQUESTS
+from ..ops import logs
+from ..ops.metrics import IN_FLIGHT, REQUEST_DURATION, REQUESTS
 from .responses import CLIENT_CLOSED_REQUEST
 
 access_log = logging.getLogger("gateway.access")
@@ -23,7 +23,7 @@ access_log = logging.getLogger("gateway.access")
 
 @dataclass
 class Observation:
-    context: logs.RequestContext
+    context: logs.LogContext
     status: int = 200
 
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
 from tritonclient.grpc import service_pb2
 
-from ..errors import GatewayError
-from ..policy import Caller
-from ..upstream import UpstreamFailure
+from ..core.errors import GatewayError
+from ..core.policy import Caller
+from ..core.upstream import UpstreamFailure
 from . import calls
 from .grpc_observe import metadata_of, observed
 from .outputs import infer_proto, visible
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .grpc_door import TritonDoor
 
 log = logging.getLogger(__name__)
-Response = service_pb2.ModelStreamInferResponse
+Response: TypeAlias = service_pb2.ModelStreamInferResponse
 _END = object()
 
 

@@ -20,12 +20,12 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from .. import logs
-from ..errors import GatewayError
-from ..openai.routes import authenticated
-from ..policy import Caller
+from ..core.authentication import authenticated
+from ..core.errors import GatewayError
+from ..core.policy import Caller
+from ..core.upstream import UpstreamFailure
+from ..ops import logs
 from ..streams import serve_resumable
-from ..upstream import UpstreamFailure
 from . import body_json, calls, metadata
 from .inputs import ValidatedCall, validate
 from .outputs import check_requested, generate_json, infer_json, output_names, visible
@@ -67,7 +67,7 @@ async def _json(request: Request, raw: bytes | None = None) -> Any:
 async def _admitted(request: Request, caller: Caller, call: ValidatedCall, version: str,
                     route: str) -> calls.Call:
     calls.check_model(request.app.state.policy, caller, call.model, version)
-    return await calls.admit(request.app.state.policy, request.app.state.upstream, caller, call, route=route)
+    return await calls.admit(request.app.state.policy, request.app.state.fleet, caller, call, route=route)
 
 
 def _whole(admitted: calls.Call, render: Any) -> WholeAnswer:

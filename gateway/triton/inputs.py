@@ -29,11 +29,11 @@ from typing import Any
 from client import GenerationOptions
 from ensemble.public_tensors import PUBLIC_INPUTS, TensorSpec
 
+from ..bodies.guard import json_depth
+from ..bodies.strict_json import is_utf8, shown
 from ..config import TierConfig
-from ..errors import GatewayError
-from ..guard import json_depth
-from ..openai.translate import capped_max_tokens
-from ..strict_json import is_utf8, shown
+from ..core.engine_request import capped_max_tokens
+from ..core.errors import GatewayError
 
 # Triton's TYPE_* names → the KServe datatype on the wire (TYPE_STRING is BYTES)
 WIRE_DATATYPES = {"TYPE_STRING": "BYTES", "TYPE_BOOL": "BOOL", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64",

@@ -16,8 +16,8 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 
 from ensemble.public_tensors import PUBLIC_INPUTS, PUBLIC_OUTPUTS, TensorSpec, ensemble_output_name
 
-from ..errors import GatewayError
-from ..upstream import PUBLIC_MODELS
+from ..core.errors import GatewayError
+from ..core.upstream import PUBLIC_MODELS
 from .inputs import WIRE_DATATYPES
 from .outputs import MODEL_VERSION
 

@@ -26,7 +26,7 @@ from tritonclient.utils import np_to_triton_dtype
 
 from ensemble.public_tensors import PUBLIC_OUTPUTS, ensemble_output_name
 
-from ..strict_json import shown
+from ..bodies.strict_json import shown
 from .inputs import ValidatedCall, input_error
 from .raw import encode_raw
 

@@ -13,8 +13,8 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..errors import GatewayError
-from ..hangup import HungUp, unless_hung_up
+from ..core.errors import GatewayError
+from ..core.hangup import HungUp, unless_hung_up
 
 log = logging.getLogger(__name__)
 

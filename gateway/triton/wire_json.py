@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import GatewayError
-from ..strict_json import shown
+from ..bodies.strict_json import shown
+from ..core.errors import GatewayError
 from .inputs import SPECS, Values, WireInput, caller_id, input_error, wire_datatype
 from .raw import decode_raw
 

@@ -7,13 +7,14 @@ values through the client library."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from tritonclient.grpc import service_pb2
 
-from .. import logs
-from ..errors import GatewayError
-from ..policy import Caller
-from ..strict_json import shown
+from ..bodies.strict_json import shown
+from ..core.errors import GatewayError
+from ..core.policy import Caller
+from ..ops import logs
 from .inputs import ValidatedCall, WireInput, caller_id, input_error, validate
 from .outputs import check_requested
 from .raw import decode_raw
@@ -47,10 +48,10 @@ def proto_request(request: service_pb2.ModelInferRequest) -> ProtoRequest:
             if tensor.HasField("contents"):
                 raise input_error(shown(tensor.name), "has both contents and raw_input_contents")
             items.append(WireInput(tensor.name, tensor.datatype, tuple(tensor.shape),
-                                   lambda data=raw[index], datatype=tensor.datatype: decode_raw(datatype, data)))
+                                   partial(decode_raw, tensor.datatype, raw[index])))
         else:
             items.append(WireInput(tensor.name, tensor.datatype, tuple(tensor.shape),
-                                   lambda tensor=tensor: _contents(tensor)))
+                                   partial(_contents, tensor)))
     requested = None
     if request.outputs:
         requested = []

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import threading
@@ -16,11 +17,13 @@ from pathlib import Path
 
 import httpx
 
-from gateway.keys import KeyStore
-from gateway.process import GatewayProcess
+from gateway.admission.keys import KeyStore
+from serving.gateway_process import GatewayProcess
 from serving.launcher import TritonServer, free_local_ports
 from tests.e2e.triton_calls import scrape_metrics
 
+# the modules that log failed engine requests: the error mapping and a replica's connection
+_UPSTREAM_LOGGERS = re.compile(r'"logger": "gateway\.(core\.upstream|fleet\.replica_client)"')
 FLEET_SETTINGS = ["gateway.fleet.probe_interval_s=1", "gateway.fleet.probe_timeout_s=15",
                   "gateway.fleet.eject_after_failures=2", "gateway.fleet.readmit_after_successes=2",
                   "gateway.fleet.eject_backoff_s=2", "gateway.fleet.metrics_interval_s=0.25",
@@ -53,7 +56,7 @@ class FleetGateway:
         """What the gateway logged about failed engine requests: the cause a
         failed test should show (the log itself is gone after a CI run)."""
         lines = self.process.log_path.read_text(errors="replace").splitlines()
-        return [line[:300] for line in lines if '"logger": "gateway.upstream"' in line and '"WARNING"' in line]
+        return [line[:300] for line in lines if _UPSTREAM_LOGGERS.search(line) and '"WARNING"' in line]
 
     def fleet_report(self) -> str:
         """Why a replica is or is not routable, as the gateway saw it: its

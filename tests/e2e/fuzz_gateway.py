@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.process import GatewayProcess
+from serving.gateway_process import GatewayProcess
 from serving.launcher import TritonServer, free_local_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

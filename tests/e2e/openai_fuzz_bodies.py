@@ -192,7 +192,7 @@ def _valid(rng: random.Random, route: str) -> dict[str, Any]:
 
 
 def _shown_key(raw: bytes) -> str:
-    """A raw key as the gateway names it (gateway.strict_json.shown): decoded, each bad byte or lone
+    """A raw key as the gateway names it (gateway.bodies.strict_json.shown): decoded, each bad byte or lone
     surrogate as `\\udcXX` / `\\ud800`."""
     key = json.loads((b'"' + raw + b'"').decode("utf-8", "surrogateescape"))
     return key.encode("utf-8", "backslashreplace").decode("utf-8")

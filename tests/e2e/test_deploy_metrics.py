@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.keys import KeyStore
+from gateway.admission.keys import KeyStore
 from serving.deploy import monitoring
 from serving.deploy.profile import load_profile
 from serving.deploy.render import render

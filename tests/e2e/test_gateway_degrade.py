@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.keys import KeyStore
-from gateway.process import GatewayProcess
+from gateway.admission.keys import KeyStore
+from serving.gateway_process import GatewayProcess
 from serving.launcher import TritonServer, free_local_ports
 from tests.e2e.fleet_helpers import wait_until
 

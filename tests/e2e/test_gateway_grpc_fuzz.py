@@ -23,7 +23,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from ensemble.public_bounds import BOUNDS
 from ensemble.public_tensors import PUBLIC_INPUTS
-from gateway.strict_json import shown
+from gateway.bodies.strict_json import shown
 from gateway.triton.inputs import wire_datatype
 from gateway.triton.raw import encode_raw
 from gateway.triton.wire_proto import CONTENTS_FIELDS

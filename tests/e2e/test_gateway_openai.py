@@ -16,8 +16,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.keys import KeyStore
-from gateway.process import GatewayProcess
+from gateway.admission.keys import KeyStore
+from serving.gateway_process import GatewayProcess
 from serving.launcher import TritonServer, free_local_ports
 from tests.e2e.triton_calls import scrape_metrics, sse_stream, wait_for
 

@@ -12,8 +12,8 @@ import httpx
 import psutil
 import pytest
 
-from gateway.keys import KeyStore
-from gateway.process import GatewayProcess
+from gateway.admission.keys import KeyStore
+from serving.gateway_process import GatewayProcess
 from serving.launcher import TritonServer, free_local_ports
 
 pytestmark = pytest.mark.e2e

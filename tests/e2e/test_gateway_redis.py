@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.keys import KeyStore
+from gateway.admission.keys import KeyStore
 from serving.launcher import free_local_ports
 from serving.paths import REPO_ROOT
 from tests.unit.gateway.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)

@@ -11,9 +11,9 @@ import limits.aio.storage.memory as limits_memory
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.access import AccessPolicy
+from gateway.admission.access import AccessPolicy
+from gateway.admission.keys import KeyStore
 from gateway.config import GatewayConfig, TierConfig
-from gateway.keys import KeyStore
 
 
 class FakeClock:

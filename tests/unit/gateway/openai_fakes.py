@@ -1,4 +1,4 @@
-"""Fakes for the OpenAI routes' unit tests: a Policy (gateway/policy.py) with
+"""Fakes for the OpenAI routes' unit tests: a Policy (gateway/core/policy.py) with
 one good key, and a client-library Transport replaying scripted engine
 responses, under the real AsyncLLMClient (so retries, stop-on-cancel and
 error handling are the library's own)."""
@@ -15,9 +15,9 @@ from client import AsyncLLMClient, StreamEvent
 from client.errors import RequestError
 from gateway.app import create_app
 from gateway.config import GatewayConfig, TierConfig
-from gateway.errors import GatewayError
-from gateway.policy import Caller
-from gateway.upstream import Upstream, client_config
+from gateway.core.errors import GatewayError
+from gateway.core.policy import Caller
+from gateway.fleet.replica_client import ReplicaClient, client_config
 
 GOOD_KEY = "sk-test-good"
 AUTH = {"Authorization": f"Bearer {GOOD_KEY}"}
@@ -156,5 +156,5 @@ def harness(script: Script, tier: TierConfig | None = None, **config: Any) -> Ha
     gateway_config = GatewayConfig(**config)
     client = AsyncLLMClient(client_config("127.0.0.1:1"), transport=transport)
     policy = FakePolicy(tier)
-    app = create_app(gateway_config, policy, Upstream(client=client))
+    app = create_app(gateway_config, policy, ReplicaClient(client=client))
     return Harness(transport, policy, app.state.asgi, gateway_config, streams=app.state.streams)

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.access import AccessPolicy
+from gateway.admission.access import AccessPolicy
+from gateway.admission.keys import KeyStore, parse_key
 from gateway.config import GatewayConfig, LimitsConfig, TierConfig
-from gateway.errors import GatewayError
-from gateway.keys import KeyStore, parse_key
-from gateway.policy import Caller
+from gateway.core.errors import GatewayError
+from gateway.core.policy import Caller
 
 from .access_fakes import FakeClock, PolicyFactory, clock, make_policy  # noqa: F401  (fixtures)
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway.access import AccessPolicy
+from gateway.admission.access import AccessPolicy
+from gateway.admission.keys import KeyStore
 from gateway.config import GatewayConfig, LimitsConfig, TierConfig
-from gateway.errors import GatewayError
-from gateway.keys import KeyStore
+from gateway.core.errors import GatewayError
 
 from .redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
 

@@ -19,11 +19,11 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from client import AsyncLLMClient
 from gateway.app import create_app
 from gateway.config import DegradationConfig, GatewayConfig
+from gateway.core.errors import GatewayError
+from gateway.core.policy import Caller
 from gateway.degrade import DegradingPolicy, build_degradation
-from gateway.errors import GatewayError
-from gateway.metrics import REGISTRY
-from gateway.policy import Caller
-from gateway.upstream import Upstream, client_config
+from gateway.fleet.replica_client import ReplicaClient, client_config
+from gateway.ops.metrics import REGISTRY
 from tests.unit.gateway.openai_fakes import FakePolicy, FakeTransport, Script
 from tests.unit.gateway.test_triton_grpc import Door, serve
 from tests.unit.gateway.triton_fakes import engine
@@ -53,7 +53,7 @@ class App:
         self.transport = FakeTransport(script or engine("Hel", "lo", ", ", "world"))
         self.policy = TieredPolicy(self.config)
         client = AsyncLLMClient(client_config("127.0.0.1:1"), transport=self.transport)
-        app = create_app(self.config, self.policy, Upstream(client=client))
+        app = create_app(self.config, self.policy, ReplicaClient(client=client))
         self.degradation = app.state.degradation
         self.degradation.controller.level = level
         self.asgi = app.state.asgi

@@ -16,7 +16,7 @@ from gateway.degrade.levels import TierRoles, effective_max_level
 from gateway.degrade.signals import ERROR_RATE, KV_USE, QUEUE_TIME
 from gateway.fleet.load import LoadReading
 from gateway.fleet.replica import Replica
-from gateway.metrics import REGISTRY
+from gateway.ops.metrics import REGISTRY
 
 KV = Threshold(KV_USE, enter=0.9, exit=0.7)
 QUEUE = Threshold(QUEUE_TIME, enter=10.0, exit=2.0)

@@ -8,7 +8,7 @@ import pytest
 from gateway.config import GatewayConfig, ReplicaConfig
 from gateway.degrade.counters import CounterDeltas, Increments
 from gateway.degrade.signals import ERROR_RATE, KV_USE, MIN_OUTCOMES, PREEMPTIONS, QUEUE_TIME, Signals
-from gateway.degrade.window import Window
+from gateway.degrade.window import SignalWindow
 from gateway.fleet.load import LoadReading, parse_load
 from gateway.fleet.replica import Replica
 
@@ -40,7 +40,7 @@ def test_parse_load_reads_the_engines_counters_and_histogram_totals():
 
 
 def test_a_window_forgets_samples_one_span_after_they_came():
-    window = Window(10.0)
+    window = SignalWindow(10.0)
     assert window.mean(0.0) is None and window.total(0.0) == 0.0
     window.add(0.0, 4.0)
     window.add(5.0, 2.0)
@@ -48,7 +48,7 @@ def test_a_window_forgets_samples_one_span_after_they_came():
     assert window.mean(10.0) == 2.0 and window.count(10.0) == 1       # the first one is exactly one span old
     assert window.mean(15.0) is None
     with pytest.raises(ValueError, match="positive"):
-        Window(0)
+        SignalWindow(0)
 
 
 def reading(at: float, preemptions: float = 0, qsum: float = 0, qcount: float = 0) -> LoadReading:

@@ -15,15 +15,15 @@ import pytest
 from client import AsyncLLMClient, RequestError
 from gateway.app import create_app
 from gateway.config import FleetConfig, GatewayConfig, ReplicaConfig
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
 from gateway.fleet.fleet import Fleet, prompt_text
 from gateway.fleet.health import Health
 from gateway.fleet.load import LoadReading, parse_load
 from gateway.fleet.prefix import PrefixIndex, block_hashes
 from gateway.fleet.probe import probe_once
 from gateway.fleet.replica import Replica
+from gateway.fleet.replica_client import ReplicaClient, client_config
 from gateway.fleet.router import Router, RouteRequest
-from gateway.upstream import Upstream, client_config
 from tests.unit.gateway.asgi_driver import call
 from tests.unit.gateway.openai_fakes import AUTH, FakePolicy, FakeTransport, overloaded_script, simple_script
 
@@ -118,7 +118,7 @@ def fleet_of(scripts: dict[str, object], **fleet: Any) -> tuple[Fleet, dict[str,
                                                **fleet))
     transports = {n: FakeTransport(s) for n, s in scripts.items()}
     replicas = [Replica.build(n, settings.fleet.replicas[n], settings,
-                              Upstream(client=AsyncLLMClient(client_config(f"{n}:1"), transport=transports[n])))
+                              ReplicaClient(client=AsyncLLMClient(client_config(f"{n}:1"), transport=transports[n])))
                 for n in scripts]
     return Fleet(settings, replicas), transports
 
@@ -218,7 +218,8 @@ def test_the_prompt_text_of_a_chat_is_its_turns_in_order():
 
 def test_draining_the_gateway_refuses_new_posts_and_fails_readiness():
     app = create_app(GatewayConfig(), FakePolicy(),
-                     Upstream(client=AsyncLLMClient(client_config("x:1"), transport=FakeTransport(simple_script("a")))))
+                     ReplicaClient(client=AsyncLLMClient(client_config("x:1"),
+                                                         transport=FakeTransport(simple_script("a")))))
     body = json.dumps({"model": "ensemble", "prompt": "hi"}).encode()
 
     async def scenario():
@@ -265,7 +266,7 @@ def test_a_replica_dying_mid_stream_ends_the_stream_with_an_error_event_and_coun
     settings = GatewayConfig(fleet=FleetConfig(routing_policy="round_robin", replicas={"a": ReplicaConfig("a:1")}))
     transport = FakeTransport(died)
     replica_a = Replica.build("a", settings.fleet.replicas["a"], settings,
-                              Upstream(client=AsyncLLMClient(client_config("a:1"), transport=transport)))
+                              ReplicaClient(client=AsyncLLMClient(client_config("a:1"), transport=transport)))
     app = create_app(settings, FakePolicy())
     app.state.fleet.replicas[:] = [replica_a]
     app.state.fleet.by_name = {"a": replica_a}
@@ -285,7 +286,7 @@ def test_a_wrong_probe_answer_ejects_at_once_unless_it_is_the_last_replica():
 
 
 def test_the_routable_gauge_says_what_routing_does_a_replica_not_yet_proven_takes_no_callers():
-    from gateway.metrics import REPLICA_ROUTABLE
+    from gateway.ops.metrics import REPLICA_ROUTABLE
     fleet, _ = fleet_of({"p": simple_script("ok"), "q": simple_script("ok")})
     fleet.golden = Golden()
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gateway.guard import BodyGuard, json_depth
+from gateway.bodies.guard import BodyGuard, json_depth
 
 LIMIT = 1000
 

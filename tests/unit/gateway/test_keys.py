@@ -9,9 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from gateway.admission.keys import (
+    LOCAL_KEY_FILE,
+    KeyStore,
+    KeyStoreError,
+    ensure_local_key,
+    hash_key,
+    key_id_of,
+    parse_key,
+)
+from gateway.admission.keys_cli import main as keys_main
 from gateway.config import GatewayConfig
-from gateway.keys import LOCAL_KEY_FILE, KeyStore, KeyStoreError, ensure_local_key, hash_key, key_id_of, parse_key
-from gateway.keys_cli import main as keys_main
 
 
 def _mode(path: Path) -> int:

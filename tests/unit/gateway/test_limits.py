@@ -8,11 +8,11 @@ import asyncio
 import pytest
 from limits.aio.storage import MemoryStorage
 
-from gateway.limits import (
+from gateway.admission.limits import (
+    RateWindow,
     RateWindows,
     RequestState,
     TokenState,
-    Window,
     format_reset,
     rate_limit_headers,
     request_window,
@@ -23,17 +23,17 @@ from gateway.limits import (
 from .access_fakes import FakeClock, clock  # noqa: F401  (fixture)
 
 
-@pytest.mark.parametrize("rps, window", [(0, None), (-1, None), (2, Window(2, 1)), (50, Window(50, 1)),
-                                         (2.5, Window(5, 2)), (0.5, Window(1, 2)), (0.1, Window(1, 10)),
-                                         (1 / 3, Window(1, 3)), (0.001, Window(1, 1000))])
-def test_request_window(rps: float, window: Window | None) -> None:
+@pytest.mark.parametrize("rps, window", [(0, None), (-1, None), (2, RateWindow(2, 1)), (50, RateWindow(50, 1)),
+                                         (2.5, RateWindow(5, 2)), (0.5, RateWindow(1, 2)), (0.1, RateWindow(1, 10)),
+                                         (1 / 3, RateWindow(1, 3)), (0.001, RateWindow(1, 1000))])
+def test_request_window(rps: float, window: RateWindow | None) -> None:
     assert request_window(rps) == window
 
 
 def test_token_window() -> None:
     assert token_window(0) is None
-    assert token_window(200) == Window(12_000, 60)
-    assert token_window(0.01, 10) == Window(1, 10)     # never a zero budget
+    assert token_window(200) == RateWindow(12_000, 60)
+    assert token_window(0.01, 10) == RateWindow(1, 10)     # never a zero budget
 
 
 def test_token_state_arithmetic() -> None:
@@ -79,7 +79,7 @@ def test_format_reset_and_retry_headers() -> None:
 def test_request_window_on_memory_storage(clock: FakeClock) -> None:  # noqa: F811
     async def run() -> None:
         windows = RateWindows(MemoryStorage(), clock=clock.time)
-        w = Window(2, 1)
+        w = RateWindow(2, 1)
         assert await windows.request_state("k", w) == RequestState(2, 2, 0.0)
         assert await windows.hit_request("k", w)
         clock.advance(0.4)
@@ -101,7 +101,7 @@ def test_request_window_on_memory_storage(clock: FakeClock) -> None:  # noqa: F8
 def test_token_window_on_memory_storage(clock: FakeClock) -> None:  # noqa: F811
     async def run() -> None:
         windows = RateWindows(MemoryStorage(), clock=clock.time)
-        w = Window(100, 10)
+        w = RateWindow(100, 10)
         await windows.charge_tokens("k", w, 30)
         state = await windows.token_state("k", w)
         assert (state.previous, state.current, state.ends_in) == (0, 30, pytest.approx(10.0))

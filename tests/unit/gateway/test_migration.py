@@ -13,11 +13,12 @@ import pytest
 from client import AsyncLLMClient, GenerationOptions, ServerConnectionError
 from gateway.app import create_app
 from gateway.config import FleetConfig, GatewayConfig, ReplicaConfig, TierConfig
+from gateway.core.upstream import UpstreamFailure
 from gateway.fleet.fleet import Fleet
 from gateway.fleet.load import LoadReading
 from gateway.fleet.pools import check_pools, pool_for
 from gateway.fleet.replica import Replica
-from gateway.upstream import Upstream, UpstreamFailure, client_config
+from gateway.fleet.replica_client import ReplicaClient, client_config
 from tests.unit.gateway.asgi_driver import call
 from tests.unit.gateway.openai_fakes import AUTH, HANG, FakePolicy, FakeTransport, ev
 
@@ -30,7 +31,7 @@ def fleet_of(scripts: dict[str, object], dedicated: dict[str, tuple[str, ...]] |
         routing_policy="round_robin", **fleet))
     transports = {n: FakeTransport(s) for n, s in scripts.items()}
     replicas = [Replica.build(n, settings.fleet.replicas[n], settings,
-                              Upstream(client=AsyncLLMClient(client_config(f"{n}:1"), transport=transports[n])))
+                              ReplicaClient(client=AsyncLLMClient(client_config(f"{n}:1"), transport=transports[n])))
                 for n in scripts]
     return Fleet(settings, replicas), transports
 
@@ -112,7 +113,7 @@ def test_through_the_app_the_caller_sees_one_whole_stream_with_exact_usage():
                                                                                        "b": ReplicaConfig("b:1")}))
     app = create_app(settings, FakePolicy())
     for replica, script in zip(app.state.fleet.replicas, (dies_after(1, 2), continues)):
-        replica.upstream = Upstream(client=AsyncLLMClient(client_config("x:1"), transport=FakeTransport(script)))
+        replica.upstream = ReplicaClient(client=AsyncLLMClient(client_config("x:1"), transport=FakeTransport(script)))
     body = json.dumps({"model": "ensemble", "prompt": "hi", "stream": True, "max_tokens": 8,
                        "stream_options": {"include_usage": True}}).encode()
     exchange = asyncio.run(call(app.state.asgi, "POST", "/v1/completions", headers=AUTH, body=body))

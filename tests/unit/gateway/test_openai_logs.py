@@ -7,7 +7,7 @@ import io
 import json
 import logging
 
-from gateway import logs
+from gateway.ops import logs
 from tests.unit.gateway.openai_fakes import AUTH, GOOD_KEY, harness, simple_script
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

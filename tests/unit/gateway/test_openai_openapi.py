@@ -16,9 +16,9 @@ from referencing.jsonschema import DRAFT202012
 
 from gateway.app import create_app
 from gateway.config import GatewayConfig, LimitsConfig
+from gateway.core.upstream import PUBLIC_MODELS
 from gateway.openai.fields import FP32_TINY, INT32_MAX
 from gateway.openai.schemas import MAX_STOP_SEQUENCES
-from gateway.upstream import PUBLIC_MODELS
 from tests.unit.gateway.openai_fakes import AUTH, FakePolicy, harness, simple_script
 
 MAX_N = 3       # not the default (4): the published bound comes from the setting

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from gateway.config import LimitsConfig, TierConfig
-from gateway.metrics import exposition
+from gateway.ops.metrics import exposition
 from tests.unit.gateway.openai_fakes import AUTH, HANG, ev, harness, overloaded_script, simple_script
 
 CHAT = {"model": "ensemble", "messages": [{"role": "user", "content": "Hi"}], "temperature": 0}

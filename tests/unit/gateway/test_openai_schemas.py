@@ -7,8 +7,9 @@ import asyncio
 import pytest
 
 from gateway.config import TierConfig
+from gateway.core.engine_request import capped_max_tokens
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
-from gateway.openai.translate import capped_max_tokens, chat_upstream, completion_upstream, finish_reason
+from gateway.openai.translate import chat_upstream, completion_upstream, finish_reason
 from tests.unit.gateway.openai_fakes import AUTH, harness, simple_script
 
 CHAT = {"model": "ensemble", "messages": [{"role": "user", "content": "Hi"}]}

@@ -1,4 +1,4 @@
-"""The operational endpoints off the public port (gateway/ops.py): the public
+"""The operational endpoints off the public port (gateway/ops/server.py): the public
 app answers 404 on /metrics and /admin/* and lists neither in its OpenAPI
 document; the ops app serves them (admin still behind the admin key); both
 servers run in one event loop, the ops one through the public one's drain and
@@ -18,10 +18,10 @@ import uvicorn
 from client import AsyncLLMClient
 from gateway.app import create_app
 from gateway.config import GatewayConfig
-from gateway.drain import DrainingServer
-from gateway.ops import OpsBindError, ops_server, serve_together
-from gateway.process import GatewayProcess
-from gateway.upstream import Upstream, client_config
+from gateway.fleet.replica_client import ReplicaClient, client_config
+from gateway.lifecycle.drain import DrainingServer
+from gateway.ops.server import OpsBindError, ops_server, serve_together
+from serving.gateway_process import GatewayProcess
 from tests.unit.gateway.openai_fakes import AUTH, FakePolicy, FakeTransport, simple_script
 
 ADMIN_KEY = "ops-admin-key-0123456789"
@@ -41,7 +41,7 @@ def build(tmp_path: Path, **config: Any) -> Any:
     key_file.write_text(ADMIN_KEY)
     client = AsyncLLMClient(client_config("127.0.0.1:1"), transport=FakeTransport(simple_script("Pa", "ris")))
     settings = GatewayConfig(admin_key_file=str(key_file), public_grpc_port=0, **config)
-    return create_app(settings, FakePolicy(), Upstream(client=client))
+    return create_app(settings, FakePolicy(), ReplicaClient(client=client))
 
 
 async def request(asgi: Any, method: str, path: str, headers: dict[str, str] | None = None,

@@ -170,7 +170,7 @@ def test_a_drain_stops_a_hung_up_stream_at_once_and_one_that_hangs_up_during_it(
     async def scenario() -> tuple[float, float]:
         await call(h.app, "POST", "/v1/chat/completions", headers=AUTH, body=BODY, hang_up_after=1)
         streams, t0 = h.streams, time.monotonic()
-        streams.expire_unread()              # the app's drain hook, as the drain begins (gateway/drain.py)
+        streams.expire_unread()              # the app's drain hook, as the drain begins (gateway/lifecycle/drain.py)
         await until(lambda: len(h.transport.stops) == 1)
         at_once = time.monotonic() - t0
         # a reader that leaves after the drain began: stopped at its detach, not 30 s later

@@ -1,4 +1,4 @@
-"""The strict JSON both doors parse bodies with (gateway/strict_json.py): what
+"""The strict JSON both doors parse bodies with (gateway/bodies/strict_json.py): what
 RFC 8259 allows and nothing Python's json adds, the first problem located by
 its path. How each door names the field: test_openai_body.py and
 test_triton_body_json.py."""
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway import strict_json
-from gateway.errors import GatewayError
+from gateway.bodies import strict_json
+from gateway.core.errors import GatewayError
 
 
 def unfit(raw: bytes) -> strict_json.Unfit:

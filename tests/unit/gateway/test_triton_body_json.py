@@ -12,9 +12,9 @@ import pytest
 from client import GenerationOptions, RequestError
 from ensemble.errors import InvalidInputError
 from ensemble.public_bounds import BOUNDS, bound_problem, check_bound
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
+from gateway.core.upstream import map_error
 from gateway.triton.body_json import parse
-from gateway.upstream import map_error
 from python_llm.engine.core.sampling_params import InvalidRequestError, SamplingParams
 
 

@@ -20,10 +20,10 @@ from tritonclient.utils import InferenceServerException
 
 from client import AsyncLLMClient
 from gateway.config import GatewayConfig, LimitsConfig, TierConfig
-from gateway.errors import GatewayError
-from gateway.policy import Caller
+from gateway.core.errors import GatewayError
+from gateway.core.policy import Caller
+from gateway.fleet.replica_client import ReplicaClient, client_config
 from gateway.triton.grpc_door import GrpcDoor
-from gateway.upstream import Upstream, client_config
 from tests.unit.gateway.openai_fakes import AUTH, GOOD_KEY, HANG, FakePolicy, FakeTransport, Script, overloaded_script
 from tests.unit.gateway.triton_fakes import engine, tev
 
@@ -36,7 +36,7 @@ class Door:
         self.transport = FakeTransport(script)
         self.policy = policy or FakePolicy()
         client = AsyncLLMClient(client_config("127.0.0.1:1"), transport=self.transport)
-        self.upstream = Upstream(client=client)
+        self.upstream = ReplicaClient(client=client)
         self.door = GrpcDoor(GatewayConfig(host="127.0.0.1", public_grpc_port=0, **config), self.policy,
                              self.upstream)
 

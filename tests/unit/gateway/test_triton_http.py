@@ -14,7 +14,7 @@ import tritonclient.http as httpclient
 
 from client.errors import ServerConnectionError
 from gateway.config import LimitsConfig, TierConfig
-from gateway.metrics import exposition
+from gateway.ops.metrics import exposition
 from tests.unit.gateway.openai_fakes import AUTH, HANG, harness, overloaded_script
 from tests.unit.gateway.triton_fakes import engine, tev
 

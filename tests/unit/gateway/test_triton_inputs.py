@@ -10,7 +10,7 @@ import pytest
 
 from ensemble.public_tensors import PUBLIC_INPUTS
 from gateway.config import TierConfig
-from gateway.errors import GatewayError
+from gateway.core.errors import GatewayError
 from gateway.triton.inputs import SPECS, ValidatedCall, WireInput, validate, wire_datatype
 from gateway.triton.wire_json import generate_inputs
 

@@ -13,8 +13,8 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2
 
 from gateway.config import TierConfig
-from gateway.errors import GatewayError
-from gateway.policy import Caller
+from gateway.core.errors import GatewayError
+from gateway.core.policy import Caller
 from gateway.triton.inputs import validate
 from gateway.triton.outputs import check_requested, generate_json, infer_json, infer_proto, output_names, visible
 from gateway.triton.raw import decode_raw, encode_raw

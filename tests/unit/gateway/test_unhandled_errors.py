@@ -11,14 +11,14 @@ import httpx
 from client import AsyncLLMClient
 from gateway.app import create_app
 from gateway.config import GatewayConfig
-from gateway.upstream import Upstream, client_config
+from gateway.fleet.replica_client import ReplicaClient, client_config
 from tests.unit.gateway.openai_fakes import FakePolicy, FakeTransport, simple_script
 
 
 def _app() -> object:
     config = GatewayConfig()
     client = AsyncLLMClient(client_config("127.0.0.1:1"), transport=FakeTransport(simple_script("x")))
-    app = create_app(config, FakePolicy(), Upstream(client=client))
+    app = create_app(config, FakePolicy(), ReplicaClient(client=client))
 
     @app.get("/v1/boom")
     async def boom() -> None:

@@ -3,14 +3,10 @@ Triton HTTP or gRPC): engine requests still running are stopped, the
 admission is released, the usage is counted per key and logged."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from . import logs
-from .metrics import KEY_COMPLETION_TOKENS, KEY_PROMPT_TOKENS, KEY_REQUESTS
+from ..ops import logs
+from ..ops.metrics import KEY_COMPLETION_TOKENS, KEY_PROMPT_TOKENS, KEY_REQUESTS
+from .generation import Generation
 from .policy import Admission, Caller
-
-if TYPE_CHECKING:
-    from .openai.generation import Generation
 
 
 async def settle(generation: Generation, admission: Admission, caller: Caller, outcome: str) -> None:

@@ -2,15 +2,16 @@
 is (API key → tier), whether the tier may use a model, and admission under the
 per-key QPS / tokens-per-second / concurrency limits and the global cap.
 
-The handlers (gateway/openai/) call only this interface; keys.py, tiers and
-limits.py implement it (`AccessPolicy`). Every GatewayError raised here carries
-its status and headers (401, 403, 429 with Retry-After and x-ratelimit-*)."""
+The doors (gateway/openai/, triton/, streams/) call only this interface;
+gateway/admission/ (keys, tiers, limits) implements it (`AccessPolicy`).
+Every GatewayError raised here carries its status and headers (401, 403, 429
+with Retry-After and x-ratelimit-*)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol
 
-from .config import TierConfig
+from ..config import TierConfig
 
 
 @dataclass(frozen=True)

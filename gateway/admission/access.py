@@ -1,4 +1,4 @@
-"""AccessPolicy: the gateway's `Policy` (gateway/policy.py) over the key store
+"""AccessPolicy: the gateway's `Policy` (gateway/core/policy.py) over the key store
 (keys.py), the tiers (config.py), the rate windows (limits.py) and the
 concurrency slots (slots.py).
 
@@ -31,22 +31,22 @@ from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter
 
-from .config import GatewayConfig, TierConfig
-from .errors import GatewayError
+from ..config import GatewayConfig, TierConfig
+from ..core.errors import GatewayError
+from ..core.policy import Caller
 from .keys import KeyStore, key_id_of, resolve_keys_file
 from .limits import (
     DEFAULT_TOKENS_WINDOW_S,
+    RateWindow,
     RateWindows,
     RequestState,
     TokenState,
-    Window,
     rate_limit_headers,
     request_window,
     retry_headers,
     storage_for,
     token_window,
 )
-from .policy import Caller
 from .slots import MemorySlots, RedisSlots, Slot, Slots
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def _rejection_counter(registry: CollectorRegistry) -> Counter:
 class LimitedAdmission:
     """One admitted request's hold (policy.Admission)."""
 
-    def __init__(self, policy: AccessPolicy, caller: Caller, slot: Slot, tokens: Window | None,
+    def __init__(self, policy: AccessPolicy, caller: Caller, slot: Slot, tokens: RateWindow | None,
                  headers: dict[str, str]) -> None:
         self.headers = headers
         self.caller = caller
@@ -170,7 +170,7 @@ class AccessPolicy:
 
     # admission
 
-    def _windows_of(self, tier: TierConfig) -> tuple[Window | None, Window | None]:
+    def _windows_of(self, tier: TierConfig) -> tuple[RateWindow | None, RateWindow | None]:
         return request_window(tier.requests_per_second), token_window(tier.tokens_per_second,
                                                                       self.tokens_window_s)
 

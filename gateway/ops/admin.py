@@ -1,4 +1,4 @@
-"""The operator's endpoints, on the ops listener only (ops.py), behind their
+"""The operator's endpoints, on the ops listener only (server.py), behind their
 own key (never an API key): `GET /admin/replicas` (each replica's state), `POST
 /admin/replicas/{name}/drain` (no new requests to it; its in-flight ones
 finish) and `/resume`, `GET /admin/degradation` (the degradation level, its
@@ -15,10 +15,11 @@ from pathlib import Path
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from .config import GatewayConfig
-from .errors import GatewayError
-from .fleet import Fleet
-from .fleet.replica import Replica
+from ..config import GatewayConfig
+from ..core.errors import GatewayError
+from ..fleet import Fleet
+from ..fleet.replica import Replica
+from ..lifecycle.state_dir import state_dir
 
 log = logging.getLogger(__name__)
 router = APIRouter(include_in_schema=False)
@@ -27,8 +28,7 @@ router = APIRouter(include_in_schema=False)
 def admin_key_path(config: GatewayConfig) -> Path:
     if config.admin_key_file:
         return Path(config.admin_key_file)
-    from serving.paths import BUILD_DIR  # late: only the default location needs it
-    return BUILD_DIR / "gateway_admin_key"
+    return state_dir() / "gateway_admin_key"
 
 
 def admin_key(config: GatewayConfig) -> str:

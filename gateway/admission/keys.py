@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ..lifecycle.state_dir import state_dir
+
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "sk-"
@@ -43,8 +45,7 @@ _KEY_RE = re.compile(r"^sk-([0-9a-f]{8,32})\.([A-Za-z0-9_-]{22,128})$")
 
 def default_keys_file() -> Path:
     """GatewayConfig.keys_file's default: <build dir>/gateway_keys.json."""
-    from serving.paths import BUILD_DIR  # late: keys.py stays importable alone
-    return BUILD_DIR / "gateway_keys.json"
+    return state_dir() / "gateway_keys.json"
 
 
 def resolve_keys_file(configured: str) -> Path:

@@ -1,6 +1,6 @@
 """Per-key request and token rate windows, on the `limits` library.
 
-Window semantics (chosen for what each counts):
+RateWindow semantics (chosen for what each counts):
 
 * Requests (QPS): a **moving window** (`limits`' MovingWindowRateLimiter):
   at most N admissions in ANY trailing window of W seconds, exactly. N/W is
@@ -50,12 +50,12 @@ DEFAULT_TOKENS_WINDOW_S = 60
 
 
 @dataclass(frozen=True)
-class Window:
+class RateWindow:
     amount: int                # the budget
     seconds: int               # over this many seconds
 
 
-def request_window(requests_per_second: float) -> Window | None:
+def request_window(requests_per_second: float) -> RateWindow | None:
     """The smallest whole-second window holding a whole number of requests
     (2.5/s → 5 per 2 s); None when unlimited."""
     if requests_per_second <= 0:
@@ -63,16 +63,16 @@ def request_window(requests_per_second: float) -> Window | None:
     for seconds in range(1, 61):
         amount = requests_per_second * seconds
         if amount >= 1 and abs(amount - round(amount)) < 1e-6:
-            return Window(round(amount), seconds)
+            return RateWindow(round(amount), seconds)
     if requests_per_second >= 1:
-        return Window(math.floor(requests_per_second), 1)
-    return Window(1, math.ceil(1 / requests_per_second))
+        return RateWindow(math.floor(requests_per_second), 1)
+    return RateWindow(1, math.ceil(1 / requests_per_second))
 
 
-def token_window(tokens_per_second: float, seconds: int = DEFAULT_TOKENS_WINDOW_S) -> Window | None:
+def token_window(tokens_per_second: float, seconds: int = DEFAULT_TOKENS_WINDOW_S) -> RateWindow | None:
     if tokens_per_second <= 0:
         return None
-    return Window(max(1, round(tokens_per_second * seconds)), seconds)
+    return RateWindow(max(1, round(tokens_per_second * seconds)), seconds)
 
 
 @dataclass(frozen=True)
@@ -157,20 +157,20 @@ class RateWindows:
         self.clock = clock
 
     @staticmethod
-    def _request_item(window: Window) -> RateLimitItemPerSecond:
+    def _request_item(window: RateWindow) -> RateLimitItemPerSecond:
         return RateLimitItemPerSecond(window.amount, window.seconds)
 
     @staticmethod
-    def _token_key(key_id: str, window: Window) -> str:
+    def _token_key(key_id: str, window: RateWindow) -> str:
         # the window length is part of the key: a changed length starts fresh
         # instead of misreading the old counters
         return f"tokens/{key_id}/{window.seconds}"
 
-    async def hit_request(self, key_id: str, window: Window) -> bool:
+    async def hit_request(self, key_id: str, window: RateWindow) -> bool:
         """Count one admission; False (and nothing counted) when the window is full."""
         return await self.requests.hit(self._request_item(window), "requests", key_id)
 
-    async def request_state(self, key_id: str, window: Window) -> RequestState:
+    async def request_state(self, key_id: str, window: RateWindow) -> RequestState:
         stats = await self.requests.get_window_stats(self._request_item(window), "requests", key_id)
         remaining = max(0, stats.remaining)
         # + 1 ms: an admission still counts at exactly W old (the library's
@@ -178,7 +178,7 @@ class RateWindows:
         reset = max(0.0, stats.reset_time - self.clock()) + 0.001 if remaining < window.amount else 0.0
         return RequestState(limit=window.amount, remaining=remaining, reset_s=reset)
 
-    async def token_state(self, key_id: str, window: Window) -> TokenState:
+    async def token_state(self, key_id: str, window: RateWindow) -> TokenState:
         previous, previous_ttl, current, current_ttl = await self.storage.get_sliding_window(  # type: ignore[attr-defined]
             self._token_key(key_id, window), window.seconds)
         # both storages report this window's TTL as (time left in it) + W,
@@ -188,7 +188,7 @@ class RateWindows:
         return TokenState(limit=window.amount, seconds=window.seconds, previous=int(previous),
                           current=int(current), ends_in=ends_in)
 
-    async def charge_tokens(self, key_id: str, window: Window, amount: int) -> None:
+    async def charge_tokens(self, key_id: str, window: RateWindow, amount: int) -> None:
         """Record tokens, past the budget too (the surplus is debt)."""
         if amount > 0:
             await self.storage.acquire_sliding_window_entry(  # type: ignore[attr-defined]

@@ -1,16 +1,14 @@
-"""The one way to Triton: the client library's `AsyncLLMClient` over gRPC
-streaming, one client (one HTTP/2 channel) per gateway process.
+"""One replica's connection: the client library's `AsyncLLMClient` over gRPC
+streaming, one client (one HTTP/2 channel) per replica and gateway process.
 
 The gateway mints each engine request's Triton id and the client library its
 request key, so a caller can neither collide with nor stop anyone else's
-request. Upstream failures become GatewayErrors with the status a caller can
-act on: 400 for input the text stages refused, 503 + Retry-After for an
-overloaded engine or an unreachable Triton, 504 for no first token in time."""
+request. A refusal before the first response is the caller's GatewayError
+(core/upstream.py's `map_error`); a failure after it, UpstreamFailure."""
 from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
@@ -18,52 +16,19 @@ from client import (
     AsyncLLMClient,
     ClientConfig,
     ClientTimeoutError,
-    FirstTokenTimeoutError,
     GenerationOptions,
+    GenerationResult,
     RequestError,
     RetryConfig,
-    ServerConnectionError,
     StreamEvent,
     TimeoutConfig,
 )
-from client.errors import OVERLOADED_MARKER
-from ensemble.public_tensors import PUBLIC_INPUTS, PUBLIC_TO_LLM
 
-from .errors import GatewayError
-from .metrics import UPSTREAM_ERRORS
+from ..core.errors import GatewayError
+from ..core.upstream import UPSTREAM_TOKEN_TIMEOUT_S, UpstreamFailure, UpstreamStalled, map_error
+from ..ops.metrics import UPSTREAM_ERRORS
 
 log = logging.getLogger(__name__)
-
-PUBLIC_MODELS = ("ensemble", "llm_bls")
-# seconds a caller should wait after an overload: the engine's queue drains in
-# about one generation's time, and OpenAI SDKs honour the header
-OVERLOAD_RETRY_AFTER_S = 1
-# the gateway waits this long between two responses of an engine request; a
-# caller's own per-token timeout (`token_timeout_ms`, enforced by the engine)
-# may be shorter, never longer
-UPSTREAM_TOKEN_TIMEOUT_S = 60.0
-# the text stages and the LLM step answer `<field>: <what>` (interface.md,
-# "Errors"), the LLM step also `<public name> (<its own name>): <what>`; Triton
-# may prefix it ("in ensemble 'ensemble', ")
-_FIELD_ERROR = re.compile(r"(?:^|[\s,'(\[])([a-z_]+)(?: \([a-z_]+\))?: ")
-# public input → the parameter a caller sent
-# (its own name, except where OpenAI names it otherwise)
-_PARAMS = {spec.name: {"text_input": "prompt", "stop_words": "stop"}.get(spec.name, spec.name)
-           for spec in PUBLIC_INPUTS}
-# the LLM step's inputs that come from a public one under another name: its
-# refusal of one is the caller's input too (a 400), not an engine failure
-_PARAMS.update({llm: _PARAMS[public] for public, llm in PUBLIC_TO_LLM.items()})
-_PARAMS.update({"input_ids": "prompt", "request_output_len": "max_tokens", "stop_words_list": "stop",
-                "stop_words_ids": "stop", "bad_words_list": "bad_words", "bad_words_ids": "bad_words"})
-
-
-class UpstreamFailure(Exception):
-    """The engine request failed after it had started answering."""
-
-
-class UpstreamStalled(UpstreamFailure):
-    """The engine request sent nothing for the stall timeout: its replica may
-    be frozen (a hung process, a stopped container), its request still held."""
 
 
 def client_config(grpc_url: str) -> ClientConfig:
@@ -75,45 +40,24 @@ def client_config(grpc_url: str) -> ClientConfig:
                         timeouts=TimeoutConfig(first_token_s=300.0, token_s=UPSTREAM_TOKEN_TIMEOUT_S))
 
 
-def map_error(exc: BaseException) -> GatewayError:
-    """A failure before the first response, as the caller's HTTP answer."""
-    if isinstance(exc, GatewayError):
-        return exc
-    if isinstance(exc, RequestError):
-        if OVERLOADED_MARKER in exc.message:
-            UPSTREAM_ERRORS.labels(kind="overloaded").inc()
-            return GatewayError(503, "The engine is overloaded; retry after the delay in Retry-After.",
-                                code="overloaded", headers={"Retry-After": str(OVERLOAD_RETRY_AFTER_S)})
-        match = next((m for m in _FIELD_ERROR.finditer(exc.message) if m.group(1) in _PARAMS), None)
-        if match is not None:
-            UPSTREAM_ERRORS.labels(kind="invalid_input").inc()
-            message = exc.message[match.start(1):]
-            return GatewayError(400, message, param=_PARAMS[match.group(1)])
-        UPSTREAM_ERRORS.labels(kind="rejected").inc()
-        log.warning("upstream refused a request: %s", exc.message)
-        return GatewayError(502, "The engine refused the request.", code="upstream_error")
-    if isinstance(exc, ServerConnectionError):
-        UPSTREAM_ERRORS.labels(kind="connection").inc()
-        log.warning("upstream unreachable: %s", exc)
-        return GatewayError(503, "The engine is unreachable; retry later.", code="upstream_unavailable",
-                            headers={"Retry-After": str(OVERLOAD_RETRY_AFTER_S)})
-    if isinstance(exc, FirstTokenTimeoutError):
-        UPSTREAM_ERRORS.labels(kind="timeout").inc()
-        return GatewayError(504, "The engine did not start answering in time.", code="upstream_timeout")
-    UPSTREAM_ERRORS.labels(kind="internal").inc()
-    log.exception("unexpected upstream failure", exc_info=exc)
-    return GatewayError(500, "Internal error.", code="internal_error")
-
-
 class StreamingClient(Protocol):
+    """What the gateway uses of the client library's `AsyncLLMClient` (tests put a fake transport under one)."""
+
     def stream(self, text_input: str = "", options: GenerationOptions | None = None, *,
                model: str | None = None, streaming: bool = True, **option_fields: Any) -> Any: ...
+
+    async def generate(self, text_input: str = "", options: GenerationOptions | None = None, *,
+                       model: str | None = None, **option_fields: Any) -> GenerationResult: ...
+
+    async def stop(self, request_key: str, request_id: str = "") -> bool: ...
+
+    async def ready(self) -> bool: ...
 
     async def aclose(self) -> None: ...
 
 
-class UpstreamStream:
-    """One engine request that has answered at least once."""
+class ReplicaStream:
+    """One engine request on one replica that has answered at least once."""
 
     def __init__(self, stream: Any, first: StreamEvent) -> None:
         self._stream = stream
@@ -171,12 +115,14 @@ class UpstreamStream:
         await self._stream.aclose()
 
 
-class Upstream:
+class ReplicaClient:
+    """One replica's way in: its client, and the Upstream interface for that replica alone."""
+
     def __init__(self, grpc_url: str = "127.0.0.1:8001", client: StreamingClient | None = None) -> None:
         self.client: StreamingClient = client or AsyncLLMClient(client_config(grpc_url))
 
     async def start(self, model: str, text_input: str, options: GenerationOptions,
-                    streaming: bool = True) -> UpstreamStream:
+                    streaming: bool = True) -> ReplicaStream:
         """Send one engine request and wait for its first response, so that a
         refusal is still an HTTP status and not an error inside a 200 stream.
         `streaming=False`: one response with the whole answer."""
@@ -191,7 +137,7 @@ class Upstream:
             if isinstance(exc, Exception):
                 raise map_error(exc) from None
             raise
-        return UpstreamStream(stream, first)
+        return ReplicaStream(stream, first)
 
     async def aclose(self) -> None:
         await self.client.aclose()

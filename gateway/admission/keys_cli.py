@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import TextIO
 
-from .config import GatewayConfig
+from ..config import GatewayConfig
 from .keys import KeyStore, KeyStoreError, resolve_keys_file
 
 

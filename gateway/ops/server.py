@@ -22,9 +22,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..config import GatewayConfig
+from ..core.errors import GatewayError
 from .admin import router as admin_router
-from .config import GatewayConfig
-from .errors import GatewayError
 from .metrics import exposition
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from itertools import accumulate
 from typing import Any
 
-from .errors import GatewayError
+from ..core.errors import GatewayError
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -18,8 +18,8 @@ from typing import Any
 
 import uvicorn
 
-from .guard import ASGIApp, Receive, Scope, Send
-from .metrics import DRAINING
+from ..bodies.guard import ASGIApp, Receive, Scope, Send
+from ..ops.metrics import DRAINING
 
 log = logging.getLogger(__name__)
 

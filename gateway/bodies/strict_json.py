@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from .errors import encodable
+from ..core.errors import encodable
 
 # longer integer literals are refused (the widest number either door takes is
 # a UINT64 / OpenAI's seed: 20 digits), long before Python's own limit (4300)

@@ -26,7 +26,7 @@ _CALLER_ID = re.compile(r"[\x21-\x7e]{1,128}")
 
 
 @dataclass
-class RequestContext:
+class LogContext:
     request_id: str
     trace_id: str
     span_id: str
@@ -44,18 +44,18 @@ class RequestContext:
         return f"00-{self.trace_id}-{self.span_id}-{self.trace_flags}"
 
 
-_current: contextvars.ContextVar[RequestContext | None] = contextvars.ContextVar("gateway_request", default=None)
+_current: contextvars.ContextVar[LogContext | None] = contextvars.ContextVar("gateway_request", default=None)
 
 
-def current() -> RequestContext | None:
+def current() -> LogContext | None:
     return _current.get()
 
 
-def bind(context: RequestContext) -> contextvars.Token:
+def bind(context: LogContext) -> contextvars.Token[LogContext | None]:
     return _current.set(context)
 
 
-def unbind(token: contextvars.Token) -> None:
+def unbind(token: contextvars.Token[LogContext | None]) -> None:
     _current.reset(token)
 
 
@@ -73,11 +73,11 @@ def parse_traceparent(value: str | None) -> tuple[str, str] | None:
     return match.group(1), match.group(3)
 
 
-def new_context(caller_request_id: str | None, traceparent: str | None) -> RequestContext:
+def new_context(caller_request_id: str | None, traceparent: str | None) -> LogContext:
     parsed = parse_traceparent(traceparent)
     trace_id, flags = parsed if parsed else (secrets.token_hex(16), "01")
     caller = caller_request_id if caller_request_id and _CALLER_ID.fullmatch(caller_request_id) else None
-    return RequestContext(request_id=new_request_id(), trace_id=trace_id, span_id=secrets.token_hex(8),
+    return LogContext(request_id=new_request_id(), trace_id=trace_id, span_id=secrets.token_hex(8),
                           trace_flags=flags, caller_request_id=caller)
 
 

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from client import StreamEvent
 
-from ..errors import GatewayError
-from ..metrics import ADDED_LATENCY, ITL, TTFT
-from ..policy import Admission
-from ..upstream import Upstream, UpstreamStream
-from .translate import UpstreamRequest
+from ..ops.metrics import ADDED_LATENCY, ITL, TTFT
+from .engine_request import UpstreamRequest
+from .errors import GatewayError
+from .policy import Admission
+from .upstream import Upstream, UpstreamStream
 
 
 @dataclass
@@ -60,7 +60,7 @@ class Generation:
         self._streams: list[UpstreamStream] = []
         self._prompt_tokens: dict[int, int] = {}
         self._uncharged = 0         # tokens streamed and not yet handed to the admission
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
 
     @property
     def prompt_tokens(self) -> int:
@@ -99,7 +99,7 @@ class Generation:
             await self._admission.add_tokens(extra)
 
     @staticmethod
-    async def _close_started(starts: list[asyncio.Future]) -> None:
+    async def _close_started(starts: Sequence[asyncio.Future[UpstreamStream]]) -> None:
         await asyncio.gather(*starts, return_exceptions=True)
         for task in starts:
             if not task.cancelled() and task.exception() is None:
@@ -131,14 +131,14 @@ class Generation:
                 await self._charge()
 
     async def _merged(self) -> AsyncIterator[tuple[ChoiceState, StreamEvent]]:
-        queue: asyncio.Queue = asyncio.Queue()
-        done = object()
+        # None: a stream ended
+        queue: asyncio.Queue[tuple[ChoiceState, StreamEvent] | Exception | None] = asyncio.Queue()
 
         async def pump(choice: ChoiceState, stream: UpstreamStream) -> None:
             try:
                 async for event in stream.rest():
                     queue.put_nowait((choice, event))
-                queue.put_nowait(done)
+                queue.put_nowait(None)
             except Exception as exc:   # handed to the consumer, which raises it
                 queue.put_nowait(exc)
 
@@ -146,7 +146,7 @@ class Generation:
         remaining = len(self._tasks)
         while remaining:
             item = await queue.get()
-            if item is done:
+            if item is None:
                 remaining -= 1
             elif isinstance(item, Exception):
                 raise item

@@ -13,6 +13,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from .children import spawn
+
 
 class GatewayStartError(RuntimeError):
     pass
@@ -46,7 +48,7 @@ class GatewayProcess:
         self.log_path = log_path
         self.settings_file = settings_file
         self.health_url = f"http://{probe_host}:{port}/health"
-        # the operational endpoints, never on the public port (gateway/ops.py); None when off
+        # the operational endpoints, never on the public port (gateway/ops/server.py); None when off
         self.ops_url = f"http://{probe_host}:{ops_port}" if ops_port else None
         self.metrics_url = f"{self.ops_url}/metrics" if self.ops_url else None
         self.process: subprocess.Popen[bytes] | None = None
@@ -63,8 +65,7 @@ class GatewayProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             # its own process group: a terminal's Ctrl-C goes to the parent, which stops it in order;
-            # killed with its parent, however that dies (serving/children.py)
-            from serving.children import spawn  # late: the gateway alone never spawns itself
+            # killed with its parent, however that dies (children.py)
             self.process = spawn(self.command(), signal.SIGKILL, stdout=log, stderr=subprocess.STDOUT,
                                  cwd=Path(__file__).resolve().parent.parent, start_new_session=True,
                                  env={**os.environ, "PYTHONUNBUFFERED": "1"})
