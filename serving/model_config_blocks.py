@@ -1,5 +1,5 @@
 """Generated parts of the `config.pbtxt` templates: the public tensor lists and
-the ensemble's wiring of them, rendered from `ensemble.public_tensors` so the
+the ensemble's wiring of them, rendered from `contract.public_tensors` so the
 list is written once (not in each of `ensemble`, `llm_bls` and `preprocessing`);
 and the tensorrt_llm variant's blocks (`trtllm_blocks`: TensorRT-LLM's backend
 model from serving/trtllm/engine_config.py, the thin step's own parameters)."""
@@ -9,7 +9,7 @@ import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
 
-from ensemble.public_tensors import (
+from contract.public_tensors import (
     PUBLIC_INPUTS,
     PUBLIC_OUTPUTS,
     TensorSpec,

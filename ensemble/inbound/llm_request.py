@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InvalidInputError, decode_utf8_field
-from ..public_tensors import PUBLIC_TO_LLM
+from contract.errors import InvalidInputError, decode_utf8_field
+from contract.public_tensors import PUBLIC_TO_LLM
+from contract.request_key import adopt_or_mint
+
 from ..request_context import RequestContext
-from ..request_key import adopt_or_mint
 from ..tokenizer_info import TokenizerInfo
 from .prompt import PromptBuilder
 from .word_lists import encode_word_list, to_word_list

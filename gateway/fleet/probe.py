@@ -15,7 +15,7 @@ import uuid
 from typing import Protocol
 
 from client import GenerationOptions, RequestError, ServerConnectionError
-from client.errors import OVERLOADED_MARKER
+from contract.errors import OVERLOADED_MARKER
 
 # probes jump every queue: a probe that waits behind a long backlog would
 # eject a replica for being busy

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from ensemble.errors import InvalidInputError
+from contract.errors import InvalidInputError
 from ensemble.inbound.llm_request import LLMRequestBuilder, RequestLimits, llm_inputs, scalar
 from ensemble.inbound.prompt import PromptBuilder
 from ensemble.request_context import RequestContext

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ensemble.errors import InvalidInputError
+from contract.errors import InvalidInputError
 from ensemble.inbound.llm_request import RequestLimits, _checked_max_tokens
 
 LIMITS = RequestLimits(default_max_tokens=77, max_tokens_limit=100)
