@@ -10,6 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+from tenacity.stop import stop_base
 from tenacity.wait import wait_random_exponential
 
 from .config import RetryConfig
@@ -89,7 +90,7 @@ class _WaitRetryAfterOrJitter:
         return self._jitter(state)
 
 
-class _StopWhenBudgetSpent:
+class _StopWhenBudgetSpent(stop_base):
     def __init__(self, budget: RetryBudget) -> None:
         self._budget = budget
 

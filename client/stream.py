@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
 from .errors import ClientTimeoutError, FirstTokenTimeoutError, RequestError, ServerConnectionError, TokenTimeoutError
@@ -82,7 +82,7 @@ class GenerationStream:
                 pass
         return self.result
 
-    async def _run(self) -> AsyncIterator[StreamEvent]:
+    async def _run(self) -> AsyncGenerator[StreamEvent, None]:
         stream: ResponseStream | None = None
         server_done = False  # True once the server can no longer be working on it
         try:

@@ -6,7 +6,7 @@ model from serving/trtllm/engine_config.py, the thin step's own parameters)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from contract.public_tensors import (
@@ -55,7 +55,7 @@ def _string_value(value: object) -> str:
     return str(value).replace("\\", "\\\\").replace('"', '\\"')
 
 
-def parameters_block(parameters: dict[str, object]) -> str:
+def parameters_block(parameters: Mapping[str, object]) -> str:
     """A model's `parameters` entries (Triton passes them as strings)."""
     return "\n".join(f'parameters: {{ key: "{key}" value: {{ string_value: "{_string_value(value)}" }} }}'
                      for key, value in parameters.items())
