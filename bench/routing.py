@@ -49,14 +49,14 @@ from rich.table import Table
 from bench.report import MachineInfo
 from bench.routing_workload import Turn, Workload, WorkloadSpec, make_workload
 from client import AsyncLLMClient, ClientConfig, RetryConfig
+from contract import metric_names as m
 from gateway.admission.keys import KeyStore
 from gateway.config import ROUTING_POLICIES
 from serving.gateway_process import GatewayProcess
 from serving.launcher import LaunchOptions, TritonServer, free_local_ports
 from serving.settings import DeploymentSettings
 
-_ENGINE = ("llm_prompt_tokens_total", "llm_prefix_cache_hit_tokens_total", "llm_preemptions_total",
-           "llm_kv_cache_blocks_capacity")
+_ENGINE = (m.PROMPT_TOKENS, m.PREFIX_CACHE_HIT_TOKENS, m.PREEMPTIONS, m.KV_BLOCKS_CAPACITY)
 REPLICAS = ("r0", "r1")
 
 
@@ -253,13 +253,13 @@ def run_policy(policy: str, settings: DeploymentSettings, workload: Workload, ar
     per_replica: dict[str, dict[str, Any]] = {}
     for name in REPLICAS:
         delta = {k: after[name][k] - before[name][k] for k in _ENGINE}
-        prompt = delta["llm_prompt_tokens_total"]
+        prompt = delta[m.PROMPT_TOKENS]
         per_replica[name] = {
             "requests": int(sum(sent.get(name, {}).values())), "routed_by_reason": sent.get(name, {}),
-            "prompt_tokens": int(prompt), "prefix_hit_tokens": int(delta["llm_prefix_cache_hit_tokens_total"]),
-            "prefix_hit_rate": round(delta["llm_prefix_cache_hit_tokens_total"] / prompt, 4) if prompt else None,
-            "preemptions": int(delta["llm_preemptions_total"]),
-            "kv_blocks": int(after[name]["llm_kv_cache_blocks_capacity"])}
+            "prompt_tokens": int(prompt), "prefix_hit_tokens": int(delta[m.PREFIX_CACHE_HIT_TOKENS]),
+            "prefix_hit_rate": round(delta[m.PREFIX_CACHE_HIT_TOKENS] / prompt, 4) if prompt else None,
+            "preemptions": int(delta[m.PREEMPTIONS]),
+            "kv_blocks": int(after[name][m.KV_BLOCKS_CAPACITY])}
     hits = sum(r["prefix_hit_tokens"] for r in per_replica.values())
     prompts = sum(r["prompt_tokens"] for r in per_replica.values())
     return {"policy": policy, **result, "load_1min_before": load_before, "load_1min_after": os.getloadavg()[0],

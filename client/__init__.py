@@ -16,12 +16,11 @@ from .retry import RetryBudget
 from .stream import GenerationStream
 from .sync import LLMClient
 from .timing import Timings, compute_tpot
-from .types import GenerationOptions, GenerationResult, StreamEvent, new_request_key
+from .types import GenerationOptions, GenerationResult, StreamEvent
 
 __all__ = [
     "AsyncLLMClient", "LLMClient", "ClientConfig", "RetryConfig", "TimeoutConfig", "RetryBudget",
     "GenerationOptions", "GenerationResult", "GenerationStream", "StreamEvent", "Timings", "compute_tpot",
-    "new_request_key",
     "ClientError", "ClientTimeoutError", "FirstTokenTimeoutError", "RequestError",
     "ServerConnectionError", "StreamResumeError", "TokenTimeoutError",
 ]

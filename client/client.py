@@ -6,6 +6,8 @@ import dataclasses
 import logging
 from typing import Any
 
+from contract.request_key import mint_request_key
+
 from .config import ClientConfig
 from .errors import RequestError
 from .grpc_transport import GrpcTransport
@@ -15,7 +17,7 @@ from .sse_transport import SseTransport
 from .stream import GenerationStream, already_finished
 from .timing import DEFAULT_CLOCK, Clock
 from .transport import Transport
-from .types import GenerationOptions, GenerationResult, new_request_id, new_request_key
+from .types import GenerationOptions, GenerationResult, new_request_id
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +72,7 @@ class AsyncLLMClient:
         request_id = options.request_id or new_request_id()
         # Minted here, once per logical request, so that every retry and the stop
         # on cancel carry the same key (GenerationOptions validated a given one).
-        request_key = options.request_key or new_request_key()
+        request_key = options.request_key or mint_request_key()
         if options.request_key is None:
             options = dataclasses.replace(options, request_key=request_key)
         values = input_values(text_input, options, stream=streaming)

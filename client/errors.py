@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from contract.errors import OVERLOADED_MARKER
+
 if TYPE_CHECKING:
     from .types import GenerationResult
 
-# The engine marks queue-full rejections with this text (interface.md "Errors").
-OVERLOADED_MARKER = "overloaded:"
 # HTTP statuses a proxy or gateway uses for "come back later".
 RETRYABLE_STATUSES = frozenset({429, 503})
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from tritonclient.utils import np_to_triton_dtype
 
-from ensemble.llm_stop import stop_inputs
+from contract.stop_inputs import stop_inputs
 
 from .types import GenerationOptions, StreamEvent
 
@@ -79,7 +79,7 @@ def grpc_tensors(values: Mapping[str, Any]) -> list[tuple[str, str, np.ndarray]]
 
 def stop_values(request_key: str) -> dict[str, tuple[str, np.ndarray]]:
     """Inputs of the `stop` request to the LLM step, with their Triton
-    datatypes: the one stop request of the stack (ensemble/llm_stop.py); the
+    datatypes: the one stop request of the stack (contract/stop_inputs.py); the
     server stops by key, never by request id alone."""
     return {name: (np_to_triton_dtype(array.dtype), array) for name, array in stop_inputs(request_key).items()}
 

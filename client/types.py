@@ -6,9 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ensemble.public_bounds import BOUNDS, bound_problem, validate_words
-from ensemble.request_key import mint_request_key as new_request_key  # noqa: F401 (client.types.new_request_key)
-from ensemble.request_key import parse_request_key
+from contract.public_bounds import BOUNDS, bound_problem, validate_words
+from contract.request_key import parse_request_key
 
 from .timing import Timings
 
@@ -23,7 +22,7 @@ def new_request_id() -> str:
 
 def check_request_key(key: object) -> str:
     """Return `key` if it is a well-formed request key, the credential that stops
-    a request (ensemble/request_key.py defines the format the server checks), else raise ValueError naming
+    a request (contract/request_key.py defines the format the server checks), else raise ValueError naming
     `request_key`. The message never repeats the value: a key is a secret, and errors end up in logs."""
     if not isinstance(key, str):
         raise ValueError(f"request_key: must be a str (got {type(key).__name__})")
@@ -78,7 +77,7 @@ class GenerationOptions:
     request_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        # the server's own value rules (ensemble/public_bounds.py), refused here before sending
+        # the server's own value rules (contract/public_bounds.py), refused here before sending
         for name in BOUNDS:
             problem = bound_problem(name, getattr(self, name, None))
             if problem is not None:

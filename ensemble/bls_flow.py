@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InvalidInputError
+from contract.errors import InvalidInputError
+
 from .inbound.llm_request import Getter, LLMRequestBuilder, llm_inputs, scalar
 from .outbound.public_outputs import LLMResponse, ReturnFlags, public_output_arrays
 from .outbound.stream_postprocessor import StreamPostprocessor

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from .errors import InvalidInputError
+from contract.errors import InvalidInputError
+
 from .outbound.segmenter import SegmentMode
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from .inbound.llm_request import LLMRequestBuilder, RequestLimits
+from .inbound.llm_request import EngineMaxTokens, LLMRequestBuilder
 from .inbound.prompt import PromptBuilder, PromptConfig
 from .outbound.content_filter import ContentFilterRules
 from .tokenizer_info import TokenizerInfo, load_tokenizer_info
@@ -68,8 +68,8 @@ class TextStageSettings:
     def request_builder(self) -> LLMRequestBuilder:
         max_model_len = self.parameters["max_model_len"]
         prompts = PromptBuilder(self.tokenizer_info, self.config, int(max_model_len) if max_model_len else None)
-        limits = RequestLimits(default_max_tokens=int(self.parameters["default_max_tokens"]),
-                               max_tokens_limit=int(self.parameters["max_tokens_limit"]))
+        limits = EngineMaxTokens(default_max_tokens=int(self.parameters["default_max_tokens"]),
+                                 max_tokens_limit=int(self.parameters["max_tokens_limit"]))
         return LLMRequestBuilder(self.tokenizer_info, prompts, limits)
 
     def content_filter(self) -> ContentFilterRules | None:

@@ -27,7 +27,8 @@ from client.payload import (
     stop_values,
 )
 from client.sse_transport import error_message
-from client.types import GenerationOptions, new_request_key
+from client.types import GenerationOptions
+from contract.request_key import mint_request_key
 
 from .dataset import Prompt
 from .settings import LoadSettings
@@ -74,7 +75,7 @@ class StreamRequest:
     chat: bool = False  # send the prompt as a user message (chat template) instead of raw text
     # The secret the stop of an abandoned stream must carry (the server ignores
     # the request id for stops); one per request, never reported or logged.
-    request_key: str = field(default_factory=new_request_key, repr=False)
+    request_key: str = field(default_factory=mint_request_key, repr=False)
 
     def values(self) -> dict[str, Any]:
         messages = [{"role": "user", "content": self.prompt}] if self.chat else None
@@ -95,7 +96,7 @@ def new_stream_request(settings: LoadSettings, prompt: Prompt, rng: random.Rando
     if rng.random() < settings.cancel_share:
         cancel_after = rng.randint(1, max(1, prompt.max_tokens // 2))
     return StreamRequest(settings.model, prompt.text, prompt.max_tokens, uuid.uuid4().hex, cancel_after,
-                         chat=settings.chat, request_key=new_request_key())
+                         chat=settings.chat, request_key=mint_request_key())
 
 
 def _on_event(outcome: StreamOutcome, outputs: dict[str, Any], at: float) -> None:

@@ -207,7 +207,8 @@ _OWNERS = ("python", "pytest", "tritonserver")
 
 def find_leftovers(*marks: str) -> Leftovers:
     wanted = [m.encode() for m in marks]
-    stale, in_use = [], []
+    stale: list[int] = []
+    in_use: list[int] = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue

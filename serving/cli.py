@@ -19,7 +19,7 @@ from .capacity.command import add_parser as add_plan_command
 from .default_model import resolve_model_dir
 from .deploy.cli import add_commands as add_deploy_commands
 from .doctor.command import add_parser as add_doctor_command
-from .fleet import Fleet, FleetStartError, Replica, gateway_assignments, plan_replicas
+from .fleet import FleetStartError, ReplicaProcess, ReplicaProcesses, gateway_assignments, plan_replicas
 from .gateway_process import GatewayProcess, GatewayStartError
 from .launcher import (
     ADMIN_KEY_ENV,
@@ -66,7 +66,7 @@ def _triton_lines(server: TritonServer) -> str:
             f"  admin    key in {server.admin_key_path}  (header {ADMIN_KEY_HEADER}: {', '.join(RESTRICTED_APIS)})\n")
 
 
-def _fleet_lines(fleet: Fleet, golden: Path | None) -> str:
+def _fleet_lines(fleet: ReplicaProcesses, golden: Path | None) -> str:
     """One replica: today's lines. Several: each replica's, under its name."""
     if len(fleet.replicas) == 1:
         return _triton_lines(fleet.servers[0])
@@ -80,12 +80,12 @@ def _fleet_lines(fleet: Fleet, golden: Path | None) -> str:
             + "\n".join(blocks) + "\n" + probe)
 
 
-def _ready_banner(fleet: Fleet, golden: Path | None) -> str:
+def _ready_banner(fleet: ReplicaProcesses, golden: Path | None) -> str:
     return (f"\nready.\n{_fleet_lines(fleet, golden)}\ntry:\n{_curl_example(fleet.servers[0])}\n\n"
             f"{BANNER_END}")
 
 
-def _gateway_banner(fleet: Fleet, golden: Path | None, gateway: GatewayConfig, log_path: Path,
+def _gateway_banner(fleet: ReplicaProcesses, golden: Path | None, gateway: GatewayConfig, log_path: Path,
                     key: str | None) -> str:
     base_url = f"http://127.0.0.1:{gateway.port}/v1"
     if key is None:
@@ -132,7 +132,7 @@ def _local_key(gateway: GatewayConfig) -> str | None:
     return ensure_local_key(resolve_keys_file(gateway.keys_file))
 
 
-def _start_gateway(args: argparse.Namespace, fleet: Fleet, golden: Path | None,
+def _start_gateway(args: argparse.Namespace, fleet: ReplicaProcesses, golden: Path | None,
                    gateway: GatewayConfig) -> GatewayProcess:
     # the child reads the same settings sources; its upstreams are these replicas
     # (and the ops port as resolved here, so that the banner and the child agree)
@@ -153,7 +153,7 @@ def _golden(settings: DeploymentSettings) -> Path | None:
         return None
 
 
-def _announce(replicas: list[Replica], options: LaunchOptions) -> None:
+def _announce(replicas: list[ReplicaProcess], options: LaunchOptions) -> None:
     model = options.settings.engine.model_dir
     if len(replicas) == 1:
         print(f"starting tritonserver (model {model}); log: {replicas[0].server.log_path}", flush=True)
@@ -166,7 +166,7 @@ def _announce(replicas: list[Replica], options: LaunchOptions) -> None:
               f"log: {replica.server.log_path}", flush=True)
 
 
-def _report_ready(replica: Replica, seconds: float) -> None:
+def _report_ready(replica: ReplicaProcess, seconds: float) -> None:
     print(f"  {replica.name} ready in {seconds:.1f} s", flush=True)
 
 
@@ -177,7 +177,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                             log_file=Path(args.log_file) if args.log_file else None,
                             repository_source=Path(args.model_repository))
     try:
-        fleet = Fleet(plan_replicas(options, args.replicas))
+        fleet = ReplicaProcesses(plan_replicas(options, args.replicas))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -222,7 +222,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return _stop_all(fleet, gateway, options.settings.gateway, code)
 
 
-def _stop_all(fleet: Fleet, gateway: GatewayProcess | None, config: GatewayConfig, code: int) -> int:
+def _stop_all(fleet: ReplicaProcesses, gateway: GatewayProcess | None, config: GatewayConfig, code: int) -> int:
     """The gateway first, so it drains its streams while the replicas still
     answer; then every replica. Each step says what it waits for."""
     if gateway is not None:
@@ -246,7 +246,7 @@ def _stop_all(fleet: Fleet, gateway: GatewayProcess | None, config: GatewayConfi
     return code
 
 
-def _watch(fleet: Fleet, gateway: GatewayProcess | None, stop: threading.Event,
+def _watch(fleet: ReplicaProcesses, gateway: GatewayProcess | None, stop: threading.Event,
            supervisor: Supervisor | None) -> int:
     """Until Ctrl-C (0), or until the gateway dies on its own (its code, or
     1). A replica that exits is restarted (serving/supervisor.py); routing

@@ -116,7 +116,9 @@ def free_base_ports(count: int, attempts: int = 200) -> Ports:
 
 
 @dataclass(frozen=True)
-class Replica:
+class ReplicaProcess:
+    """One replica's tritonserver (not the gateway's routing view of a replica,
+    gateway/fleet/replica.py)."""
     name: str
     server: TritonServer
 
@@ -126,13 +128,13 @@ def _replica_log(log_file: Path | None, name: str) -> Path | None:
     return None if log_file is None else log_file.with_name(f"{log_file.stem}.{name}{log_file.suffix}")
 
 
-def plan_replicas(options: LaunchOptions, count: int, cores: int | None = None) -> list[Replica]:
+def plan_replicas(options: LaunchOptions, count: int, cores: int | None = None) -> list[ReplicaProcess]:
     """One `TritonServer` per replica from serve's options (its ports are the
     base). One replica: exactly `options`. Several: shifted ports, work dirs
     <work_dir>/replicas/r<i>, per-replica logs, the thread budget."""
     layout = replica_ports(Ports(options.http_port, options.grpc_port, options.metrics_port), count)
     if count == 1:
-        return [Replica(replica_name(0), TritonServer(options))]
+        return [ReplicaProcess(replica_name(0), TritonServer(options))]
     settings = options.settings
     if settings.engine.num_threads <= 0:      # 0 = "torch's default": the whole machine, in every replica
         settings = settings.replace(**{"engine.num_threads": thread_budget(count, cores or usable_cores())})
@@ -142,16 +144,16 @@ def plan_replicas(options: LaunchOptions, count: int, cores: int | None = None) 
         replica_options = dataclasses.replace(
             options, settings=settings, http_port=ports.http, grpc_port=ports.grpc, metrics_port=ports.metrics,
             work_dir=options.work_dir / "replicas" / name, log_file=_replica_log(options.log_file, name))
-        replicas.append(Replica(name, TritonServer(replica_options)))
+        replicas.append(ReplicaProcess(name, TritonServer(replica_options)))
     return replicas
 
 
-def gateway_replicas(replicas: list[Replica]) -> dict[str, dict[str, str]]:
+def gateway_replicas(replicas: list[ReplicaProcess]) -> dict[str, dict[str, str]]:
     """`gateway.fleet.replicas` (gateway/config.py ReplicaConfig) for these servers."""
     return {r.name: {"grpc_url": r.server.grpc_url, "metrics_url": r.server.metrics_url} for r in replicas}
 
 
-def gateway_assignments(replicas: list[Replica], golden_file: Path | None) -> list[str]:
+def gateway_assignments(replicas: list[ReplicaProcess], golden_file: Path | None) -> list[str]:
     """The `--set` assignments that point a gateway at the fleet. The single
     upstream stays replica 0, for a gateway that does not route (yet)."""
     assignments = [f"gateway.fleet.upstream_grpc_url={replicas[0].server.grpc_url}",
@@ -161,10 +163,11 @@ def gateway_assignments(replicas: list[Replica], golden_file: Path | None) -> li
     return assignments
 
 
-class Fleet:
-    """The replicas of one `serve`: started together, watched, stopped together."""
+class ReplicaProcesses:
+    """The tritonservers of one `serve`: started together, watched, stopped
+    together (the gateway routes over its own view of them, gateway/fleet/)."""
 
-    def __init__(self, replicas: list[Replica]) -> None:
+    def __init__(self, replicas: list[ReplicaProcess]) -> None:
         self.replicas = replicas
         self.reported_dead: set[str] = set()
 
@@ -172,7 +175,8 @@ class Fleet:
     def servers(self) -> list[TritonServer]:
         return [r.server for r in self.replicas]
 
-    def start(self, stop: threading.Event, on_ready: Callable[[Replica, float], None] = lambda r, s: None) -> None:
+    def start(self, stop: threading.Event,
+              on_ready: Callable[[ReplicaProcess, float], None] = lambda r, s: None) -> None:
         """Start every replica at once and wait for all to be ready. A replica
         that fails, or `stop` set meanwhile, stops them all: FleetStartError
         (naming the failed replicas), or InterruptedError for a stop."""
@@ -180,7 +184,7 @@ class Fleet:
         lock = threading.Lock()
         t0 = time.monotonic()
 
-        def run(replica: Replica) -> None:
+        def run(replica: ReplicaProcess) -> None:
             try:
                 replica.server.start()
             except BaseException as exc:        # reported below, by name
@@ -237,7 +241,7 @@ class Fleet:
             except ProcessLookupError:
                 pass
 
-    def dead(self) -> list[tuple[Replica, int]]:
+    def dead(self) -> list[tuple[ReplicaProcess, int]]:
         """Replicas whose tritonserver has exited on its own, each reported once."""
         found = []
         for replica in self.replicas:
@@ -254,7 +258,7 @@ class Fleet:
         their exit codes by name."""
         codes: dict[str, int | None] = {}
 
-        def run(replica: Replica) -> None:
+        def run(replica: ReplicaProcess) -> None:
             codes[replica.name] = replica.server.stop()
 
         threads = [threading.Thread(target=run, args=(r,), name=f"stop-{r.name}") for r in self.replicas]
@@ -271,5 +275,6 @@ def _message(exc: BaseException) -> str:
     return repr(exc)
 
 
-__all__ = ["Fleet", "FleetStartError", "PORT_STRIDE", "Ports", "Replica", "free_base_ports", "gateway_assignments",
-           "gateway_replicas", "plan_replicas", "replica_name", "replica_ports", "thread_budget", "usable_cores"]
+__all__ = ["FleetStartError", "PORT_STRIDE", "Ports", "ReplicaProcess", "ReplicaProcesses", "free_base_ports",
+           "gateway_assignments", "gateway_replicas", "plan_replicas", "replica_name", "replica_ports", "thread_budget",
+           "usable_cores"]

@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from .allocator import preload_allocator
 from .children import (
@@ -161,7 +162,7 @@ class TritonServer:
         self.log_path = options.log_file or options.work_dir / "tritonserver.log"
         self.admin_key_path = options.work_dir / "admin_key"
         self.admin_key = check_admin_key(options.admin_key) if options.admin_key is not None else new_admin_key()
-        self._log_handle = None
+        self._log_handle: BinaryIO | None = None
         self.starts = 0
         # ours alone, so a start can tell its own leftovers from anybody else's
         self.shm_prefix = shm_prefix(options.work_dir)

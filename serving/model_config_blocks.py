@@ -1,15 +1,15 @@
 """Generated parts of the `config.pbtxt` templates: the public tensor lists and
-the ensemble's wiring of them, rendered from `ensemble.public_tensors` so the
+the ensemble's wiring of them, rendered from `contract.public_tensors` so the
 list is written once (not in each of `ensemble`, `llm_bls` and `preprocessing`);
 and the tensorrt_llm variant's blocks (`trtllm_blocks`: TensorRT-LLM's backend
 model from serving/trtllm/engine_config.py, the thin step's own parameters)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from ensemble.public_tensors import (
+from contract.public_tensors import (
     PUBLIC_INPUTS,
     PUBLIC_OUTPUTS,
     TensorSpec,
@@ -55,7 +55,7 @@ def _string_value(value: object) -> str:
     return str(value).replace("\\", "\\\\").replace('"', '\\"')
 
 
-def parameters_block(parameters: dict[str, object]) -> str:
+def parameters_block(parameters: Mapping[str, object]) -> str:
     """A model's `parameters` entries (Triton passes them as strings)."""
     return "\n".join(f'parameters: {{ key: "{key}" value: {{ string_value: "{_string_value(value)}" }} }}'
                      for key, value in parameters.items())

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from .children import find_leftovers, kill_and_wait
-from .fleet import Fleet, Replica
+from .fleet import ReplicaProcess, ReplicaProcesses
 from .launcher import TritonStartError
 from .settings import ServerConfig
 
@@ -123,7 +123,7 @@ class _Watch:
 
 @dataclass
 class Supervisor:
-    fleet: Fleet
+    fleet: ReplicaProcesses
     backoff: Backoff
     metrics: SupervisorMetrics = METRICS
     say: Callable[[str], None] = _say
@@ -162,7 +162,7 @@ class Supervisor:
             elif self.clock() >= watch.restart_at:
                 self._restart(replica, watch)
 
-    def _exited(self, replica: Replica, watch: _Watch, returncode: int | None) -> None:
+    def _exited(self, replica: ReplicaProcess, watch: _Watch, returncode: int | None) -> None:
         self.metrics.up.labels(replica=replica.name).set(0)
         if self.clock() - watch.ready_at >= self.backoff.reset_after_s:
             watch.in_row = 0
@@ -173,7 +173,7 @@ class Supervisor:
         self.say(f"replica {replica.name}: tritonserver exited on its own ({_cause_words(returncode)}); "
                  f"restarting it in {delay:.1f} s (exit {watch.in_row} in a row); see {replica.server.log_path}")
 
-    def _restart(self, replica: Replica, watch: _Watch) -> None:
+    def _restart(self, replica: ReplicaProcess, watch: _Watch) -> None:
         self.metrics.restarts.labels(replica=replica.name, cause=watch.cause).inc()
         watch.restart_at, watch.error, watch.began_at = None, None, self.clock()
         self.say(f"replica {replica.name}: restarting tritonserver...")
@@ -189,7 +189,7 @@ class Supervisor:
         watch.thread = threading.Thread(target=run, name=f"restart-{replica.name}", daemon=True)
         watch.thread.start()
 
-    def _finished(self, replica: Replica, watch: _Watch) -> None:
+    def _finished(self, replica: ReplicaProcess, watch: _Watch) -> None:
         watch.thread = None
         if self._stopping:
             return

@@ -14,12 +14,13 @@ import uuid
 
 import triton_python_backend_utils as pb_utils
 
+from contract.request_key import STOP_NEEDS_KEY, STOP_UNKNOWN_KEY, mint_request_key
 from ensemble.requested_outputs import requested_only
 from python_llm.config_params import engine_config_from_parameters
 from python_llm.engine.core.errors import DuplicateRequestError, EngineDeadError, InvalidRequestError, OverloadedError
 from python_llm.engine.core.outputs import RequestOutput
 from python_llm.engine.engine import LLMEngine
-from python_llm.request_inputs import STOP_NEEDS_KEY, STOP_UNKNOWN_KEY, mint_request_key, parse_llm_request
+from python_llm.request_inputs import parse_llm_request
 from python_llm.response_pacing import ResponsePacing
 from python_llm.response_tensors import output_arrays
 from python_llm.stream_assembly import Reply, StreamAssembly

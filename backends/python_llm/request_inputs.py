@@ -10,17 +10,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ensemble.errors import InvalidInputError
+from contract.errors import InvalidInputError
+from contract.public_bounds import bound_problem
+from contract.request_key import parse_request_key
 from ensemble.inbound.word_lists import parse_word_list
-from ensemble.public_bounds import bound_problem
-from ensemble.request_key import mint_request_key, parse_request_key
 
 from .engine.core.sampling_params import InvalidRequestError, SamplingParams
 
-__all__ = ["LLMRequest", "STOP_NEEDS_KEY", "STOP_UNKNOWN_KEY", "mint_request_key", "parse_llm_request"]
-
-STOP_NEEDS_KEY = "request_key: required to stop a request (a stop by request id alone is not accepted)"
-STOP_UNKNOWN_KEY = "stop: no live request has this request_key (unknown request or already finished)"
+__all__ = ["LLMRequest", "parse_llm_request"]
 
 
 @dataclass
@@ -51,13 +48,13 @@ def _scalar(tensors: Mapping[str, np.ndarray], name: str, default: object) -> ob
     if flat.size == 0:
         return default
     if flat.size != 1:
-        raise InvalidRequestError(f"{name}: expected one value, got {flat.size}")
+        raise InvalidRequestError(name, f"expected one value, got {flat.size}")
     value = flat[0]
     if isinstance(value, (bytes, np.bytes_)):
         try:
             return bytes(value).decode("utf-8")
         except UnicodeDecodeError:
-            raise InvalidRequestError(f"{name}: not valid UTF-8") from None
+            raise InvalidRequestError(name, "not valid UTF-8") from None
     return value.item() if hasattr(value, "item") else value
 
 
@@ -72,7 +69,7 @@ def _word_list(tensors: Mapping[str, np.ndarray], name: str) -> list[list[int]]:
     try:
         return parse_word_list(name, tensors.get(name))
     except InvalidInputError as exc:
-        raise InvalidRequestError(str(exc)) from None
+        raise InvalidRequestError(exc.field, exc.problem) from None
 
 
 def parse_llm_request(tensors: Mapping[str, np.ndarray]) -> LLMRequest:
@@ -80,34 +77,34 @@ def parse_llm_request(tensors: Mapping[str, np.ndarray]) -> LLMRequest:
     try:
         request_key = parse_request_key(_scalar(tensors, "request_key", None))
     except InvalidInputError as exc:
-        raise InvalidRequestError(str(exc)) from None
+        raise InvalidRequestError(exc.field, exc.problem) from None
     if stop:
         return LLMRequest([], SamplingParams(), 0, False, True, request_key, True)
 
     ids = tensors.get("input_ids")
     if ids is None:
-        raise InvalidRequestError("input_ids: required")
+        raise InvalidRequestError("input_ids", "required")
     ids = np.asarray(ids)
     if ids.ndim == 2:
         if ids.shape[0] != 1:
-            raise InvalidRequestError(f"input_ids: expected batch size 1, got {ids.shape[0]}")
+            raise InvalidRequestError("input_ids", f"expected batch size 1, got {ids.shape[0]}")
         ids = ids[0]
     prompt = [int(t) for t in ids.reshape(-1).tolist()]
     length = _scalar(tensors, "input_lengths", len(prompt))
     if not 0 < int(length) <= len(prompt):
-        raise InvalidRequestError(f"input_lengths: {length} does not fit input_ids of {len(prompt)} tokens")
+        raise InvalidRequestError("input_lengths", f"{length} does not fit input_ids of {len(prompt)} tokens")
     prompt = prompt[: int(length)]
     continued = int(_scalar(tensors, "continuation_length", 0))
     if not 0 <= continued < len(prompt):
-        raise InvalidRequestError(f"continuation_length: {continued} must be in [0, {len(prompt)}): input_ids "
-                                  f"of {len(prompt)} tokens must keep at least one prompt token")
+        raise InvalidRequestError("continuation_length", f"{continued} must be in [0, {len(prompt)}): input_ids "
+                                                         f"of {len(prompt)} tokens must keep at least one prompt token")
     prompt, continuation = prompt[:len(prompt) - continued], prompt[len(prompt) - continued:]
 
     # public_bounds: anything but the neutral value would be ignored (no beam search)
     length_penalty = float(_scalar(tensors, "len_penalty", 1.0))
     problem = bound_problem("length_penalty", length_penalty)
     if problem is not None:
-        raise InvalidRequestError(f"length_penalty (len_penalty): {problem}")
+        raise InvalidRequestError("length_penalty", problem, internal="len_penalty")
     # pad_id has nothing to pad: outputs are never padded (accepted for TensorRT-LLM clients)
     end_id = _scalar(tensors, "end_id", None)
     # absent or negative: None, the engine's "all of the model's EOS ids"

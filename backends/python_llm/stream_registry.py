@@ -1,7 +1,7 @@
 """Live requests of the LLM step: who answers them, under which names.
 
 A request has an engine id (minted here, never shown), a request key (the
-caller's secret, see `ensemble/request_key.py`) and maybe a client id (the
+caller's secret, see `contract/request_key.py`) and maybe a client id (the
 Triton request id, which only names it in logs). A `stop` must name the key:
 request ids are chosen by clients and guessable. Shared by Triton's execute
 thread (register, stop) and the engine loop thread (outputs), hence the lock.

@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .engine.core import metrics as m
+from contract import metric_names as m
+
 from .engine.core.metrics import METRIC_FAMILIES, MetricsSink
 
 REQUEST_FAMILY = "nv_trt_llm_request_metrics"

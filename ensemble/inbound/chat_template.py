@@ -16,7 +16,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ..errors import InvalidInputError
+from contract.errors import InvalidInputError
 
 
 def _raise_exception(message: str) -> None:

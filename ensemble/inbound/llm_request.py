@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InvalidInputError, decode_utf8_field
-from ..public_tensors import PUBLIC_TO_LLM
+from contract.errors import InvalidInputError, decode_utf8_field
+from contract.public_tensors import PUBLIC_TO_LLM
+from contract.request_key import adopt_or_mint
+
 from ..request_context import RequestContext
-from ..request_key import adopt_or_mint
 from ..tokenizer_info import TokenizerInfo
 from .prompt import PromptBuilder
 from .word_lists import encode_word_list, to_word_list
@@ -21,7 +22,7 @@ Getter = Callable[[str], "np.ndarray | None"]
 
 
 @dataclass(frozen=True)
-class RequestLimits:
+class EngineMaxTokens:
     """The engine's own `default_max_tokens` and `max_tokens_limit` (rendered
     into the text stages' configs from the engine settings): the text stages
     must agree with the engine, so they hold no defaults of their own."""
@@ -45,7 +46,7 @@ def scalar(get: Getter, name: str):
 
 
 class LLMRequestBuilder:
-    def __init__(self, info: TokenizerInfo, prompts: PromptBuilder, limits: RequestLimits) -> None:
+    def __init__(self, info: TokenizerInfo, prompts: PromptBuilder, limits: EngineMaxTokens) -> None:
         self.info = info
         self.prompts = prompts
         self.limits = limits
@@ -89,7 +90,7 @@ class LLMRequestBuilder:
         }
 
 
-def _checked_max_tokens(value: object, limits: RequestLimits) -> int:
+def _checked_max_tokens(value: object, limits: EngineMaxTokens) -> int:
     if value is None:
         return limits.default_max_tokens
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

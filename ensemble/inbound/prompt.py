@@ -13,7 +13,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidInputError
+from contract.errors import InvalidInputError
+
 from ..tokenizer_info import TokenizerInfo
 from .chat_template import ChatTemplate
 

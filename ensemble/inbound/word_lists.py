@@ -15,10 +15,8 @@ from collections.abc import Sequence
 import numpy as np
 from tokenizers import Tokenizer
 
-from ..errors import InvalidInputError
-
-# the word lists' value rules live with the other public inputs' (re-exported here)
-from ..public_bounds import MAX_WORD_CHARS, MAX_WORDS, validate_words  # noqa: F401
+from contract.errors import InvalidInputError
+from contract.public_bounds import validate_words
 
 # Contexts a word can follow mid-text; the context's own tokens are cut off again.
 _CONTEXTS = ("", " ", "\n")

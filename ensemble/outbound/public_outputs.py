@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidInputError, decode_utf8_field
+from contract.errors import InvalidInputError, decode_utf8_field
+
 from ..request_context import RequestContext
 
 # an array getter: tensor name -> numpy array, or None when the tensor is absent

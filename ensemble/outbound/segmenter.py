@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import re
 
-from ..errors import InvalidInputError
+from contract.errors import InvalidInputError
 
 
 class SegmentMode(enum.Enum):

@@ -9,7 +9,6 @@ engine or an unreachable Triton, 504 for no first token in time."""
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import AsyncIterator
 from typing import Protocol
 
@@ -20,8 +19,8 @@ from client import (
     ServerConnectionError,
     StreamEvent,
 )
-from client.errors import OVERLOADED_MARKER
-from ensemble.public_tensors import PUBLIC_INPUTS, PUBLIC_TO_LLM
+from contract.errors import OVERLOADED_MARKER, parse_refusal
+from contract.public_tensors import PUBLIC_INPUTS, PUBLIC_TO_LLM
 
 from ..ops.metrics import UPSTREAM_ERRORS
 from .errors import GatewayError
@@ -36,10 +35,6 @@ OVERLOAD_RETRY_AFTER_S = 1
 # caller's own per-token timeout (`token_timeout_ms`, enforced by the engine)
 # may be shorter, never longer
 UPSTREAM_TOKEN_TIMEOUT_S = 60.0
-# the text stages and the LLM step answer `<field>: <what>` (interface.md,
-# "Errors"), the LLM step also `<public name> (<its own name>): <what>`; Triton
-# may prefix it ("in ensemble 'ensemble', ")
-_FIELD_ERROR = re.compile(r"(?:^|[\s,'(\[])([a-z_]+)(?: \([a-z_]+\))?: ")
 # public input → the parameter a caller sent
 # (its own name, except where OpenAI names it otherwise)
 _PARAMS = {spec.name: {"text_input": "prompt", "stop_words": "stop"}.get(spec.name, spec.name)
@@ -69,11 +64,11 @@ def map_error(exc: BaseException) -> GatewayError:
             UPSTREAM_ERRORS.labels(kind="overloaded").inc()
             return GatewayError(503, "The engine is overloaded; retry after the delay in Retry-After.",
                                 code="overloaded", headers={"Retry-After": str(OVERLOAD_RETRY_AFTER_S)})
-        match = next((m for m in _FIELD_ERROR.finditer(exc.message) if m.group(1) in _PARAMS), None)
-        if match is not None:
+        # the text stages' and the LLM step's refusals of an input (contract.errors)
+        refusal = parse_refusal(exc.message, _PARAMS)
+        if refusal is not None:
             UPSTREAM_ERRORS.labels(kind="invalid_input").inc()
-            message = exc.message[match.start(1):]
-            return GatewayError(400, message, param=_PARAMS[match.group(1)])
+            return GatewayError(400, refusal.text, param=_PARAMS[refusal.field])
         UPSTREAM_ERRORS.labels(kind="rejected").inc()
         log.warning("upstream refused a request: %s", exc.message)
         return GatewayError(502, "The engine refused the request.", code="upstream_error")
@@ -88,8 +83,6 @@ def map_error(exc: BaseException) -> GatewayError:
     UPSTREAM_ERRORS.labels(kind="internal").inc()
     log.exception("unexpected upstream failure", exc_info=exc)
     return GatewayError(500, "Internal error.", code="internal_error")
-
-
 
 
 class UpstreamStream(Protocol):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from python_llm.engine.core.metrics import (
+from contract.metric_names import (
     KV_BLOCKS_CAPACITY,
     KV_BLOCKS_USED,
     PREEMPTIONS,

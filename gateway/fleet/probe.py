@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from client import GenerationOptions, RequestError, ServerConnectionError
-from client.errors import OVERLOADED_MARKER
+from contract.errors import OVERLOADED_MARKER
 
 # probes jump every queue: a probe that waits behind a long backlog would
 # eject a replica for being busy

@@ -2,7 +2,7 @@
 the three wire formats the gateway speaks for Triton (generate JSON, KServe v2
 JSON infer, KServe v2 protobuf).
 
-Source of truth: `ensemble/public_tensors.PUBLIC_INPUTS` (names, TYPE_*
+Source of truth: `contract/public_tensors.PUBLIC_INPUTS` (names, TYPE_*
 datatypes, dims). A wire format only decodes its body into `WireInput`s (name,
 datatype, shape, values decoded lazily); this module decides, in a fixed
 order per input (known name, once, datatype, shape, values), then builds the
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from client import GenerationOptions
-from ensemble.public_tensors import PUBLIC_INPUTS, TensorSpec
+from contract.public_tensors import PUBLIC_INPUTS, TensorSpec
 
 from ..bodies.guard import json_depth
 from ..bodies.strict_json import is_utf8, shown

@@ -1,6 +1,6 @@
 """What the gateway says about itself and the public models, in KServe v2's
 JSON and protobuf shapes: server metadata, model metadata and the model
-configuration, all rendered from `ensemble/public_tensors.py` (the gateway
+configuration, all rendered from `contract/public_tensors.py` (the gateway
 never forwards Triton's own, which describe the internal steps too).
 
 The models are described as the gateway serves them: one request per call
@@ -14,7 +14,7 @@ from typing import Any
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-from ensemble.public_tensors import PUBLIC_INPUTS, PUBLIC_OUTPUTS, TensorSpec, ensemble_output_name
+from contract.public_tensors import PUBLIC_INPUTS, PUBLIC_OUTPUTS, TensorSpec, ensemble_output_name
 
 from ..core.errors import GatewayError
 from ..core.upstream import PUBLIC_MODELS

@@ -24,7 +24,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import np_to_triton_dtype
 
-from ensemble.public_tensors import PUBLIC_OUTPUTS, ensemble_output_name
+from contract.public_tensors import PUBLIC_OUTPUTS, ensemble_output_name
 
 from ..bodies.strict_json import shown
 from .inputs import ValidatedCall, input_error

@@ -52,7 +52,7 @@ async def probe(grpc_url: str, golden: Golden | None, timeout_s: float) -> str:
         ServerConnectionError,
         TimeoutConfig,
     )
-    from client.errors import OVERLOADED_MARKER
+    from contract.errors import OVERLOADED_MARKER
     from gateway.fleet.probe import PROBE_PRIORITY, probe_once
 
     config = ClientConfig(url=grpc_url, transport="grpc", model="ensemble", retry=RetryConfig(max_attempts=1),

@@ -41,7 +41,8 @@ def not_batched(spans: list[Interval]) -> Finding:
     queued = [s for s in spans if s.waiting >= 1 and s.mean_batch is not None]
     if not queued:
         return Finding("not_batched", "requests are not batched", 0.0)
-    batch = sum(s.mean_batch * s.steps for s in queued) / sum(s.steps for s in queued)     # type: ignore[operator]
+    # `or 0.0` only for the type checker: `queued` holds intervals with a mean batch
+    batch = sum((s.mean_batch or 0.0) * s.steps for s in queued) / sum(s.steps for s in queued)
     share = len(queued) / len(spans)
     waiting = statistics.fmean(s.waiting for s in queued)
     return Finding(
@@ -73,7 +74,7 @@ def long_prefill(spans: list[Interval]) -> Finding:
     nothing = Finding("long_prefill", "long prefills block decodes", 0.0)
     if len(timed) < 3:
         return nothing
-    typical = statistics.median(s.itl_p50_s for s in timed)                    # type: ignore[misc]
+    typical = statistics.median(s.itl_p50_s or 0.0 for s in timed)     # every one timed: `or` for the type checker
     threshold = max(SPIKE_FACTOR * typical, typical + SPIKE_MIN_S)
     spiky = [(s.itl_p99_s is not None and s.itl_p99_s >= threshold)
              or (s.running >= 1 and s.steps == 0 and s.seconds >= threshold) for s in spans]

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from contract import metric_names as m
+
 from .trace import Sample
 
-ITL = "llm_inter_token_latency_seconds"
-BATCH = "llm_batch_size"
+ITL = m.INTER_TOKEN_LATENCY
+BATCH = m.BATCH_SIZE
 
 
 @dataclass(frozen=True)
@@ -63,18 +65,18 @@ def intervals(samples: list[Sample]) -> list[Interval]:
         if seconds <= 0:
             continue
         steps = _delta(a, b, f"{BATCH}_count")
-        capacity = b.get("llm_kv_cache_blocks_capacity")
+        capacity = b.get(m.KV_BLOCKS_CAPACITY)
         out.append(Interval(
             start=a.t, seconds=seconds,
-            waiting=(a.get("llm_num_requests_waiting") + b.get("llm_num_requests_waiting")) / 2,
-            running=(a.get("llm_num_requests_running") + b.get("llm_num_requests_running")) / 2,
-            kv_use=b.get("llm_kv_cache_blocks_used") / capacity if capacity > 0 else 0.0,
+            waiting=(a.get(m.REQUESTS_WAITING) + b.get(m.REQUESTS_WAITING)) / 2,
+            running=(a.get(m.REQUESTS_RUNNING) + b.get(m.REQUESTS_RUNNING)) / 2,
+            kv_use=b.get(m.KV_BLOCKS_USED) / capacity if capacity > 0 else 0.0,
             steps=steps,
             mean_batch=_delta(a, b, f"{BATCH}_sum") / steps if steps > 0 else None,
-            prompt_tokens=_delta(a, b, "llm_prompt_tokens_total"),
-            generated_tokens=_delta(a, b, "llm_generation_tokens_total"),
-            preemptions=_delta(a, b, "llm_preemptions_total"),
-            rejections=_delta(a, b, "llm_requests_rejected_total"),
+            prompt_tokens=_delta(a, b, m.PROMPT_TOKENS),
+            generated_tokens=_delta(a, b, m.GENERATION_TOKENS),
+            preemptions=_delta(a, b, m.PREEMPTIONS),
+            rejections=_delta(a, b, m.REQUESTS_REJECTED),
             itl_p50_s=quantile(0.5, a, b, ITL), itl_p99_s=quantile(0.99, a, b, ITL),
             itl_count=_delta(a, b, f"{ITL}_count")))
     return out

@@ -13,10 +13,14 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-# the families the doctor reads (label sets summed: one engine per server)
-WANTED = ("llm_num_requests_waiting", "llm_num_requests_running", "llm_kv_cache_blocks_used",
-          "llm_kv_cache_blocks_capacity", "llm_batch_size", "llm_prompt_tokens", "llm_generation_tokens",
-          "llm_preemptions", "llm_requests_rejected", "llm_inter_token_latency_seconds", "nv_gpu_utilization")
+from contract import metric_names as m
+
+# the families the doctor reads (label sets summed: one engine per server);
+# the parser names a counter's family without its `_total`
+WANTED = (m.REQUESTS_WAITING, m.REQUESTS_RUNNING, m.KV_BLOCKS_USED, m.KV_BLOCKS_CAPACITY, m.BATCH_SIZE,
+          *(counter.removesuffix("_total") for counter in (m.PROMPT_TOKENS, m.GENERATION_TOKENS, m.PREEMPTIONS,
+                                                           m.REQUESTS_REJECTED)),
+          m.INTER_TOKEN_LATENCY, "nv_gpu_utilization")
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,9 @@ behind the same tensors as `python_llm` (docs/interface.md).
 - `versions.py`: the pinned TensorRT-LLM release and where its names come from;
 - `engine_config.py`: the `tensorrt_llm_engine` model's config (TensorRT-LLM's
   own `tensorrt_llm` model, its template's tensor and parameter names);
-- `bridge.py`: the thin decoupled step `tensorrt_llm` in front of it (request
-  key, request context, continuation, finish reasons), Triton-free;
+- the thin decoupled step `tensorrt_llm` in front of it (request key, request
+  context, continuation, finish reasons) runs inside Triton and lives beside
+  the other Triton-side logic: `ensemble/trtllm_bridge.py`;
 - `build.py`, `convert_checkpoint.py`: `python -m serving build-trtllm`
   (checkpoint with TP x PP ranks, then `trtllm-build`);
 - `launch.py`: `python -m serving launch-trtllm` (one tritonserver per rank under

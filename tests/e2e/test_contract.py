@@ -56,7 +56,7 @@ def contract_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 
 # Triton 2.51 cannot load an ensemble with an input and an output of one name
-# (see ensemble/public_tensors.py: ENSEMBLE_OUTPUT_NAMES), so `ensemble` echoes
+# (see contract/public_tensors.py: ENSEMBLE_OUTPUT_NAMES), so `ensemble` echoes
 # the key as `request_key_out`; docs/interface.md records the difference.
 KNOWN_MISSES = {"MISS ensemble output request_key TYPE_STRING (got None)"}
 

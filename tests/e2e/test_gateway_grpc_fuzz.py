@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from ensemble.public_bounds import BOUNDS
-from ensemble.public_tensors import PUBLIC_INPUTS
+from contract.public_bounds import BOUNDS
+from contract.public_tensors import PUBLIC_INPUTS
 from gateway.bodies.strict_json import shown
 from gateway.triton.inputs import wire_datatype
 from gateway.triton.raw import encode_raw
@@ -85,7 +85,7 @@ def _values(datatype: str, count: int) -> tuple[object, ...]:
     return (1,) * count
 
 
-# values out of each numeric input's range (ensemble/public_bounds.py) or not finite
+# values out of each numeric input's range (contract/public_bounds.py) or not finite
 OUT_OF_RANGE = {
     **{name: [bound.low - 1 if not bound.low_open else bound.low] for name, bound in BOUNDS.items()
        if bound.low is not None and KNOWN.get(name) == "INT32"},

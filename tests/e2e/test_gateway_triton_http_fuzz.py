@@ -4,7 +4,7 @@ the real stack, with a valid key: 2,400 bodies from a seeded generator, each
 with one thing wrong or nothing wrong: invalid UTF-8 (raw bytes and escaped
 lone surrogates, in keys and in values), NaN / Infinity literals and 1e999,
 integers of thousands of digits, duplicate keys, out-of-range values for every
-bounded input (ensemble/public_bounds.py and the datatypes' ranges), wrong
+bounded input (contract/public_bounds.py and the datatypes' ranges), wrong
 JSON types for every input, unknown fields and inputs, wrong datatypes and
 shapes, values only the engine can judge (a chat role, a too long
 continuation), and some good bodies that generate (the tier caps max_tokens).
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from ensemble.public_bounds import BOUNDS, MAX_WORD_CHARS, MAX_WORDS
-from ensemble.public_tensors import PUBLIC_INPUTS
+from contract.public_bounds import BOUNDS, MAX_WORD_CHARS, MAX_WORDS
+from contract.public_tensors import PUBLIC_INPUTS
 from gateway.triton.inputs import wire_datatype
 from serving.launcher import TritonServer
 from tests.e2e.fuzz_gateway import FuzzGateway, fuzz_gateway_process

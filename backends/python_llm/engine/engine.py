@@ -17,8 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from contract import metric_names as m
+
 from .config import EngineConfig
-from .core import metrics as m
 from .core.errors import DuplicateRequestError, EngineDeadError, OverloadedError
 from .core.metrics import MetricsSink
 from .core.outputs import GenerateResult, RequestOutput

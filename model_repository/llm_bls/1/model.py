@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from contract.stop_inputs import stop_inputs
 from ensemble.bls_flow import BLSCallbacks, LLMStepError, run_bls_request
 from ensemble.bls_responses import RetiredResponses, cancelled_with_release, decoupled_responses
-from ensemble.llm_stop import stop_inputs
 from ensemble.outbound.public_outputs import LLM_RESPONSE_OUTPUTS, LLMResponse, llm_response_from
 from ensemble.outbound.shared_state import InProcessStateStore
 from ensemble.outbound.stream_postprocessor import StreamPostprocessor

@@ -10,13 +10,13 @@ import os
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from ensemble.errors import InvalidInputError
+from contract.errors import InvalidInputError
+from contract.public_tensors import postprocessing_output_name
+from contract.stop_inputs import stop_inputs
 from ensemble.inbound.llm_request import scalar
-from ensemble.llm_stop import stop_inputs
 from ensemble.outbound.public_outputs import ReturnFlags, llm_response_from, public_output_arrays
 from ensemble.outbound.shared_state import InProcessStateStore, SqliteStateStore, StateStore, StreamOrderError
 from ensemble.outbound.stream_postprocessor import LLMDelta, StreamPostprocessor
-from ensemble.public_tensors import postprocessing_output_name
 from ensemble.request_context import RequestContext
 from ensemble.stage_settings import TextStageSettings
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from ensemble.errors import InvalidInputError
+from contract.errors import InvalidInputError
 from ensemble.stage_settings import TextStageSettings
 
 

@@ -1,7 +1,7 @@
 """Triton adapter for `tensorrt_llm`, the tensorrt_llm variant's LLM step: this
 project's LLM-step tensors in front of TensorRT-LLM's backend model
 (`tensorrt_llm_engine`), called over BLS. Decoupled: each request runs on a
-worker thread of its own; the logic lives in `serving.trtllm.bridge`."""
+worker thread of its own; the logic lives in `ensemble.trtllm_bridge`."""
 from __future__ import annotations
 
 import json
@@ -13,26 +13,26 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from contract.errors import OVERLOADED_MARKER
+from contract.request_key import STOP_NEEDS_KEY, STOP_UNKNOWN_KEY, mint_request_key
 from ensemble.bls_responses import RetiredResponses, cancelled_with_release, decoupled_responses
 from ensemble.requested_outputs import requested_only
-from python_llm.engine.core.errors import DuplicateRequestError
-from python_llm.engine.core.sampling_params import InvalidRequestError
-from python_llm.request_inputs import STOP_NEEDS_KEY, STOP_UNKNOWN_KEY, mint_request_key
-from python_llm.stream_registry import LiveStream, StreamRegistry
-from serving.trtllm.bridge import (
+from ensemble.trtllm_bridge import (
     ENGINE_OUTPUT_NAMES,
-    OVERLOADED,
+    BridgeReply,
     BridgeSettings,
     Deadlines,
     EngineCall,
     EngineStream,
-    Reply,
     engine_log_probs,
     engine_stop_inputs,
     engine_token_ids,
     prepare,
     reply_arrays,
 )
+from python_llm.engine.core.errors import DuplicateRequestError
+from python_llm.engine.core.sampling_params import InvalidRequestError
+from python_llm.stream_registry import LiveStream, StreamRegistry
 
 log = logging.getLogger("tensorrt_llm")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -86,7 +86,7 @@ class TritonPythonModel:
             return
         if len(self.registry) >= self.settings.max_live_requests:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                f"{OVERLOADED} tensorrt_llm holds {len(self.registry)} requests, its most")), flags=FINAL)
+                f"{OVERLOADED_MARKER} tensorrt_llm holds {len(self.registry)} requests, its most")), flags=FINAL)
             return
         # the engine's request id: this step's own, never shown; the key is the credential
         engine_id = uuid.uuid4().hex
@@ -115,7 +115,7 @@ class TritonPythonModel:
             self.registry.remove(stream.engine_id)
             self.deadlines.remove(stream.engine_id)
 
-    def _relay(self, stream: LiveStream) -> Reply | None:
+    def _relay(self, stream: LiveStream) -> BridgeReply | None:
         """The engine's responses to the caller; returns the final reply."""
         engine: EngineStream = stream.assembly
         inference = pb_utils.InferenceRequest(
@@ -147,7 +147,7 @@ class TritonPythonModel:
             if not stream.closed:
                 cancelled_with_release(stream.sender, self.retired)
 
-    def _reply(self, stream: LiveStream, reply: Reply | None) -> None:
+    def _reply(self, stream: LiveStream, reply: BridgeReply | None) -> None:
         if reply is None:
             return
         if reply.error is not None:

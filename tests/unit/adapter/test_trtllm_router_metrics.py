@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from python_llm.engine.core import metrics as m
+from contract import metric_names as m
 from python_llm.triton_metrics import (
     KV_BLOCK_FAMILY,
     KV_BLOCK_TYPES,

@@ -57,6 +57,6 @@ def test_generate_json_keeps_the_request_key_secret(fake, patched_cli):
     out = io.StringIO()
     assert cli.main(["generate", "Capital of France?", "--json"], out=out) == 0
     sent_key = json.loads(fake.stream_requests[0].content)["request_key"]
-    # client.types.new_request_key: secrets.token_urlsafe(24), 32 URL-safe characters
+    # contract.request_key.mint_request_key: secrets.token_urlsafe(24), 32 URL-safe characters
     assert re.fullmatch(r"[A-Za-z0-9_-]{32}", sent_key) and sent_key not in out.getvalue()
     assert "request_key" not in json.loads(out.getvalue())

@@ -11,8 +11,9 @@ import re
 import pytest
 from sse_fakes import Step, delta
 
-from client import GenerationOptions, RetryConfig, new_request_key
+from client import GenerationOptions, RetryConfig
 from client.types import StreamEvent
+from contract.request_key import mint_request_key
 
 pytestmark = pytest.mark.anyio
 KEY_FORMAT = re.compile(r"[A-Za-z0-9_-]{32,128}")
@@ -38,7 +39,7 @@ async def cancel_after_first(client, **fields):
 
 
 def test_minted_keys_are_well_formed_and_distinct():
-    keys = {new_request_key() for _ in range(1000)}
+    keys = {mint_request_key() for _ in range(1000)}
     assert len(keys) == 1000
     assert all(KEY_FORMAT.fullmatch(key) and len(key) == 32 for key in keys)  # 24 random bytes, base64url
 
@@ -111,7 +112,7 @@ def test_keys_of_the_allowed_lengths_and_alphabet_pass():
 
 
 async def test_the_echoed_key_is_on_the_events(fake, make_client):
-    key = new_request_key()
+    key = mint_request_key()
     fake.add_stream(Step(delta("a", request_key=key)), Step(delta("b", finish_reason="stop", request_key=key)))
     async with make_client() as client:
         stream = client.stream("x", request_key=key)
@@ -122,7 +123,7 @@ async def test_the_echoed_key_is_on_the_events(fake, make_client):
 
 async def test_a_differently_echoed_key_is_the_one_the_stop_uses(fake, make_client, caplog):
     caplog.set_level(logging.DEBUG, logger="client")
-    server_key = new_request_key()
+    server_key = mint_request_key()
     fake.add_stream(Step(delta("a", request_key=server_key)), Step(delta("b"), delay_s=10.0))
     async with make_client() as client:
         _stream = await cancel_after_first(client, request_key=CALLER_KEY)
@@ -146,7 +147,7 @@ async def test_an_already_finished_answer_to_the_stop_is_debug_only(fake, make_c
 async def test_a_refused_stop_is_a_warning_that_never_shows_the_key(fake, make_client, caplog):
     caplog.set_level(logging.DEBUG, logger="client")
     async with make_client() as client:
-        key = new_request_key()
+        key = mint_request_key()
         # A server quoting the key back in its error must not leak it into logs.
         fake.stop_status, fake.stop_error = 400, f"request_key: {key} is not the key of a live request"
         fake.add_stream(Step(delta("a")), Step(delta("b"), delay_s=10.0))

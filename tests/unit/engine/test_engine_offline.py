@@ -6,8 +6,8 @@ import time
 import pytest
 from engine_fakes import FakeRunner, expected_tokens
 
+from contract import metric_names as m
 from python_llm.engine.config import EngineConfig
-from python_llm.engine.core import metrics as m
 from python_llm.engine.core.errors import DuplicateRequestError, EngineDeadError, InvalidRequestError, OverloadedError
 from python_llm.engine.core.metrics import InMemoryMetrics
 from python_llm.engine.core.sampling_params import SamplingParams

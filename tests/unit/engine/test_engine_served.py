@@ -10,8 +10,8 @@ from collections import defaultdict
 import pytest
 from engine_fakes import FakeRunner, SlowFakeRunner
 
+from contract import metric_names as m
 from python_llm.engine.config import EngineConfig
-from python_llm.engine.core import metrics as m
 from python_llm.engine.core.errors import EngineDeadError
 from python_llm.engine.core.metrics import InMemoryMetrics
 from python_llm.engine.core.outputs import RequestOutput

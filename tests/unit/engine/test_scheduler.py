@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 from engine_fakes import EOS, FakeRunner, expected_tokens
 
+from contract import metric_names as m
 from python_llm.engine.config import EngineConfig
-from python_llm.engine.core import metrics as m
 from python_llm.engine.core.metrics import InMemoryMetrics
 from python_llm.engine.core.outputs import RequestOutput
 from python_llm.engine.core.request import FinishReason, Request, RequestStatus

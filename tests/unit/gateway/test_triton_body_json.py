@@ -1,7 +1,7 @@
 """How a Triton HTTP body's refusal names the field (gateway/triton/body_json.py;
 the strict JSON itself: test_strict_json.py), the engine refusals as 400s
 naming the field (gateway/upstream.map_error), and the one table of value
-rules (ensemble/public_bounds.py) that the gateway, the client library and the
+rules (contract/public_bounds.py) that the gateway, the client library and the
 engine share."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import re
 import pytest
 
 from client import GenerationOptions, RequestError
-from ensemble.errors import InvalidInputError
-from ensemble.public_bounds import BOUNDS, bound_problem, check_bound
+from contract.errors import InvalidInputError
+from contract.public_bounds import BOUNDS, bound_problem, check_bound
 from gateway.core.errors import GatewayError
 from gateway.core.upstream import map_error
 from gateway.triton.body_json import parse

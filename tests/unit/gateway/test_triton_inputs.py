@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from ensemble.public_tensors import PUBLIC_INPUTS
+from contract.public_tensors import PUBLIC_INPUTS
 from gateway.config import TierConfig
 from gateway.core.errors import GatewayError
 from gateway.triton.inputs import SPECS, ValidatedCall, WireInput, validate, wire_datatype

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from client import StreamEvent
-from ensemble.public_tensors import ensemble_output_name
+from contract.public_tensors import ensemble_output_name
 from tests.unit.gateway.openai_fakes import HANG, Script
 
 KEY = "k" * 32          # a well-formed request key, as the engine echoes it

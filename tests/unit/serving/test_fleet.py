@@ -18,10 +18,10 @@ import serving.fleet as fleet_module
 from gateway.config import ReplicaConfig
 from serving import cli
 from serving.fleet import (
-    Fleet,
     FleetStartError,
     Ports,
-    Replica,
+    ReplicaProcess,
+    ReplicaProcesses,
     free_base_ports,
     gateway_assignments,
     plan_replicas,
@@ -196,8 +196,8 @@ class StandIn:
         return process.wait()
 
 
-def _fleet(*servers: StandIn) -> Fleet:
-    return Fleet([Replica(f"r{i}", s) for i, s in enumerate(servers)])    # type: ignore[arg-type]
+def _fleet(*servers: StandIn) -> ReplicaProcesses:
+    return ReplicaProcesses([ReplicaProcess(f"r{i}", s) for i, s in enumerate(servers)])    # type: ignore[arg-type]
 
 
 def _running(pid: int) -> bool:
@@ -262,7 +262,7 @@ def test_a_stop_while_starting_ends_every_replica(tmp_path: Path, monkeypatch: p
     assert not any(_running(pid) for s in servers for pid in s.pids)
 
 
-def _supervisor(fleet: Fleet, lines: list[str]) -> Supervisor:
+def _supervisor(fleet: ReplicaProcesses, lines: list[str]) -> Supervisor:
     return Supervisor(fleet, Backoff(initial_s=0.2, max_s=1.0, reset_after_s=60.0), SupervisorMetrics(),
                       say=lines.append)
 

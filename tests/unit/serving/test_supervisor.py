@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.fleet import Fleet, Replica
+from serving.fleet import ReplicaProcess, ReplicaProcesses
 from serving.settings import ServerConfig
 from serving.supervisor import Backoff, Supervisor, SupervisorMetrics, exit_cause
 
@@ -84,7 +84,7 @@ class Clock:
 
 def _supervise(server: StandIn, clock: Clock, lines: list[str]) -> tuple[Supervisor, SupervisorMetrics]:
     metrics = SupervisorMetrics()
-    fleet = Fleet([Replica("r0", server)])      # type: ignore[arg-type]
+    fleet = ReplicaProcesses([ReplicaProcess("r0", server)])      # type: ignore[arg-type]
     backoff = Backoff(initial_s=1.0, max_s=8.0, reset_after_s=60.0, jitter=0.5)
     return Supervisor(fleet, backoff, metrics, say=lines.append, draw=lambda: 0.0, clock=clock), metrics
 

@@ -11,7 +11,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from ensemble.bls_flow import BLSCallbacks, LLMStepError, run_bls_request
-from ensemble.inbound.llm_request import LLMRequestBuilder, RequestLimits
+from ensemble.inbound.llm_request import EngineMaxTokens, LLMRequestBuilder
 from ensemble.inbound.prompt import PromptBuilder
 from ensemble.outbound.public_outputs import LLMResponse
 from ensemble.outbound.shared_state import InProcessStateStore
@@ -25,7 +25,7 @@ Arrays = dict[str, np.ndarray]
 @pytest.fixture
 def builder(tokenizer_info: TokenizerInfo) -> LLMRequestBuilder:
     return LLMRequestBuilder(tokenizer_info, PromptBuilder(tokenizer_info),
-                             RequestLimits(default_max_tokens=128, max_tokens_limit=4096))
+                             EngineMaxTokens(default_max_tokens=128, max_tokens_limit=4096))
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from ensemble.errors import InvalidInputError
-from ensemble.inbound.llm_request import LLMRequestBuilder, RequestLimits, llm_inputs, scalar
+from contract.errors import InvalidInputError
+from ensemble.inbound.llm_request import EngineMaxTokens, LLMRequestBuilder, llm_inputs, scalar
 from ensemble.inbound.prompt import PromptBuilder
 from ensemble.request_context import RequestContext
 from ensemble.tokenizer_info import TokenizerInfo
@@ -20,7 +20,7 @@ Arrays = dict[str, np.ndarray]
 
 def _builder(info: TokenizerInfo, max_context: int | None = None) -> LLMRequestBuilder:
     return LLMRequestBuilder(info, PromptBuilder(info, max_context=max_context),
-                             RequestLimits(default_max_tokens=16, max_tokens_limit=4096))
+                             EngineMaxTokens(default_max_tokens=16, max_tokens_limit=4096))
 
 
 def _inputs(continuation: list[int] | None = None, **values: object) -> Arrays:

@@ -11,7 +11,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from ensemble.bls_flow import run_bls_request
-from ensemble.inbound.llm_request import LLMRequestBuilder, RequestLimits
+from ensemble.inbound.llm_request import EngineMaxTokens, LLMRequestBuilder
 from ensemble.inbound.prompt import PromptBuilder
 from ensemble.outbound.content_filter import ContentFilterRules
 from ensemble.outbound.output_pipeline import OutputConfig, OutputPipeline
@@ -140,7 +140,7 @@ def test_a_whole_answer_carries_only_the_new_text(tokenizer: Tokenizer) -> None:
 def test_llm_bls_primes_its_pipeline_and_stops_the_engine_on_a_spanning_stop(
         tokenizer_info: TokenizerInfo, tokenizer: Tokenizer) -> None:
     builder = LLMRequestBuilder(tokenizer_info, PromptBuilder(tokenizer_info),
-                                RequestLimits(default_max_tokens=128, max_tokens_limit=4096))
+                                EngineMaxTokens(default_max_tokens=128, max_tokens_limit=4096))
     post = StreamPostprocessor(tokenizer, InProcessStateStore())
     ids = _ids(tokenizer, "The end. STOP here")
     switch = [tokenizer.decode([t]) for t in ids].index(" ST") + 1

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from ensemble.errors import InvalidInputError
-from ensemble.inbound.llm_request import RequestLimits, _checked_max_tokens
+from contract.errors import InvalidInputError
+from ensemble.inbound.llm_request import EngineMaxTokens, _checked_max_tokens
 
-LIMITS = RequestLimits(default_max_tokens=77, max_tokens_limit=100)
+LIMITS = EngineMaxTokens(default_max_tokens=77, max_tokens_limit=100)
 
 
 def test_absent_max_tokens_takes_the_engines_default():
@@ -33,4 +33,4 @@ def test_the_limit_itself_is_allowed():
 def test_limits_have_no_defaults_of_their_own():
     with pytest.raises(TypeError, match=r"missing 2 required positional arguments: 'default_max_tokens' and "
                                         r"'max_tokens_limit'$"):
-        RequestLimits()  # type: ignore[call-arg]
+        EngineMaxTokens()  # type: ignore[call-arg]

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ensemble.errors import InvalidInputError
+from contract.errors import InvalidInputError
 from ensemble.inbound.prompt import PromptBuilder, PromptConfig
 from ensemble.tokenizer_info import TokenizerInfo
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ensemble.errors import InvalidInputError
+from contract.errors import InvalidInputError
 from ensemble.outbound.public_outputs import (
     LLM_RESPONSE_OUTPUTS,
     ArrayGetter,

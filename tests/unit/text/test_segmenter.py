@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from ensemble.errors import InvalidInputError
+from contract.errors import InvalidInputError
 from ensemble.outbound.segmenter import Segmenter, SegmentMode
 
 

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from ensemble.errors import InvalidInputError
-from ensemble.inbound.word_lists import encode_word_list, parse_word_list, to_word_list, validate_words, word_spellings
+from contract.errors import InvalidInputError
+from contract.public_bounds import validate_words
+from ensemble.inbound.word_lists import encode_word_list, parse_word_list, to_word_list, word_spellings
 
 
 def _contains(haystack: list[int], needle: list[int]) -> bool:

@@ -2,11 +2,11 @@
 so each one says what happened in words a client can act on."""
 from __future__ import annotations
 
+from contract.errors import OVERLOADED_MARKER
+
 from .sampling_params import InvalidRequestError
 
 __all__ = ["EngineError", "OverloadedError", "DuplicateRequestError", "EngineDeadError", "InvalidRequestError"]
-
-OVERLOADED_MARKER = "overloaded:"
 
 
 class EngineError(Exception):

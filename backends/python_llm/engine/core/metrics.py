@@ -1,7 +1,8 @@
 """Engine metrics: the families of the contract (docs/interface.md, "Engine
-metrics") and a small sink interface. The engine only talks to a MetricsSink;
-the Triton adapter subclasses it with pb_utils families, tests use
-InMemoryMetrics. The base class is a no-op sink."""
+metrics"; their names are contract/metric_names.py's) and a small sink
+interface. The engine only talks to a MetricsSink; the Triton adapter
+subclasses it with pb_utils families, tests use InMemoryMetrics. The base
+class is a no-op sink."""
 from __future__ import annotations
 
 import threading
@@ -9,25 +10,27 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-MetricKind = Literal["counter", "gauge", "histogram"]
+from contract.metric_names import (
+    BATCH_SIZE,
+    E2E_REQUEST_LATENCY,
+    GENERATION_TOKENS,
+    INTER_TOKEN_LATENCY,
+    KV_BLOCKS_CAPACITY,
+    KV_BLOCKS_USED,
+    PREEMPTIONS,
+    PREFIX_CACHE_HIT_TOKENS,
+    PROMPT_TOKENS,
+    REQUEST_QUEUE_TIME,
+    REQUESTS_CANCELLED,
+    REQUESTS_REJECTED,
+    REQUESTS_RUNNING,
+    REQUESTS_TIMED_OUT,
+    REQUESTS_WAITING,
+    TIME_PER_OUTPUT_TOKEN,
+    TIME_TO_FIRST_TOKEN,
+)
 
-KV_BLOCKS_USED = "llm_kv_cache_blocks_used"
-KV_BLOCKS_CAPACITY = "llm_kv_cache_blocks_capacity"
-REQUESTS_RUNNING = "llm_num_requests_running"
-REQUESTS_WAITING = "llm_num_requests_waiting"
-BATCH_SIZE = "llm_batch_size"
-PROMPT_TOKENS = "llm_prompt_tokens_total"
-GENERATION_TOKENS = "llm_generation_tokens_total"
-PREFIX_CACHE_HIT_TOKENS = "llm_prefix_cache_hit_tokens_total"
-PREEMPTIONS = "llm_preemptions_total"
-REQUESTS_CANCELLED = "llm_requests_cancelled_total"
-REQUESTS_TIMED_OUT = "llm_requests_timed_out_total"
-REQUESTS_REJECTED = "llm_requests_rejected_total"
-TIME_TO_FIRST_TOKEN = "llm_time_to_first_token_seconds"
-INTER_TOKEN_LATENCY = "llm_inter_token_latency_seconds"
-TIME_PER_OUTPUT_TOKEN = "llm_time_per_output_token_seconds"
-REQUEST_QUEUE_TIME = "llm_request_queue_time_seconds"
-E2E_REQUEST_LATENCY = "llm_e2e_request_latency_seconds"
+MetricKind = Literal["counter", "gauge", "histogram"]
 
 # 1 ms .. 60 s, roughly 1-2.5-5 per decade (what vLLM's latency histograms use)
 LATENCY_BUCKETS: tuple[float, ...] = (

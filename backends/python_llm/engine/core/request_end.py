@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 import time
 
-from . import metrics as m
+from contract import metric_names as m
+
 from .metrics import MetricsSink
 from .outputs import RequestOutput
 from .request import FinishReason, Request

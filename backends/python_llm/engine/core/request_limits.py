@@ -24,30 +24,30 @@ class RequestLimits:
         so does the context check (prompt + max_tokens)."""
         n = len(prompt)
         if n == 0:
-            raise InvalidRequestError("input_ids: must not be empty")
+            raise InvalidRequestError("input_ids", "must not be empty")
         sampling.validate()
         if max_tokens > self.max_tokens_limit:
-            raise InvalidRequestError(f"max_tokens: must be <= {self.max_tokens_limit}, got {max_tokens}")
+            raise InvalidRequestError("max_tokens", f"must be <= {self.max_tokens_limit}, got {max_tokens}")
         if len(continuation) >= max_tokens:
-            raise InvalidRequestError(f"continuation_ids: {len(continuation)} ids leave nothing to generate "
-                                      f"within max_tokens {max_tokens} (they count as output)")
+            raise InvalidRequestError("continuation_ids", f"{len(continuation)} ids leave nothing to generate "
+                                                          f"within max_tokens {max_tokens} (they count as output)")
         vocab = self.vocab_size
         for name, ids in (("input_ids", prompt), ("continuation_ids", continuation)):
             if ids and (min(ids) < 0 or max(ids) >= vocab):
-                raise InvalidRequestError(f"{name}: token ids must be in [0, {vocab})")
+                raise InvalidRequestError(name, f"token ids must be in [0, {vocab})")
         for name, words in (("stop_words_ids", sampling.stop_words_ids), ("bad_words_ids", sampling.bad_words_ids)):
             if any(t < 0 or t >= vocab for word in words for t in word):
-                raise InvalidRequestError(f"{name}: token ids must be in [0, {vocab})")
+                raise InvalidRequestError(name, f"token ids must be in [0, {vocab})")
         if n >= self.max_model_len:
-            raise InvalidRequestError(f"input_ids: {n} tokens leave no room to generate (max_model_len "
-                                      f"{self.max_model_len})")
+            raise InvalidRequestError("input_ids", f"{n} tokens leave no room to generate (max_model_len "
+                                                   f"{self.max_model_len})")
         total = n + max_tokens
         if total > self.max_model_len:
-            raise InvalidRequestError(f"max_tokens: prompt ({n} tokens) + max_tokens ({max_tokens}) "
-                                      f"exceeds max_model_len {self.max_model_len}")
+            raise InvalidRequestError("max_tokens", f"prompt ({n} tokens) + max_tokens ({max_tokens}) "
+                                                    f"exceeds max_model_len {self.max_model_len}")
         if self.kv_capacity_tokens is not None and total > self.kv_capacity_tokens:
-            raise InvalidRequestError(f"max_tokens: prompt + max_tokens ({total} tokens) exceeds the KV cache "
-                                      f"({self.kv_capacity_tokens} tokens)")
+            raise InvalidRequestError("max_tokens", f"prompt + max_tokens ({total} tokens) exceeds the KV cache "
+                                                    f"({self.kv_capacity_tokens} tokens)")
         if self.prompt_token_budget is not None and n > self.prompt_token_budget:
-            raise InvalidRequestError(f"input_ids: {n} tokens exceed max_num_batched_tokens "
-                                      f"{self.prompt_token_budget} (chunked context is off)")
+            raise InvalidRequestError("input_ids", f"{n} tokens exceed max_num_batched_tokens "
+                                                   f"{self.prompt_token_budget} (chunked context is off)")

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from ensemble.public_bounds import bound_problem
+from contract.errors import format_refusal
+from contract.public_bounds import bound_problem
 
 # the settings whose value rules are the public inputs' of the same name
 _BOUNDED = ("max_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "presence_penalty",
@@ -19,7 +20,14 @@ _BOUNDED = ("max_tokens", "temperature", "top_k", "top_p", "repetition_penalty",
 
 
 class InvalidRequestError(ValueError):
-    """Bad input from a client. The message names the field: '<field>: <what>'."""
+    """Bad input from a client. The message is the contract's refusal form
+    (contract.errors): '<field>: <what>', or '<field> (<internal>): <what>'
+    when the step knows the public input `field` by another name."""
+
+    def __init__(self, field: str, problem: str, internal: str | None = None) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(format_refusal(field, problem, internal))
 
 
 @dataclass(frozen=True)
@@ -49,12 +57,12 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raise InvalidRequestError naming the first field that breaks a rule."""
-        # the value rules are the public inputs' (ensemble/public_bounds.py), so the
+        # the value rules are the public inputs' (contract/public_bounds.py), so the
         # gateway and the client library refuse exactly what the engine would
         for name in _BOUNDED:
             problem = bound_problem(name, getattr(self, name))
             if problem is not None:
-                raise InvalidRequestError(f"{name}: {problem}")
+                raise InvalidRequestError(name, problem)
 
     @property
     def greedy(self) -> bool:

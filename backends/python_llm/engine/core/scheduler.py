@@ -24,8 +24,9 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
+from contract import metric_names as m
+
 from ..config import EngineConfig
-from . import metrics as m
 from .kv_cache_manager import KVCacheManager
 from .layer_slices import LayerSlicer
 from .metrics import MetricsSink

@@ -11,13 +11,19 @@ from __future__ import annotations
 import re
 import secrets
 
-from .errors import InvalidInputError
+from .errors import InvalidInputError, format_refusal
 
 # 32 URL-safe characters carry 192 bits (token_urlsafe), 32 hex digits 128:
 # both pass; anything shorter cannot hold 128 random bits.
 MIN_LENGTH = 32
 MAX_LENGTH = 128
 _FORMAT = re.compile(rf"[A-Za-z0-9_-]{{{MIN_LENGTH},{MAX_LENGTH}}}")
+
+# the LLM step's refusals of a `stop` (both variants answer them alike)
+STOP_NEEDS_KEY = format_refusal(
+    "request_key", "required to stop a request (a stop by request id alone is not accepted)")
+STOP_UNKNOWN_KEY = format_refusal(
+    "stop", "no live request has this request_key (unknown request or already finished)")
 
 
 def mint_request_key() -> str:

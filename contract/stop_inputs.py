@@ -2,10 +2,13 @@
 request key (the LLM step refuses a stop by request id alone)."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 
 
-def stop_inputs(request_key: str) -> dict[str, np.ndarray]:
+def stop_inputs(request_key: str) -> dict[str, npt.NDArray[Any]]:
     """Inputs of a stop for the request with this key (batch dimension first).
     The text stages and the client library both send exactly this; `input_ids`,
     `input_lengths` and `request_output_len` because TensorRT-LLM's step declares

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from ensemble.errors import InvalidInputError, decode_utf8_field
+from contract.errors import InvalidInputError, decode_utf8_field
 
 
 def test_message_is_field_colon_problem() -> None:

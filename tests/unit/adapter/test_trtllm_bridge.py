@@ -1,4 +1,4 @@
-"""The thin `tensorrt_llm` step's logic (serving/trtllm/bridge.py), without
+"""The thin `tensorrt_llm` step's logic (ensemble/trtllm_bridge.py), without
 Triton: this project's LLM-step inputs -> TensorRT-LLM's, and TensorRT-LLM's
 responses -> the LLM step's replies (finish reasons, continuation counting,
 the input echo), with python_llm's output names and shapes."""
@@ -7,14 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from python_llm.engine.config import EngineConfig
-from python_llm.engine.core.outputs import RequestOutput
-from python_llm.engine.core.sampling_params import InvalidRequestError
-from python_llm.engine.worker.model_info import ModelInfo
-from python_llm.request_inputs import LLMRequest
-from python_llm.response_tensors import output_arrays
-from serving.trtllm.bridge import (
-    OVERLOADED,
+from contract.errors import OVERLOADED_MARKER
+from ensemble.trtllm_bridge import (
     BridgeSettings,
     Deadlines,
     EngineCall,
@@ -25,6 +19,12 @@ from serving.trtllm.bridge import (
     prepare,
     reply_arrays,
 )
+from python_llm.engine.config import EngineConfig
+from python_llm.engine.core.outputs import RequestOutput
+from python_llm.engine.core.sampling_params import InvalidRequestError
+from python_llm.engine.worker.model_info import ModelInfo
+from python_llm.request_inputs import LLMRequest
+from python_llm.response_tensors import output_arrays
 from serving.trtllm.engine_config import ENGINE_INPUTS
 
 KEY = "k" * 32
@@ -172,9 +172,9 @@ def test_engine_errors_and_a_full_queue():
     stream = EngineStream(_call())
     full = stream.on_error("Executor failed process requestId 7 due to the following error: "
                            "Maximum queue size of 4 has been reached, please try again later")
-    assert full.final and full.error.startswith(OVERLOADED)
+    assert full.final and full.error.startswith(OVERLOADED_MARKER)
     other = EngineStream(_call()).on_error("boom")
-    assert other.error == "tensorrt_llm: boom" and not other.error.startswith(OVERLOADED)
+    assert other.error == "tensorrt_llm: boom" and not other.error.startswith(OVERLOADED_MARKER)
 
 
 def test_reply_arrays_have_python_llms_names_dtypes_and_shapes():

@@ -1,6 +1,6 @@
 """The `tensorrt_llm` step: this project's LLM-step tensors (docs/interface.md,
 "The LLM step") in front of TensorRT-LLM's Triton backend (`tensorrt_llm_engine`,
-engine_config.py). Triton-free: the adapter (model_repository/tensorrt_llm/1/model.py)
+serving/trtllm/engine_config.py). Triton-free: the adapter (model_repository/tensorrt_llm/1/model.py)
 hands in numpy arrays and turns the replies into responses.
 
 TensorRT-LLM 0.14's backend neither echoes `request_context` nor knows a
@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from contract.errors import OVERLOADED_MARKER
 from ensemble.inbound.word_lists import to_word_list
 from python_llm.config_params import engine_config_from_parameters
 from python_llm.engine.config import ConfigError, EngineConfig
@@ -48,7 +49,6 @@ ENGINE_OUTPUT_NAMES: tuple[str, ...] = ("output_ids", "sequence_length", "cum_lo
 # How TensorRT-LLM says its queue is full: the executor ("Maximum queue size of
 # N has been reached, please try again later") and Triton's own queue policy.
 _QUEUE_FULL = ("Maximum queue size", "Exceeds maximum queue size")
-OVERLOADED = "overloaded:"
 
 
 @dataclass(frozen=True)
@@ -179,13 +179,14 @@ def engine_error_message(message: str) -> str:
     """An engine error as this stack words it: a full queue carries the contract's
     retryable `overloaded:` marker."""
     if any(marker in message for marker in _QUEUE_FULL):
-        return f"{OVERLOADED} {message}"
+        return f"{OVERLOADED_MARKER} {message}"
     return f"tensorrt_llm: {message}"
 
 
 @dataclass(slots=True)
-class Reply:
-    """One response to send: data (`error` None) or an error; `final` ends the stream."""
+class BridgeReply:
+    """One response of the `tensorrt_llm` step to its caller: data (`error` None)
+    or an error; `final` ends the stream."""
     token_ids: list[int]
     final: bool
     finish_reason: str | None = None
@@ -238,7 +239,7 @@ class EngineStream:
         return ids
 
     def on_response(self, token_ids: list[int], cum_log_prob: float | None,
-                    log_probs: list[float] | None) -> Reply | None:
+                    log_probs: list[float] | None) -> BridgeReply | None:
         """A data response of the engine (new tokens only); None when it calls for no reply."""
         if self.done:
             return None
@@ -260,9 +261,9 @@ class EngineStream:
         if not ids:
             return None
         self.replied = True
-        return Reply(ids, False, None, self.generated, self._cum, list(log_probs or []))
+        return BridgeReply(ids, False, None, self.generated, self._cum, list(log_probs or []))
 
-    def on_end(self) -> Reply | None:
+    def on_end(self) -> BridgeReply | None:
         """The engine's stream ended (its final response came)."""
         if self.done:
             return None
@@ -272,14 +273,14 @@ class EngineStream:
             reason = "length" if self.continued + self.generated >= self.call.max_tokens else "stop"
         return self._final(reason)
 
-    def on_error(self, message: str) -> Reply | None:
+    def on_error(self, message: str) -> BridgeReply | None:
         if self.done:
             return None
         self.done = True
-        return Reply([], True, "error", self.generated, error=engine_error_message(message))
+        return BridgeReply([], True, "error", self.generated, error=engine_error_message(message))
 
     def _final(self, reason: str, token_ids: list[int] | None = None,
-               log_probs: list[float] | None = None) -> Reply:
+               log_probs: list[float] | None = None) -> BridgeReply:
         self.done = True
         if self.call.request.streaming:
             ids, lps = self._echo(list(token_ids or [])), list(log_probs or [])
@@ -288,10 +289,10 @@ class EngineStream:
             ids = self._ids if request.exclude_input_in_output else request.input_ids + self._ids
             lps = self._logprobs
         self.replied = True
-        return Reply(ids, True, reason, self.generated, self._cum, lps)
+        return BridgeReply(ids, True, reason, self.generated, self._cum, lps)
 
 
-def reply_arrays(stream: EngineStream, reply: Reply, context: bytes, request_key: str) -> dict[str, np.ndarray]:
+def reply_arrays(stream: EngineStream, reply: BridgeReply, context: bytes, request_key: str) -> dict[str, np.ndarray]:
     """The LLM step's output arrays (python_llm's names and shapes, response_tensors.py)."""
     return {
         "output_ids": np.asarray([[reply.token_ids]], dtype=np.int32),
