@@ -17,8 +17,8 @@ from ensemble.bls_responses import RetiredResponses, cancelled_with_release, dec
 from ensemble.requested_outputs import requested_only
 from python_llm.engine.core.errors import DuplicateRequestError
 from python_llm.engine.core.sampling_params import InvalidRequestError
+from python_llm.live_streams import LiveStream, LiveStreamTable
 from python_llm.request_inputs import STOP_NEEDS_KEY, STOP_UNKNOWN_KEY, mint_request_key
-from python_llm.stream_registry import LiveStream, StreamRegistry
 from serving.trtllm.bridge import (
     ENGINE_OUTPUT_NAMES,
     OVERLOADED,
@@ -56,7 +56,7 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
         self.settings = BridgeSettings.from_parameters(params)
         self.input_names = [i["name"] for i in model_config["input"]]
-        self.registry = StreamRegistry()
+        self.registry = LiveStreamTable()
         self.retired = RetiredResponses()
         self.deadlines = Deadlines()
         self.pool = ThreadPoolExecutor(max_workers=self.settings.max_live_requests + 8,
