@@ -78,6 +78,8 @@ class EchoRunner:
     """Runs no model: each request that samples gets token 10. Enough for the
     scheduler and the block pool to admit, grow and free as they serve."""
 
+    runs_layer_slices = False
+
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.model_info = SimpleNamespace(max_model_len=4096, vocab_size=1000, eos_token_ids=[2], num_layers=0)
