@@ -88,7 +88,7 @@ class TritonPythonModel:
         except _REJECTIONS as exc:
             error = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
             if stream is not None and not isinstance(exc, DuplicateRequestError):
-                self.registry.remove(engine_id)
+                self.registry.remove(stream.engine_id)
                 stream.send(error, FINAL, final=True)   # closes the stream: nothing sends after it
             else:
                 sender.send(error, flags=FINAL)
