@@ -20,7 +20,6 @@ ops up to fp32 rounding of the GEMM's summation order, as MKL's does.
 """
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -151,19 +150,17 @@ class FmaLinear:
         self.bias = None if bias is None else bias.detach().contiguous()
         self.n, self.k = weight.shape
         self.kernels = kernels
-        max_rows = None if few_rows_only else FMA_MAX_ROWS[kernels.fma_vector_floats()]
-        self.many_rows = None if max_rows is None else PackedLinear(weight, bias)
-        # steps of this many rows or more run on `many_rows` (none: never)
-        self.max_rows = sys.maxsize if max_rows is None else max_rows
+        self.max_rows = None if few_rows_only else FMA_MAX_ROWS[kernels.fma_vector_floats()]
+        self.many_rows = None if self.max_rows is None else PackedLinear(weight, bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] >= self.max_rows and self.many_rows is not None:
+        if self.max_rows is not None and x.shape[0] >= self.max_rows and self.many_rows is not None:
             return self.many_rows(x)
         return self.kernels.fma_linear(x, self.packed, self.n, self.k, self.bias)
 
     def plus(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """(x @ W.T + b) + other, the add done as the results are stored"""
-        if x.shape[0] >= self.max_rows and self.many_rows is not None:
+        if self.max_rows is not None and x.shape[0] >= self.max_rows and self.many_rows is not None:
             return self.many_rows.plus(x, other)
         return self.kernels.fma_linear(x, self.packed, self.n, self.k, self.bias, other)
 
