@@ -44,7 +44,7 @@ def decode_steps(tables: list[list[int]], contexts: list[int]) -> Callable[[int]
         positions = [c - 12 + index for c in contexts]
         if index:
             return SchedulerOutput([], CachedRequestData(ids, [None] * len(ids), positions), [1] * len(ids), len(ids))
-        new = [NewRequestData(rid, tuple(range(100, 101 + p)), p + 1, SamplingParams(), tuple(t), p)
+        new = [NewRequestData(rid, tuple(range(100, 101 + p)), p + 1, SamplingParams(temperature=0.0), tuple(t), p)
                for rid, p, t in zip(ids, positions, tables)]
         return SchedulerOutput(new, CachedRequestData(), [1] * len(ids), len(ids))
     return step
@@ -77,6 +77,8 @@ def time_tables(model_dir: str, threads: int, num_blocks: int, tables: list[list
 class EchoRunner:
     """Runs no model: each request that samples gets token 10. Enough for the
     scheduler and the block pool to admit, grow and free as they serve."""
+
+    runs_layer_slices = False
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size

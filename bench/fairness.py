@@ -59,7 +59,9 @@ class SliceSeconds:
     (`RunnerOutput.slice_seconds`), read as the engine's runner returns them."""
 
     def __init__(self, engine: LLMEngine) -> None:
-        self.runner = engine.runner
+        # patched on the instance, whatever runner the engine (of any version) holds
+        runner: Any = engine.runner
+        self.runner = runner
         self.execute = self.runner.execute
         self.last: float | None = None
         self.runner.execute = self._execute

@@ -28,7 +28,7 @@ def decode_step(runner: ModelRunner, seqs: int, context: int, step: int) -> Sche
     if step:
         return SchedulerOutput([], CachedRequestData(ids, [None] * seqs, positions), [1] * seqs, seqs)
     per_seq = -(-(context + 64) // runner.block_size)
-    new = [NewRequestData(rid, tuple(range(100, 101 + position)), position + 1, SamplingParams(),
+    new = [NewRequestData(rid, tuple(range(100, 101 + position)), position + 1, SamplingParams(temperature=0.0),
                           tuple(range(i * per_seq, (i + 1) * per_seq)), position)
            for i, (rid, position) in enumerate(zip(ids, positions))]
     return SchedulerOutput(new, CachedRequestData(), [1] * seqs, seqs)
@@ -37,7 +37,7 @@ def decode_step(runner: ModelRunner, seqs: int, context: int, step: int) -> Sche
 def prefill_step(runner: ModelRunner, tokens: int, step: int) -> SchedulerOutput:
     half = tokens // 2
     blocks = -(-half // runner.block_size)
-    new = [NewRequestData(f"p{step}-{i}", tuple(range(1000, 1000 + half)), half, SamplingParams(),
+    new = [NewRequestData(f"p{step}-{i}", tuple(range(1000, 1000 + half)), half, SamplingParams(temperature=0.0),
                           tuple(range(i * blocks, (i + 1) * blocks)), 0) for i in range(2)]
     return SchedulerOutput(new, CachedRequestData(), [half, half], 2 * half,
                            finished_req_ids=[f"p{step - 1}-{i}" for i in range(2)])

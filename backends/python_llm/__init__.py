@@ -3,6 +3,6 @@
 `model.py` is the thin Triton adapter. Everything else is importable and
 testable without Triton: the engine (`engine/`), and the adapter's logic:
 input tensors to an engine request (`request_inputs.py`), live requests by
-engine id and request key (`stream_registry.py`), engine outputs to the
+engine id and request key (`live_streams.py`), engine outputs to the
 responses to send (`stream_assembly.py`) and their tensors (`response_tensors.py`).
 """

@@ -20,11 +20,11 @@ from python_llm.config_params import engine_config_from_parameters
 from python_llm.engine.core.errors import DuplicateRequestError, EngineDeadError, InvalidRequestError, OverloadedError
 from python_llm.engine.core.outputs import RequestOutput
 from python_llm.engine.engine import LLMEngine
+from python_llm.live_streams import LiveStream, LiveStreamTable
 from python_llm.request_inputs import parse_llm_request
 from python_llm.response_pacing import ResponsePacing
 from python_llm.response_tensors import output_arrays
 from python_llm.stream_assembly import Reply, StreamAssembly
-from python_llm.stream_registry import LiveStream, StreamRegistry
 from python_llm.triton_metrics import TritonMetrics
 
 log = logging.getLogger("python_llm")
@@ -48,7 +48,7 @@ class TritonPythonModel:
         self.input_names = [i["name"] for i in model_config["input"]]
         self.metrics = TritonMetrics(pb_utils, args["model_name"], args["model_version"],
                                      max_num_seqs=self.config.max_num_seqs, tokens_per_block=self.config.block_size)
-        self.registry = StreamRegistry()
+        self.registry = LiveStreamTable()
         self.pacing = ResponsePacing(self.config.stream_response_share, self.config.stream_max_hold_ms / 1000)
         # built on its own loop thread: one OpenMP team in this process (see launch)
         self.engine = LLMEngine.launch(self.config, metrics=self.metrics, on_dead=self._on_engine_dead)
@@ -89,7 +89,7 @@ class TritonPythonModel:
         except _REJECTIONS as exc:
             error = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
             if stream is not None and not isinstance(exc, DuplicateRequestError):
-                self.registry.remove(engine_id)
+                self.registry.remove(stream.engine_id)
                 stream.send(error, FINAL, final=True)   # closes the stream: nothing sends after it
             else:
                 sender.send(error, flags=FINAL)

@@ -40,13 +40,18 @@ class LLMRequest:
         return self.prompt_token_ids + self.continuation_ids
 
 
-def _scalar(tensors: Mapping[str, np.ndarray], name: str, default: object) -> object:
+# what one tensor element converts to (`.item()` of a numpy scalar, or bytes decoded)
+Scalar = str | int | float | bool
+
+
+def _scalar(tensors: Mapping[str, np.ndarray], name: str) -> Scalar | None:
+    """The tensor's one value; None when the tensor is absent or empty."""
     array = tensors.get(name)
     if array is None:
-        return default
+        return None
     flat = np.asarray(array).reshape(-1)
     if flat.size == 0:
-        return default
+        return None
     if flat.size != 1:
         raise InvalidRequestError(name, f"expected one value, got {flat.size}")
     value = flat[0]
@@ -55,7 +60,35 @@ def _scalar(tensors: Mapping[str, np.ndarray], name: str, default: object) -> ob
             return bytes(value).decode("utf-8")
         except UnicodeDecodeError:
             raise InvalidRequestError(name, "not valid UTF-8") from None
-    return value.item() if hasattr(value, "item") else value
+    item: Scalar = value.item() if isinstance(value, np.generic) else value
+    return item
+
+
+def _int(tensors: Mapping[str, np.ndarray], name: str, default: int) -> int:
+    value = _scalar(tensors, name)
+    return default if value is None else int(value)
+
+
+def _optional_int(tensors: Mapping[str, np.ndarray], name: str) -> int | None:
+    value = _scalar(tensors, name)
+    return None if value is None else int(value)
+
+
+def _float(tensors: Mapping[str, np.ndarray], name: str, default: float) -> float:
+    value = _scalar(tensors, name)
+    return default if value is None else float(value)
+
+
+def _bool(tensors: Mapping[str, np.ndarray], name: str, default: bool) -> bool:
+    value = _scalar(tensors, name)
+    return default if value is None else bool(value)
+
+
+def _text(tensors: Mapping[str, np.ndarray], name: str) -> str | None:
+    value = _scalar(tensors, name)
+    if value is not None and not isinstance(value, str):
+        raise InvalidRequestError(name, "expected a string")
+    return value
 
 
 def _raw_bytes(array: np.ndarray | None) -> bytes:
@@ -73,9 +106,9 @@ def _word_list(tensors: Mapping[str, np.ndarray], name: str) -> list[list[int]]:
 
 
 def parse_llm_request(tensors: Mapping[str, np.ndarray]) -> LLMRequest:
-    stop = bool(_scalar(tensors, "stop", False))
+    stop = _bool(tensors, "stop", False)
     try:
-        request_key = parse_request_key(_scalar(tensors, "request_key", None))
+        request_key = parse_request_key(_text(tensors, "request_key"))
     except InvalidInputError as exc:
         raise InvalidRequestError(exc.field, exc.problem) from None
     if stop:
@@ -90,51 +123,50 @@ def parse_llm_request(tensors: Mapping[str, np.ndarray]) -> LLMRequest:
             raise InvalidRequestError("input_ids", f"expected batch size 1, got {ids.shape[0]}")
         ids = ids[0]
     prompt = [int(t) for t in ids.reshape(-1).tolist()]
-    length = _scalar(tensors, "input_lengths", len(prompt))
-    if not 0 < int(length) <= len(prompt):
+    length = _int(tensors, "input_lengths", len(prompt))
+    if not 0 < length <= len(prompt):
         raise InvalidRequestError("input_lengths", f"{length} does not fit input_ids of {len(prompt)} tokens")
-    prompt = prompt[: int(length)]
-    continued = int(_scalar(tensors, "continuation_length", 0))
+    prompt = prompt[:length]
+    continued = _int(tensors, "continuation_length", 0)
     if not 0 <= continued < len(prompt):
         raise InvalidRequestError("continuation_length", f"{continued} must be in [0, {len(prompt)}): input_ids "
                                                          f"of {len(prompt)} tokens must keep at least one prompt token")
     prompt, continuation = prompt[:len(prompt) - continued], prompt[len(prompt) - continued:]
 
     # public_bounds: anything but the neutral value would be ignored (no beam search)
-    length_penalty = float(_scalar(tensors, "len_penalty", 1.0))
+    length_penalty = _float(tensors, "len_penalty", 1.0)
     problem = bound_problem("length_penalty", length_penalty)
     if problem is not None:
         raise InvalidRequestError("length_penalty", problem, internal="len_penalty")
     # pad_id has nothing to pad: outputs are never padded (accepted for TensorRT-LLM clients)
-    end_id = _scalar(tensors, "end_id", None)
+    end_id = _optional_int(tensors, "end_id")
     # absent or negative: None, the engine's "all of the model's EOS ids"
-    stop_ids = None if end_id is None or int(end_id) < 0 else [int(end_id)]
-    seed = _scalar(tensors, "seed", None)
-    timeout = _scalar(tensors, "token_timeout_ms", None)
-    max_tokens = _scalar(tensors, "request_output_len", None)   # absent: the engine's default_max_tokens
+    stop_ids = None if end_id is None or end_id < 0 else [end_id]
+    # an absent setting takes SamplingParams' own default: one default per setting
+    default = SamplingParams()
     sampling = SamplingParams(
-        max_tokens=None if max_tokens is None else int(max_tokens),
-        temperature=float(_scalar(tensors, "temperature", 1.0)),  # neutral; 0 = greedy
-        top_k=int(_scalar(tensors, "runtime_top_k", 0)),
-        top_p=float(_scalar(tensors, "runtime_top_p", 1.0)) or 1.0,
-        repetition_penalty=float(_scalar(tensors, "repetition_penalty", 1.0)),
-        presence_penalty=float(_scalar(tensors, "presence_penalty", 0.0)),
-        frequency_penalty=float(_scalar(tensors, "frequency_penalty", 0.0)),
-        min_tokens=int(_scalar(tensors, "min_tokens", 0)),
-        seed=None if seed is None else int(seed),
-        ignore_eos=bool(_scalar(tensors, "ignore_eos", False)),
+        max_tokens=_optional_int(tensors, "request_output_len"),   # None: the engine's default_max_tokens
+        temperature=_float(tensors, "temperature", default.temperature),
+        top_k=_int(tensors, "runtime_top_k", default.top_k),
+        top_p=_float(tensors, "runtime_top_p", default.top_p) or 1.0,   # 0 (TensorRT-LLM's "unset"): no cut
+        repetition_penalty=_float(tensors, "repetition_penalty", default.repetition_penalty),
+        presence_penalty=_float(tensors, "presence_penalty", default.presence_penalty),
+        frequency_penalty=_float(tensors, "frequency_penalty", default.frequency_penalty),
+        min_tokens=_int(tensors, "min_tokens", default.min_tokens),
+        seed=_optional_int(tensors, "seed"),
+        ignore_eos=_bool(tensors, "ignore_eos", default.ignore_eos),
         stop_token_ids=stop_ids,
         stop_words_ids=_word_list(tensors, "stop_words_list"),
         bad_words_ids=_word_list(tensors, "bad_words_list"),
-        return_log_probs=bool(_scalar(tensors, "return_log_probs", False)),
-        token_timeout_ms=None if timeout is None else int(timeout),
+        return_log_probs=_bool(tensors, "return_log_probs", default.return_log_probs),
+        token_timeout_ms=_optional_int(tensors, "token_timeout_ms"),
     )
     return LLMRequest(
         prompt_token_ids=prompt,
         sampling=sampling,
-        priority=int(_scalar(tensors, "priority", 0)),
-        streaming=bool(_scalar(tensors, "streaming", False)),
-        exclude_input_in_output=bool(_scalar(tensors, "exclude_input_in_output", True)),
+        priority=_int(tensors, "priority", 0),
+        streaming=_bool(tensors, "streaming", False),
+        exclude_input_in_output=_bool(tensors, "exclude_input_in_output", True),
         request_key=request_key,
         stop=False,
         context=_raw_bytes(tensors.get("request_context")),

@@ -117,12 +117,13 @@ class TritonMetrics(MetricsSink):
         self._families = {family.name: family.kind for family in METRIC_FAMILIES}
         # TensorRT-LLM's families: gauges, one metric per label value
         self._router_metrics: dict[tuple[str, str], Any] = {}
-        for family, (label, description) in ROUTER_FAMILIES.items():
-            fam = pb_utils.MetricFamily(name=family, description=description, kind=pb_utils.MetricFamily.GAUGE)
+        for router_family, (label, description) in ROUTER_FAMILIES.items():
+            fam = pb_utils.MetricFamily(name=router_family, description=description,
+                                        kind=pb_utils.MetricFamily.GAUGE)
             self._family_objects.append(fam)
-            values = REQUEST_TYPES if family == REQUEST_FAMILY else KV_BLOCK_TYPES
+            values = REQUEST_TYPES if router_family == REQUEST_FAMILY else KV_BLOCK_TYPES
             for value in values:
-                self._router_metrics[(family, value)] = fam.Metric(labels={**labels, label: value})
+                self._router_metrics[(router_family, value)] = fam.Metric(labels={**labels, label: value})
         self._router = RouterMetrics(self._set_router, max_num_seqs, tokens_per_block)
 
     def _set_router(self, family: str, label_value: str, value: float) -> None:

@@ -67,8 +67,8 @@ class EngineConfig:
     # AMX-BF16) and the native kernels build, its candidates dotted again so
     # the token is the exact argmax; else, and with "fp32", fp32 logits
     greedy_lm_head: str = "auto"
-    debug_step_delay_ms: int = 0              # test-only stall injected per step
-    debug_fail_after_steps: int = 0           # test-only: the loop fails after N steps (0 = never)
+    debug_step_delay_ms: int = 0              # test-only stall injected per step (debug_faults.py)
+    debug_fail_after_steps: int = 0           # test-only: a step fails after N (0 = never; debug_faults.py)
     # What a dead engine loop does to its server: after this grace period (so
     # the error responses reach their clients) the server is killed, exiting
     # non-zero, for a supervisor to restart it. < 0 keeps it running (serving

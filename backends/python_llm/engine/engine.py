@@ -7,7 +7,6 @@ between steps and can never free blocks the running step still writes.
 """
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
 import threading
@@ -15,7 +14,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from contract import metric_names as m
 
@@ -24,9 +22,13 @@ from .core.errors import DuplicateRequestError, EngineDeadError, OverloadedError
 from .core.metrics import MetricsSink
 from .core.outputs import GenerateResult, RequestOutput
 from .core.request import FinishReason, OutputCallback, Request
+from .core.request_end import request_output
 from .core.request_limits import RequestLimits
+from .core.runner_interface import Runner
 from .core.sampling_params import SamplingParams
 from .core.scheduler import Scheduler
+from .debug_faults import with_debug_faults
+from .request_builder import RequestBuilder
 
 log = logging.getLogger(__name__)
 IDLE_RECHECK_S = 0.05   # cap on a wait while requests exist but nothing was schedulable
@@ -48,30 +50,25 @@ class EngineStats:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, runner: Any = None, metrics: MetricsSink | None = None,
+    def __init__(self, config: EngineConfig, runner: Runner | None = None, metrics: MetricsSink | None = None,
                  on_dead: Callable[[BaseException], None] | None = None) -> None:
         if runner is None:
             from .worker.runner import ModelRunner  # torch and weights only when really serving
             runner = ModelRunner(config)
         self.config = config
-        self.runner = runner
-        self.model_info = runner.model_info
+        self.runner = with_debug_faults(runner, config)
+        self.model_info = info = runner.model_info
         self.metrics = metrics if metrics is not None else MetricsSink()
         self._on_dead = on_dead
-        max_len = int(self.model_info.max_model_len)
-        if config.max_model_len is not None:
-            max_len = min(max_len, config.max_model_len)
-        self.limits = RequestLimits(max_tokens_limit=config.max_tokens_limit,
-                                    vocab_size=int(self.model_info.vocab_size), max_model_len=max_len,
-                                    kv_capacity_tokens=int(runner.num_blocks) * config.block_size,
+        max_len = info.max_model_len if config.max_model_len is None else min(info.max_model_len,
+                                                                              config.max_model_len)
+        self.limits = RequestLimits(max_tokens_limit=config.max_tokens_limit, vocab_size=info.vocab_size,
+                                    max_model_len=max_len, kv_capacity_tokens=runner.num_blocks * config.block_size,
                                     prompt_token_budget=None if config.enable_chunked_context
                                     else config.max_num_batched_tokens)
-        self.scheduler = Scheduler(config, int(runner.num_blocks), max_len, self.metrics,
-                                   float(getattr(self.model_info, "attention_parity_context", 0.0)),
-                                   int(self.model_info.num_layers) if getattr(runner, "runs_layer_slices", False)
-                                   else 0)
-        self._eos_ids = [int(t) for t in self.model_info.eos_token_ids]
-        self._step_delay_s = config.debug_step_delay_ms / 1000.0
+        self._requests = RequestBuilder(config, self.limits, info.eos_token_ids)
+        self.scheduler = Scheduler(config, runner.num_blocks, max_len, self.metrics, info.attention_parity_context,
+                                   info.num_layers if runner.runs_layer_slices else 0)
 
         self._cv = threading.Condition()
         self._intake: deque[Request] = deque()
@@ -112,22 +109,9 @@ class LLMEngine:
     def _make_request(self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingParams,
                       priority: int, on_output: OutputCallback | None,
                       continuation_ids: Sequence[int] = ()) -> Request:
-        if self._dead_error is not None:
+        if self._dead_error is not None:   # before any complaint about the request
             raise EngineDeadError(self._dead_error)
-        prompt = [int(t) for t in prompt_token_ids]
-        continuation = [int(t) for t in continuation_ids]
-        max_tokens = self.config.default_max_tokens if sampling.max_tokens is None else sampling.max_tokens
-        self.limits.check(prompt, continuation, sampling, max_tokens)
-        # the engine's defaults where the request left them to it (None); an
-        # explicit [] of stop ids stays: no stop token
-        if sampling.max_tokens is None or sampling.stop_token_ids is None:
-            stop_ids = list(self._eos_ids) if sampling.stop_token_ids is None else sampling.stop_token_ids
-            sampling = dataclasses.replace(sampling, max_tokens=max_tokens, stop_token_ids=stop_ids)
-        timeout_ms = sampling.token_timeout_ms
-        if timeout_ms is None:
-            timeout_ms = self.config.default_token_timeout_ms
-        return Request(request_id, prompt, sampling, priority=int(priority),
-                       token_timeout_ms=timeout_ms, on_output=on_output, continuation_ids=continuation)
+        return self._requests.build(request_id, prompt_token_ids, sampling, priority, on_output, continuation_ids)
 
     def _submit(self, req: Request, enforce_queue_limit: bool) -> None:
         limit = self.config.max_queue_size
@@ -201,7 +185,7 @@ class LLMEngine:
     @classmethod
     def launch(cls, config: EngineConfig, metrics: MetricsSink | None = None,
                on_dead: Callable[[BaseException], None] | None = None,
-               make_runner: Callable[[], Any] | None = None) -> LLMEngine:
+               make_runner: Callable[[], Runner] | None = None) -> LLMEngine:
         """Build an engine (its runner from `make_runner`, by default the
         model runner) on a new thread that then runs its loop; returns it once
         built, or raises what building raised.
@@ -214,7 +198,8 @@ class LLMEngine:
         every layer's kernels wait for their workers to wake up (measured on
         the offline workload, loop thread: 16.1 s built there, 18.7 s built
         elsewhere)."""
-        built: dict[str, Any] = {}
+        built: list[LLMEngine] = []
+        failed: list[BaseException] = []
         ready = threading.Event()
 
         def build_and_run() -> None:
@@ -222,20 +207,20 @@ class LLMEngine:
                 runner = make_runner() if make_runner is not None else None
                 engine = cls(config, runner=runner, metrics=metrics, on_dead=on_dead)
             except BaseException as exc:
-                built["error"] = exc
+                failed.append(exc)
                 ready.set()
                 return
             engine._thread = threading.current_thread()
-            built["engine"] = engine
+            built.append(engine)
             engine.freeze_heap()
             ready.set()
             engine._run_loop()
 
         threading.Thread(target=build_and_run, name="llm-engine-loop", daemon=True).start()
         ready.wait()
-        if "error" in built:
-            raise built["error"]
-        return built["engine"]
+        if failed:
+            raise failed[0]
+        return built[0]
 
     def start(self) -> None:
         if self._thread is not None:
@@ -329,10 +314,6 @@ class LLMEngine:
         scheduled = sched.schedule()
         ran_model = not scheduled.is_empty
         if ran_model:
-            if self._step_delay_s:
-                time.sleep(self._step_delay_s)
-            if self.config.debug_fail_after_steps and self._steps >= self.config.debug_fail_after_steps:
-                raise RuntimeError(f"injected failure after {self._steps} steps (debug_fail_after_steps)")
             result = self.runner.execute(scheduled)
             # a token that arrives after its deadline does not rescue the request
             outputs.extend(sched.expire_timeouts())
@@ -407,15 +388,8 @@ class LLMEngine:
         except Exception:   # the scheduler may be what broke: answer from our own table
             log.exception("could not release requests through the scheduler")
             ended = {o.request_id for o in outputs}
-            outputs.extend(self._error_output(req, text) for rid, req in list(self._live.items())
-                           if rid not in ended)
+            for rid, req in list(self._live.items()):
+                if rid not in ended:
+                    req.finish_reason, req.error = FinishReason.ERROR, text
+                    outputs.append(request_output(req, [], None, True))
         return self._dispatch(outputs)
-
-    @staticmethod
-    def _error_output(req: Request, text: str) -> RequestOutput:
-        return RequestOutput(
-            request_id=req.request_id, new_token_ids=[], new_logprobs=None, finished=True,
-            finish_reason=FinishReason.ERROR.value, error=text, num_prompt_tokens=req.num_prompt_tokens,
-            num_output_tokens=req.num_returned_tokens, num_cached_prompt_tokens=req.num_cached_tokens,
-            cum_log_prob=req.cum_log_prob, arrival_time_ns=req.arrival_time_ns,
-            first_token_time_ns=req.first_token_time_ns, last_token_time_ns=req.last_token_time_ns)

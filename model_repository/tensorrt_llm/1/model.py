@@ -32,7 +32,7 @@ from ensemble.trtllm_bridge import (
 )
 from python_llm.engine.core.errors import DuplicateRequestError
 from python_llm.engine.core.sampling_params import InvalidRequestError
-from python_llm.stream_registry import LiveStream, StreamRegistry
+from python_llm.live_streams import LiveStream, LiveStreamTable
 
 log = logging.getLogger("tensorrt_llm")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -56,7 +56,7 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
         self.settings = BridgeSettings.from_parameters(params)
         self.input_names = [i["name"] for i in model_config["input"]]
-        self.registry = StreamRegistry()
+        self.registry = LiveStreamTable()
         self.retired = RetiredResponses()
         self.deadlines = Deadlines()
         self.pool = ThreadPoolExecutor(max_workers=self.settings.max_live_requests + 8,

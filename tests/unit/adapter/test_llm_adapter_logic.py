@@ -11,15 +11,15 @@ from python_llm.config_params import engine_config_from_parameters
 from python_llm.engine.config import ConfigError
 from python_llm.engine.core.errors import DuplicateRequestError
 from python_llm.engine.core.sampling_params import InvalidRequestError
-from python_llm.request_inputs import parse_llm_request
-from python_llm.stream_assembly import StreamAssembly
-from python_llm.stream_registry import (
+from python_llm.live_streams import (
     CANCEL_CHECK_INTERVAL_S,
     CANCEL_CHECK_MAX_INTERVAL_S,
     CANCEL_CHECK_SHARE,
     LiveStream,
-    StreamRegistry,
+    LiveStreamTable,
 )
+from python_llm.request_inputs import parse_llm_request
+from python_llm.stream_assembly import StreamAssembly
 
 KEY_1 = "k" * 32
 KEY_2 = "Zz_-" * 8
@@ -107,7 +107,7 @@ def live(engine_id: str, key: str, client_id: str | None, sender) -> LiveStream:
 
 
 def test_registry_names_cancels_and_closes_streams():
-    registry = StreamRegistry()
+    registry = LiveStreamTable()
     sender = FakeSender()
     stream = live("engine-1", KEY_1, "client-1", sender)
     registry.register(stream)
@@ -136,7 +136,7 @@ def test_registry_names_cancels_and_closes_streams():
 
 
 def test_cancel_checks_of_many_streams_are_spaced_to_their_share_of_the_callers_time():
-    registry = StreamRegistry()
+    registry = LiveStreamTable()
     slow = 0.002   # a round trip of 2 ms: sleep() lasts at least that
     streams = [live(f"engine-{i}", f"{KEY_1[:-2]}{i:02d}", None, FakeSender(slow))
                for i in range(5)]
@@ -172,7 +172,7 @@ def test_a_length_penalty_other_than_neutral_is_refused():
 
 
 def test_a_request_whose_answer_failed_leaves_the_registry_and_its_client_gets_a_final_error():
-    registry = StreamRegistry()
+    registry = LiveStreamTable()
     answered, closed, broken = FakeSender(), FakeSender(), FakeSender()
     registry.register(live("e-1", KEY_1, "c-1", answered))
     assert registry.end_failed("e-1", "error", 1)

@@ -45,6 +45,7 @@ class FakeModelInfo:
     vocab_size: int = VOCAB
     eos_token_ids: list[int] = field(default_factory=lambda: [EOS])
     num_layers: int = 0
+    attention_parity_context: float = 0.0   # unknown: every prefill token costs the same
 
 
 class FakeRunner:

@@ -1,5 +1,6 @@
 """Scheduler → runner messages built by hand, for runner and sampler tests
-(the scheduler builds them in the engine)."""
+(the scheduler builds them in the engine). Their requests are greedy
+unless `params` set a temperature."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -14,7 +15,7 @@ def new_request(request_id: str, token_ids: Sequence[int], block_ids: Sequence[i
                 **params) -> NewRequestData:
     return NewRequestData(request_id, tuple(token_ids),
                           len(token_ids) if num_prompt_tokens is None else num_prompt_tokens,
-                          sampling or SamplingParams(**params), tuple(block_ids), computed)
+                          sampling or SamplingParams(**{"temperature": 0.0, **params}), tuple(block_ids), computed)
 
 
 def step(new: Sequence[tuple[NewRequestData, int]] = (),
@@ -41,4 +42,4 @@ def state(request_id: str, token_ids: Sequence[int], block_ids: Sequence[int], c
     """A runner-side request state, for calling the runner's or sampler's parts directly."""
     return CachedRequestState(request_id, list(token_ids),
                               len(token_ids) if num_prompt_tokens is None else num_prompt_tokens,
-                              SamplingParams(**params), list(block_ids), computed, row)
+                              SamplingParams(**{"temperature": 0.0, **params}), list(block_ids), computed, row)

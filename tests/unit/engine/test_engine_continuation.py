@@ -93,7 +93,8 @@ def test_the_sampler_bans_and_penalizes_over_the_continuation() -> None:
     def picked(output: list[int], **params: object) -> int:
         logits = torch.zeros(1, 8)
         logits[0, 3], logits[0, 5] = 2.0, 1.0
-        state = CachedRequestState("s", [7] + output, 1, SamplingParams(stop_token_ids=[3], **params), [0])
+        sampling = SamplingParams(temperature=0.0, stop_token_ids=[3], **params)   # greedy: 3 unless banned
+        state = CachedRequestState("s", [7] + output, 1, sampling, [0])
         return sampler(logits, [state]).token_ids[0]
 
     assert picked([1, 1], min_tokens=3) == 5           # 2 generated < 3: the stop token is banned
@@ -141,7 +142,7 @@ def tiny_engine(tmp_path_factory: pytest.TempPathFactory) -> LLMEngine:
 def test_greedy_n_tokens_equal_k_tokens_then_a_continuation_of_the_rest(tiny_engine: LLMEngine,
                                                                         penalties: dict) -> None:
     prompt = list(range(5, 25))
-    sampling = SamplingParams(max_tokens=16, ignore_eos=True, **penalties)
+    sampling = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, **penalties)
     whole = run(tiny_engine, "whole", prompt, sampling).token_ids
     assert len(whole) == 16
     for k in (1, 6, 15):

@@ -179,6 +179,16 @@ def test_step_failure_kills_the_engine_offline() -> None:
     assert engine.stats().blocks_used == 0
 
 
+def test_the_configured_test_failure_wraps_the_runner_and_kills_the_engine() -> None:
+    """debug_fail_after_steps (what the end-to-end tests set through Triton):
+    the runner's steps run until then, and the next one fails."""
+    engine, runner, _ = make_engine(debug_fail_after_steps=2)
+    assert engine.runner is not runner   # wrapped at construction: the loop has no test-only branch
+    with pytest.raises(EngineDeadError, match=r"RuntimeError: injected failure after 2 steps"):
+        engine.generate([(prompt(4), SamplingParams(max_tokens=5))])
+    assert runner.steps == 2 and engine.stats().blocks_used == 0
+
+
 def test_64_sequences_prefill_in_one_step_then_decode_together() -> None:
     """The shape `make bench` times the engine's per-step overhead on (its
     speed goal lives there, bench/engine_offline.py): 64 prompts of 32 tokens

@@ -107,7 +107,7 @@ def test_min_tokens_leaves_the_fused_greedy_path_only_before_it_is_reached(runne
     calls: list[int] = []
     monkeypatch.setattr(runner.model, "greedy_tokens", lambda *a: calls.append(1) or greedy(*a))
     driver = RunnerDriver(runner)
-    driver.add("min", [4, 5, 6, 7], 8, SamplingParams(min_tokens=3, stop_token_ids=[2]))
+    driver.add("min", [4, 5, 6, 7], 8, SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[2]))
     tokens = driver.run()["min"]
     assert 2 not in tokens[:3]
     assert len(calls) == 8 - 3          # the steps that sample tokens 3 .. 7

@@ -97,7 +97,7 @@ class RunnerDriver:
     def add(self, request_id: str, prompt: Sequence[int], max_new: int, sampling: SamplingParams | None = None,
             arrive_step: int = 0, block_table: list[int] | None = None, start_position: int = 0) -> DrivenRequest:
         table = block_table if block_table is not None else self.blocks_for(len(prompt) + max_new)
-        request = DrivenRequest(request_id, list(prompt), max_new, table, sampling or SamplingParams(),
+        request = DrivenRequest(request_id, list(prompt), max_new, table, sampling or SamplingParams(temperature=0.0),
                                 arrive_step, start_position)
         self.requests.append(request)
         return request

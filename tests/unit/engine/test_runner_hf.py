@@ -28,7 +28,7 @@ NEW_TOKENS = 32
 SHORT = 12
 # HF's min_new_tokens masks EOS the same way; comparing all 32 tokens also
 # exercises min_tokens through the runner
-GREEDY_NO_EOS = SamplingParams(min_tokens=NEW_TOKENS, stop_token_ids=[2])
+GREEDY_NO_EOS = SamplingParams(temperature=0.0, min_tokens=NEW_TOKENS, stop_token_ids=[2])
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,7 @@ def test_fused_greedy_matches_hf(runner, hf_model, prompts, monkeypatch, head: s
         monkeypatch.setattr(runner.model, "greedy_head", lambda normed: calls.append(1) or verified(normed))
     for i, prompt in enumerate(prompts):
         driver = RunnerDriver(runner)
-        driver.add(f"fused-{i}", prompt, NEW_TOKENS, SamplingParams())
+        driver.add(f"fused-{i}", prompt, NEW_TOKENS, SamplingParams(temperature=0.0))
         assert driver.run()[f"fused-{i}"] == hf_greedy_tokens(hf_model, prompt, NEW_TOKENS), f"prompt {i}"
     assert len(calls) == len(prompts) * NEW_TOKENS
 
@@ -146,9 +146,9 @@ def test_greedy_rows_beside_sampled_rows_keep_the_greedy_head(runner, hf_model, 
     execute = runner.execute
     monkeypatch.setattr(runner, "execute", lambda scheduled: results.append(execute(scheduled)) or results[-1])
     mixed = RunnerDriver(runner)
-    mixed.add("greedy-0", prompts[0], SHORT, SamplingParams())
+    mixed.add("greedy-0", prompts[0], SHORT, SamplingParams(temperature=0.0))
     mixed.add("sampled", prompts[1], SHORT, sampled)
-    mixed.add("greedy-2", prompts[2], SHORT, SamplingParams())
+    mixed.add("greedy-2", prompts[2], SHORT, SamplingParams(temperature=0.0))
     outputs = mixed.run()
     assert outputs["sampled"] == expected_sampled
     for name, prompt in (("greedy-0", prompts[0]), ("greedy-2", prompts[2])):

@@ -16,10 +16,11 @@ VOCAB = 32
 
 def seq(request_id: str = "r", output: list[int] | None = None, prompt: list[int] | None = None,
         generator: torch.Generator | None = None, **params) -> CachedRequestState:
-    """The runner's state of a request with these tokens (prompt, then output)."""
+    """The runner's state of a request with these tokens (prompt, then output);
+    greedy unless `params` say otherwise."""
     prompt = prompt or []
-    return CachedRequestState(request_id, prompt + (output or []), len(prompt), SamplingParams(**params), [0],
-                              generator=generator)
+    sampling = SamplingParams(**{"temperature": 0.0, **params})
+    return CachedRequestState(request_id, prompt + (output or []), len(prompt), sampling, [0], generator=generator)
 
 
 def logits_rows(*rows: list[float]) -> torch.Tensor:
@@ -198,15 +199,15 @@ def test_native_argmax_equals_torch(vocab: int) -> None:
 
 
 @pytest.mark.parametrize("params, outputs, plain", [
-    (SamplingParams(), 0, True),
-    (SamplingParams(min_tokens=3, stop_token_ids=[2]), 2, False),   # EOS still banned
-    (SamplingParams(min_tokens=3, stop_token_ids=[2]), 3, True),
-    (SamplingParams(min_tokens=3), 0, True),                         # nothing to ban
-    (SamplingParams(min_tokens=3, stop_token_ids=[]), 0, True),      # explicitly none
+    (SamplingParams(temperature=0.0), 0, True),
+    (SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[2]), 2, False),   # EOS still banned
+    (SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[2]), 3, True),
+    (SamplingParams(temperature=0.0, min_tokens=3), 0, True),                         # nothing to ban
+    (SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[]), 0, True),      # explicitly none
     (SamplingParams(temperature=0.7), 0, False),
-    (SamplingParams(return_log_probs=True), 0, False),
-    (SamplingParams(repetition_penalty=1.1), 0, False),
-    (SamplingParams(bad_words_ids=[[5]]), 0, False),
+    (SamplingParams(temperature=0.0, return_log_probs=True), 0, False),
+    (SamplingParams(temperature=0.0, repetition_penalty=1.1), 0, False),
+    (SamplingParams(temperature=0.0, bad_words_ids=[[5]]), 0, False),
 ])
 def test_plain_greedy_decides_the_fused_path(params: SamplingParams, outputs: int, plain: bool) -> None:
     """The runner fuses LM head + argmax only when the sampler would take a

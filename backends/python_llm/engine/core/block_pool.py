@@ -136,8 +136,9 @@ class BlockPool:
         return True
 
     def _evict(self, block: KVBlock) -> None:
-        if self._cached.get(block.block_hash) is block:  # type: ignore[arg-type]
-            del self._cached[block.block_hash]  # type: ignore[arg-type]
+        block_hash = block.block_hash
+        if block_hash is not None and self._cached.get(block_hash) is block:
+            del self._cached[block_hash]
         block.block_hash = None
         self.placement.mark_cached(block.block_id, False)
 

@@ -73,14 +73,15 @@ class KVCacheManager:
         first admission). False, with nothing changed, when blocks run out."""
         rid = request.request_id
         blocks = self._blocks.get(rid)
-        num_hit = len(new_computed_blocks) if new_computed_blocks else 0
+        hits = new_computed_blocks or []
+        num_hit = len(hits)
         num_held = (len(blocks) if blocks is not None else 0) + num_hit
         total_tokens = request.num_computed_tokens + num_hit * self.block_size + num_new_tokens
         num_new_blocks = -(-total_tokens // self.block_size) - num_held
         if num_new_blocks <= 0 and not num_hit:
             return True   # the common decode step: the last block has room
         # hits sitting in the free list stop being free once touched
-        num_hits_free = sum(1 for b in new_computed_blocks if b.ref_cnt == 0) if num_hit else 0
+        num_hits_free = sum(b.ref_cnt == 0 for b in hits)
         if num_new_blocks > self.pool.num_free_blocks - num_hits_free:
             return False
         if blocks is None:
@@ -91,9 +92,9 @@ class KVCacheManager:
                 self._report_revivals(request, num_hit, num_hits_free)
         ids = self.tables[rid]
         if num_hit:
-            self.pool.touch(new_computed_blocks)  # type: ignore[arg-type]
-            blocks.extend(new_computed_blocks)  # type: ignore[arg-type]
-            ids.extend(b.block_id for b in new_computed_blocks)  # type: ignore[union-attr]
+            self.pool.touch(hits)
+            blocks.extend(hits)
+            ids.extend(b.block_id for b in hits)
             self._num_cached_blocks[rid] = len(blocks)
         if num_new_blocks > 0:
             fresh = self.pool.allocate(num_new_blocks, ids[-1] if ids else None)

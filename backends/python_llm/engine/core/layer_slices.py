@@ -128,7 +128,9 @@ class LayerSlicer:
         known = self._chunk if self._chunk is not None else self._last
         if known is not None:
             return known.seconds / self.pacer.cost(known.start, known.tokens)
-        return self.pacer.unit_s / self.num_layers  # type: ignore[operator]
+        unit_s = self.pacer.unit_s
+        assert unit_s is not None, "slices are sized only once the unit cost is known (next_slice)"
+        return unit_s / self.num_layers
 
     def _budget_s(self, units: float | None, num_decodes: int, spent_units: float) -> float | None:
         """Seconds this step's slice may take; None: no limit."""

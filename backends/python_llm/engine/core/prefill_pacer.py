@@ -144,11 +144,12 @@ class PrefillPacer:
         take; None = no limit. A probe's seconds are None: it is not planned
         to the aim."""
         aim_s = self.aim_s(num_decodes)
-        if aim_s is None:
+        decode_s = self.decode_step_s(num_decodes)   # known where aim_s is
+        if aim_s is None or decode_s is None:
             return None, None
         if self.unit_s is None:
             return PROBE_UNITS, None
-        return max(aim_s - self.decode_step_s(num_decodes), 0.0) / self.unit_s, aim_s  # type: ignore[operator]
+        return max(aim_s - decode_s, 0.0) / self.unit_s, aim_s
 
     def observe(self, seconds: float, num_decodes: int, prefill_units: float, aim_s: float | None = None) -> None:
         """A finished step: its wall time, its decodes, its prefill units, and

@@ -6,6 +6,7 @@ its timing. Only the engine loop thread mutates a Request after it is queued.
 from __future__ import annotations
 
 import enum
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -99,7 +100,9 @@ class Request:
         # common step does not touch the SamplingParams (a dict-backed object)
         # None here only when built outside the engine, which fills in the EOS ids
         self.stop_token_ids = frozenset(sampling.stop_token_ids or ())
-        self.max_tokens = sampling.max_tokens   # filled in by the engine when the request left it None
+        # filled in by the engine when the request left it None; built outside
+        # the engine without one, only max_model_len limits the request
+        self.max_tokens: int = sys.maxsize if sampling.max_tokens is None else sampling.max_tokens
         self.has_stop_words = bool(sampling.stop_words_ids)
 
     @property

@@ -29,7 +29,7 @@ def check_stop(req: Request, token_id: int, max_model_len: int) -> tuple[FinishR
         for word in sp.stop_words_ids:
             if word and word[-1] == token_id and len(word) <= n and out[n - len(word):] == word:
                 return FinishReason.STOP, True
-    if n >= sp.max_tokens or req.num_tokens >= max_model_len:   # type: ignore[operator]
+    if n >= req.max_tokens or req.num_tokens >= max_model_len:
         return FinishReason.LENGTH, True
     return None, True
 

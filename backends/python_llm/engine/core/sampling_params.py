@@ -36,7 +36,9 @@ class SamplingParams:
     scheduler_output.py), so nobody may change it after intake; the engine
     fills in its defaults with `dataclasses.replace`."""
     max_tokens: int | None = None     # None = the engine's default_max_tokens (filled in at intake)
-    temperature: float = 0.0          # 0 = greedy
+    # 1.0 = the model's own distribution when unset, as OpenAI, vLLM and
+    # TensorRT-LLM default it (and the public inputs); 0 = greedy
+    temperature: float = 1.0
     top_k: int = 0                    # 0 = off
     top_p: float = 1.0
     repetition_penalty: float = 1.0   # HF semantics (divide positive logits)

@@ -317,11 +317,12 @@ class Scheduler:
             token = token_ids[index]
             req.append_output_token(token, None if logprobs is None else logprobs[index])
             num_applied += 1
-            if req.first_token_time_ns is None:
+            last_token_ns = req.last_token_time_ns   # set with the first token
+            if last_token_ns is None:
                 req.first_token_time_ns = now
                 self.metrics.histogram_observe(m.TIME_TO_FIRST_TOKEN, (now - req.arrival_time_ns) / 1e9)
             else:
-                add_gap((now - req.last_token_time_ns) / 1e9)  # type: ignore[operator]
+                add_gap((now - last_token_ns) / 1e9)
             req.last_token_time_ns = now
             if req.token_timeout_ns:
                 req.deadline_mono_ns = now_mono + req.token_timeout_ns

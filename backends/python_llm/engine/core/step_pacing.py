@@ -114,6 +114,8 @@ class StepPacing:
         self.pacer.observe(step_s, self.num_decodes, self.units,
                            None if self.num_unpaced or self.at_floor else self._aim_s)
         layer_slice = self.layer_slice
-        req = None if layer_slice is None else requests.get(layer_slice.request_id)
-        if req is not None and self.num_chunks == 1:
-            self.slicer.observe(req, layer_slice, step_s, runner_output.slice_seconds)  # type: ignore[arg-type]
+        if layer_slice is None or self.num_chunks != 1:
+            return
+        req = requests.get(layer_slice.request_id)
+        if req is not None:
+            self.slicer.observe(req, layer_slice, step_s, runner_output.slice_seconds)

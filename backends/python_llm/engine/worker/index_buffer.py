@@ -24,7 +24,7 @@ class IndexBuffer:
         self._sizes: tuple[int, ...] = ()
         self._views: tuple[torch.Tensor, ...] = ()
 
-    def load(self, values: array.array, sizes: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+    def load(self, values: array.array[int], sizes: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
         """Views of `values` ('q' array), cut into consecutive parts of
         `sizes`. The views stay valid until the next `load`, which overwrites
         them: one step's tensors at a time."""
@@ -38,6 +38,6 @@ class IndexBuffer:
         if total:
             ctypes.memmove(self._address, values.buffer_info()[0], total * values.itemsize)
         if sizes != self._sizes:
-            self._views = tuple(self._tensor[:total].split(list(sizes)))
+            self._views = torch.split(self._tensor[:total], list(sizes))
             self._sizes = sizes
         return self._views

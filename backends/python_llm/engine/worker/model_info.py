@@ -17,11 +17,14 @@ class ModelFolderError(ValueError):
 
 def read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except FileNotFoundError:
         raise ModelFolderError(f"{path} not found") from None
     except json.JSONDecodeError as exc:
         raise ModelFolderError(f"{path}: invalid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ModelFolderError(f"{path}: not a JSON object")
+    return data
 
 
 def attention_parity_context(config: dict[str, Any], num_heads: int, head_dim: int) -> float:

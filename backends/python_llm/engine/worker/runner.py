@@ -277,7 +277,7 @@ class ModelRunner:
         if self.device.type == "cpu":
             parts = self._indices.load(values, sizes)
         else:
-            parts = tuple(torch.frombuffer(values, dtype=torch.int64).to(self.device).split(list(sizes)))
+            parts = torch.split(torch.frombuffer(values, dtype=torch.int64).to(self.device), list(sizes))
         ids, positions_t, slot_mapping, rows_t, context_t, table_rows_t = parts
         meta = AttentionMetadata(slot_mapping=slot_mapping, prefills=prefills, kernels=self.prefill_kernels)
         if native_decodes:

@@ -21,7 +21,7 @@ import torch
 
 from ..kernels import CpuKernels
 from .int16_greedy_head import Int16GreedyHead
-from .packed_linear import PackedLinear
+from .packed_linear import PackedLinear, mkldnn_available
 
 BF16_UNIT_ROUNDOFF = 2.0 ** -8
 FP32_UNIT_ROUNDOFF = 2.0 ** -24
@@ -40,7 +40,7 @@ def bf16_logit_bound(dim: int) -> float:
 def onednn_bf16_gemm() -> bool:
     """Whether oneDNN runs bf16 GEMMs on this CPU: natively, or emulated on
     AVX-512 without bf16 instructions; it refuses them on AVX2 and older."""
-    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return mkldnn_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class Bf16RoundedLinear:
@@ -92,7 +92,8 @@ class VerifiedGreedyHead:
         return self.kernels.verified_argmax(approx, normed, self.weight, self.norms, self.bound)
 
 
-GreedyHeads = {"bf16": VerifiedGreedyHead, "int16": Int16GreedyHead}
+GreedyHeads: dict[str, type[VerifiedGreedyHead] | type[Int16GreedyHead]] = {
+    "bf16": VerifiedGreedyHead, "int16": Int16GreedyHead}
 
 
 def verified_greedy_precision(kernels: CpuKernels | None, device: torch.device, dtype: torch.dtype) -> str | None:
@@ -104,7 +105,7 @@ def verified_greedy_precision(kernels: CpuKernels | None, device: torch.device, 
     fp32 head."""
     if kernels is None or device.type != "cpu" or dtype != torch.float32:
         return None
-    if torch.backends.mkldnn.is_available() and kernels.bf16_dot_supported():
+    if mkldnn_available() and kernels.bf16_dot_supported():
         return "bf16"
     fp32_on_ymm = kernels.fma_gemm_supported() and kernels.fma_vector_floats() == 8
     return "int16" if kernels.int16_lm_head_supported() and fp32_on_ymm else None

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -123,6 +124,9 @@ def rope_inverse_frequencies(spec: LlamaSpec) -> torch.Tensor:
 
 class RotaryTable(nn.Module):
     """cos/sin for every position, computed once; a step just indexes it."""
+
+    cos: torch.Tensor   # buffers, which nn.Module's attribute lookup does not type
+    sin: torch.Tensor
 
     def __init__(self, spec: LlamaSpec, max_positions: int, dtype: torch.dtype) -> None:
         super().__init__()
@@ -325,6 +329,10 @@ class LlamaForCausalLM(nn.Module):
         layer_slice.seconds_inside, layer_slice.seconds_outside = inside, outside
         return x if through else torch.cat((x, held))
 
+    def decoder_layers(self) -> Iterable[DecoderLayer]:
+        """`layers` as what they are: a ModuleList hands its entries out as plain Modules."""
+        return cast("Iterable[DecoderLayer]", self.layers)
+
     def _rope(self, positions: torch.Tensor) -> StepRope:
         if self.kernels is None:
             return StepRope(positions, *self.rotary.lookup(positions))
@@ -335,7 +343,7 @@ class LlamaForCausalLM(nn.Module):
         head gets a packed copy by `make_lm_head` for steps of many rows; its
         plain weight stays, as the embedding when tied, and for the fused
         LM-head + argmax kernel of greedy steps of few rows."""
-        for layer in self.layers:
+        for layer in self.decoder_layers():
             layer.pack(make_linear)
         self.lm_head_gemm = make_lm_head(self.lm_head.detach(), None)
 
@@ -345,7 +353,7 @@ class LlamaForCausalLM(nn.Module):
         if self.embed_tokens.dtype != torch.float32 or self.embed_tokens.device.type != "cpu":
             raise ValueError("use_kernels: the native elementwise kernels run fp32 models on the CPU")
         self.kernels = kernels
-        for layer in self.layers:
+        for layer in self.decoder_layers():
             layer.kernels = kernels
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -394,5 +402,6 @@ class LlamaForCausalLM(nn.Module):
 
     def _final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.kernels is None:
-            return self.norm(hidden)
+            normed: torch.Tensor = self.norm(hidden)
+            return normed
         return self.kernels.rms_norm(hidden, self.norm.weight, self.norm.eps)

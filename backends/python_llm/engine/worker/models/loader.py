@@ -60,10 +60,16 @@ def _shard_rows(model: LlamaForCausalLM, shard: str) -> slice:
     }[shard]
 
 
-def _resolve(module: torch.nn.Module, dotted: str) -> torch.Tensor | None:
+def _resolve(module: torch.nn.Module, dotted: str, name: str) -> torch.Tensor:
+    """The parameter at `dotted` in `module`, for the checkpoint's weight `name`."""
+    target: object = module
     for part in dotted.split("."):
-        module = getattr(module, part)
-    return module
+        target = getattr(target, part)
+    if target is None:
+        raise ModelFolderError(f"weight {name}: the config declares no such bias")
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"{dotted}: a {type(target).__name__}, not a parameter")
+    return target
 
 
 def _target(model: LlamaForCausalLM, name: str) -> tuple[torch.Tensor, slice | None, str]:
@@ -74,16 +80,14 @@ def _target(model: LlamaForCausalLM, name: str) -> tuple[torch.Tensor, slice | N
         if attr == "lm_head" and model.spec.tie_word_embeddings:
             # some tied checkpoints still store a copy; the embedding is authoritative
             return torch.empty(0), None, "ignored"
-        return _resolve(model, attr), None, attr
+        return _resolve(model, attr, name), None, attr
     match = _LAYER.match(name)
     if match and match.group(2) in _LAYER_PARAMS:
         index = int(match.group(1))
         if index >= model.spec.num_layers:
             raise ModelFolderError(f"weight {name}: layer {index} beyond num_hidden_layers")
         attr, shard = _LAYER_PARAMS[match.group(2)]
-        param = _resolve(model.layers[index], attr)
-        if param is None:
-            raise ModelFolderError(f"weight {name}: the config declares no such bias")
+        param = _resolve(model.layers[index], attr, name)
         rows = _shard_rows(model, shard) if shard else None
         return param, rows, f"layers.{index}.{attr}.{shard or ''}"
     raise ModelFolderError(f"weight {name}: not part of a Llama-family model")

@@ -30,12 +30,14 @@ from ..kernels import CpuKernels
 
 _linear = torch.ops.mkldnn._linear_pointwise
 _reorder = torch.ops.mkldnn._reorder_linear_weight
+# typed here: torch leaves it unannotated, and a call to it would be untyped
+mkldnn_available: Callable[[], bool] = torch.backends.mkldnn.is_available
 
 
 def packed_linears_available(device: torch.device, dtype: torch.dtype) -> bool:
     """oneDNN packs fp32 on the CPU here; bf16/fp16 would need AVX-512 or AMX
     to be worth it, and CUDA has its own GEMMs."""
-    return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    return device.type == "cpu" and dtype == torch.float32 and mkldnn_available()
 
 
 class TorchLinear:
@@ -64,11 +66,13 @@ class PackedLinear:
         self.bias = None if bias is None else bias.detach().contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return _linear(x, self.weight, self.bias, "none", [], "")
+        out: torch.Tensor = _linear(x, self.weight, self.bias, "none", [], "")
+        return out
 
     def plus(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """(x @ W.T + b) + other, the add fused as oneDNN's epilogue"""
-        return _linear(x, other, self.weight, self.bias, "add")
+        out: torch.Tensor = _linear(x, other, self.weight, self.bias, "add")
+        return out
 
 
 # Below this many rows an fp32 copy runs instead of the AMX tiles: the FMA
@@ -150,13 +154,13 @@ class FmaLinear:
         self.many_rows = None if self.max_rows is None else PackedLinear(weight, bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.many_rows is not None and x.shape[0] >= self.max_rows:
+        if self.max_rows is not None and x.shape[0] >= self.max_rows and self.many_rows is not None:
             return self.many_rows(x)
         return self.kernels.fma_linear(x, self.packed, self.n, self.k, self.bias)
 
     def plus(self, x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
         """(x @ W.T + b) + other, the add done as the results are stored"""
-        if self.many_rows is not None and x.shape[0] >= self.max_rows:
+        if self.max_rows is not None and x.shape[0] >= self.max_rows and self.many_rows is not None:
             return self.many_rows.plus(x, other)
         return self.kernels.fma_linear(x, self.packed, self.n, self.k, self.bias, other)
 

@@ -65,7 +65,10 @@ class LiveStream:
             self.sender.send(response, flags=flags)
 
 
-class StreamRegistry:
+class LiveStreamTable:
+    """The live streams of one Triton model instance (their response senders),
+    by engine id, request key and client id."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_engine_id: dict[str, LiveStream] = {}
