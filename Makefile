@@ -67,11 +67,14 @@ $(TCMALLOC):
 	@touch $@
 
 # ruff, with the rules in pyproject.toml ([tool.ruff]); `make test` runs it first
+# ruff's lint rules and formatting, and mypy (strict on the contract and the
+# cores; pyproject.toml): the first step of `make test`
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 
-test: $(STAMP) kernels tools
-	$(PY) -m ruff check .
+test: $(STAMP) kernels tools lint
 	$(PY) -m serving prepare-model
 	$(PY) -m pytest
 

@@ -63,7 +63,7 @@ def generate_body(values: Mapping[str, Any], request_id: str) -> dict[str, Any]:
     return body
 
 
-def grpc_tensors(values: Mapping[str, Any]) -> list[tuple[str, str, np.ndarray]]:
+def grpc_tensors(values: Mapping[str, Any]) -> list[tuple[str, str, np.ndarray[Any, Any]]]:
     """(name, datatype, array) per input, batch dim first: [1, 1] scalars, [1, n] lists."""
     tensors = []
     for name, value in values.items():
@@ -77,7 +77,7 @@ def grpc_tensors(values: Mapping[str, Any]) -> list[tuple[str, str, np.ndarray]]
     return tensors
 
 
-def stop_values(request_key: str) -> dict[str, tuple[str, np.ndarray]]:
+def stop_values(request_key: str) -> dict[str, tuple[str, np.ndarray[Any, Any]]]:
     """Inputs of the `stop` request to the LLM step, with their Triton
     datatypes: the one stop request of the stack (contract/stop_inputs.py); the
     server stops by key, never by request id alone."""
@@ -122,7 +122,8 @@ def _flat(value: Any) -> list[Any]:
     if value is None:
         return []
     if isinstance(value, np.ndarray):
-        return value.reshape(-1).tolist()
+        flat: list[Any] = value.reshape(-1).tolist()
+        return flat
     if isinstance(value, (list, tuple)):
         out: list[Any] = []
         for item in value:

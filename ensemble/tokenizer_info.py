@@ -82,9 +82,8 @@ def _token_text(value: Any) -> str | None:
     """tokenizer_config.json writes a special token as a string or an AddedToken dict."""
     if isinstance(value, str):
         return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
-    return None
+    content = value.get("content") if isinstance(value, dict) else None
+    return content if isinstance(content, str) else None
 
 
 def _chat_template(model_dir: Path, tokenizer_config: dict[str, Any]) -> str | None:

@@ -16,7 +16,6 @@ exactly its own."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import hashlib
 import logging
 import os
@@ -35,7 +34,9 @@ log = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
 _PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# the C library this interpreter already has loaded: ctypes.util.find_library
+# would run `ldconfig -p` in a child process at import
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def pdeathsig(sig: int, parent: int) -> Callable[[], None]:
