@@ -109,7 +109,8 @@ def churned_tables(finished: int, caching: bool, seed: int, kv_tokens: int = 327
     def submit() -> None:
         nonlocal count
         prompt = [rng.randrange(10, 900) for _ in range(rng.randint(32, 256))]
-        engine.add_request(f"r{count}", prompt, SamplingParams(max_tokens=rng.randint(16, 512), temperature=0.0, ignore_eos=True))
+        params = SamplingParams(max_tokens=rng.randint(16, 512), temperature=0.0, ignore_eos=True)
+        engine.add_request(f"r{count}", prompt, params)
         count += 1
 
     for _ in range(80):

@@ -25,9 +25,8 @@ from pathlib import Path
 import httpx
 
 from serving.default_model import ensure_default_model
-
-from .triton_calls import sse_stream
-from .trtllm_double import repository_with_fake_engine, trtllm_variant_server
+from tests.e2e.triton_calls import sse_stream
+from tests.e2e.trtllm_double import repository_with_fake_engine, trtllm_variant_server
 
 
 def _stubs(work_dir: Path) -> list[str]:

@@ -14,7 +14,7 @@ import tritonclient.grpc as grpcclient
 from httpx_sse import connect_sse
 from tokenizers import Tokenizer
 
-from .triton_calls import grpc_stream, scrape_metrics, sse_stream, wait_for
+from tests.e2e.triton_calls import grpc_stream, scrape_metrics, sse_stream, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -13,8 +13,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from serving.allocator import find_tcmalloc
-
-from .triton_calls import CHAT_PARIS, generate, grpc_stream, histogram_buckets, scrape_metrics, sse_stream
+from tests.e2e.triton_calls import CHAT_PARIS, generate, grpc_stream, histogram_buckets, scrape_metrics, sse_stream
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from .triton_calls import chat
+from tests.e2e.triton_calls import chat
 
 pytestmark = pytest.mark.e2e
 

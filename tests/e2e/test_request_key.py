@@ -16,7 +16,7 @@ import httpx
 import pytest
 from httpx_sse import connect_sse
 
-from .triton_calls import CHAT_PARIS, generate, scrape_metrics, send_stop, wait_for
+from tests.e2e.triton_calls import CHAT_PARIS, generate, scrape_metrics, send_stop, wait_for
 
 pytestmark = pytest.mark.e2e
 

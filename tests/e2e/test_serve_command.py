@@ -25,8 +25,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from serving.launcher import ADMIN_KEY_ENV, ADMIN_KEY_GRPC_METADATA, ADMIN_KEY_HEADER, free_local_ports
-
-from .serve_process import (
+from tests.e2e.serve_process import (
     api_key,
     bound_ports,
     gone_within,

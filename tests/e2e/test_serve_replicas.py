@@ -26,8 +26,7 @@ from client import AsyncLLMClient, ClientConfig
 from serving.fleet import Ports, free_base_ports, replica_ports, thread_budget, usable_cores
 from serving.launcher import ADMIN_KEY_ENV, free_local_ports
 from serving.probe_golden import golden_path, load_golden
-
-from .serve_process import (
+from tests.e2e.serve_process import (
     api_key,
     bound_ports,
     follow,

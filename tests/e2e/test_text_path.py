@@ -15,7 +15,7 @@ import httpx
 import pytest
 from tokenizers import Tokenizer
 
-from .triton_calls import (
+from tests.e2e.triton_calls import (
     CHAT_PARIS,
     SPECIAL_TOKEN_TEXTS,
     StreamResult,

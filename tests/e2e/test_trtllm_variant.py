@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from .test_request_key import OpenStream
-from .triton_calls import grpc_stream, send_stop, sse_stream, stream_num_output_tokens, stream_output_ids
-from .trtllm_double import repository_with_fake_engine, trtllm_variant_server
+from tests.e2e.test_request_key import OpenStream
+from tests.e2e.triton_calls import grpc_stream, send_stop, sse_stream, stream_num_output_tokens, stream_output_ids
+from tests.e2e.trtllm_double import repository_with_fake_engine, trtllm_variant_server
 
 pytestmark = pytest.mark.e2e
 GREEDY = {"temperature": 0.0, "return_output_ids": True, "return_num_input_tokens": True,

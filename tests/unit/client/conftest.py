@@ -1,16 +1,10 @@
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from sse_fakes import FakeTriton  # noqa: E402
 
 from client import AsyncLLMClient, ClientConfig, RetryConfig, TimeoutConfig  # noqa: E402
 from client.sse_transport import SseTransport  # noqa: E402
+from tests.unit.client.sse_fakes import FakeTriton  # noqa: E402
 
 
 class RecordingSleep:

@@ -6,11 +6,11 @@ import json
 import re
 
 import pytest
-from sse_fakes import Step, delta
 
 import client.cli as cli
 from client import ClientConfig, LLMClient
 from client.sse_transport import SseTransport
+from tests.unit.client.sse_fakes import Step, delta
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ import logging
 from typing import Any
 
 import pytest
-from grpc_fakes import response
 
 from client import AsyncLLMClient, ClientConfig, RetryConfig
 from client.grpc_transport import GrpcTransport
+from tests.unit.client.grpc_fakes import response
 
 pytestmark = pytest.mark.anyio
 API_KEY = "sk-grpc-gateway-0123456789abcdef"

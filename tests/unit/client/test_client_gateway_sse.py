@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-from sse_fakes import delta
 
 import client.cli as cli
 from client import (
@@ -26,6 +25,7 @@ from client import (
     TimeoutConfig,
 )
 from client.sse_transport import SseTransport
+from tests.unit.client.sse_fakes import delta
 
 pytestmark = pytest.mark.anyio
 API_KEY = "sk-gateway-test-0123456789abcdef"

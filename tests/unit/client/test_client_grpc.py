@@ -7,11 +7,11 @@ from typing import Any
 
 import grpc
 import pytest
-from grpc_fakes import key_of, response
 from tritonclient.utils import InferenceServerException
 
 from client import AsyncLLMClient, ClientConfig, RequestError, RetryConfig, ServerConnectionError
 from client.grpc_transport import GrpcTransport, map_rpc_error
+from tests.unit.client.grpc_fakes import key_of, response
 
 pytestmark = pytest.mark.anyio
 

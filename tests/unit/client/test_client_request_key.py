@@ -9,11 +9,11 @@ import logging
 import re
 
 import pytest
-from sse_fakes import Step, delta
 
 from client import GenerationOptions, RetryConfig
 from client.types import StreamEvent
 from contract.request_key import mint_request_key
+from tests.unit.client.sse_fakes import Step, delta
 
 pytestmark = pytest.mark.anyio
 KEY_FORMAT = re.compile(r"[A-Za-z0-9_-]{32,128}")

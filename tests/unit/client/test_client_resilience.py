@@ -6,7 +6,6 @@ import asyncio
 import json
 
 import pytest
-from sse_fakes import Step, delta
 
 from client import (
     FirstTokenTimeoutError,
@@ -18,6 +17,7 @@ from client import (
     TokenTimeoutError,
 )
 from client.retry import parse_retry_after
+from tests.unit.client.sse_fakes import Step, delta
 
 pytestmark = pytest.mark.anyio
 OVERLOADED = "in ensemble 'ensemble', overloaded: waiting queue is full (64)"

@@ -6,9 +6,9 @@ import re
 
 import httpx
 import pytest
-from sse_fakes import Step, delta
 
 from client import GenerationOptions, RequestError
+from tests.unit.client.sse_fakes import Step, delta
 
 pytestmark = pytest.mark.anyio
 

@@ -10,14 +10,14 @@ from collections import Counter
 
 import httpx
 import pytest
-from grpc_fakes import by_name, key_of, response
-from sse_fakes import delta, sse
 
 from loadtest.cli import parse_duration, user_classes
 from loadtest.dataset import PromptDataset
 from loadtest.settings import DEFAULT_DATASET, LoadSettings
 from loadtest.shapes import users_at
 from loadtest.streams import StreamRequest, new_stream_request, run_grpc, run_sse
+from tests.unit.client.grpc_fakes import by_name, key_of, response
+from tests.unit.client.sse_fakes import delta, sse
 
 KEY_FORMAT = re.compile(r"[A-Za-z0-9_-]{32,128}")
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from gemm_cases import GemmCase
 
 from python_llm.engine.worker.kernels import CpuKernels, cpu_kernels
 from python_llm.engine.worker.models.packed_linear import AMX_MIN_ROWS, AmxLinear, FmaLinear
+from tests.unit.engine.gemm_cases import GemmCase
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from decode_cases import CASES, random_case
 
 from python_llm.engine.worker import kernels
 from python_llm.engine.worker.kernels import cpu_kernels
 from python_llm.engine.worker.kernels.reference import decode_attention_reference
+from tests.unit.engine.decode_cases import CASES, random_case
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from decode_cases import CASES, random_case
-from test_prefill_attention import SHAPES, chunk_case
 
 from python_llm.engine.worker.kernels import CpuKernels, library
 from python_llm.engine.worker.kernels.reference import decode_attention_reference, prefill_attention_reference
+from tests.unit.engine.decode_cases import CASES, random_case
+from tests.unit.engine.test_prefill_attention import SHAPES, chunk_case
 
 ARCHES = ["x86-64", "haswell"]
 HAS_AVX2 = {"x86-64": False, "haswell": True}

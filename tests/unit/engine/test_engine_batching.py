@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_runner_helpers import assert_same_or_near_tie
 from tokenizers import Tokenizer
 
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.core.sampling_params import SamplingParams
 from python_llm.engine.engine import LLMEngine
+from tests.unit.engine.test_runner_helpers import assert_same_or_near_tie
 
 CHAT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 

@@ -8,8 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from engine_fakes import EOS, FakeRunner, default_token
-from test_model_tiny import COMMON, save_tiny
 
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.core.errors import InvalidRequestError
@@ -21,6 +19,8 @@ from python_llm.engine.worker.input_batch import CachedRequestState
 from python_llm.engine.worker.runner import ModelRunner
 from python_llm.engine.worker.sampler import Sampler
 from python_llm.request_inputs import parse_llm_request
+from tests.unit.engine.engine_fakes import EOS, FakeRunner, default_token
+from tests.unit.engine.test_model_tiny import COMMON, save_tiny
 
 PROMPT = [100, 101, 102, 103, 104]
 CONTINUATION = [50, 51, 52]

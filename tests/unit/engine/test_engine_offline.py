@@ -4,7 +4,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from engine_fakes import FakeRunner, expected_tokens
 
 from contract import metric_names as m
 from python_llm.engine.config import EngineConfig
@@ -12,6 +11,7 @@ from python_llm.engine.core.errors import DuplicateRequestError, EngineDeadError
 from python_llm.engine.core.metrics import InMemoryMetrics
 from python_llm.engine.core.sampling_params import SamplingParams
 from python_llm.engine.engine import LLMEngine
+from tests.unit.engine.engine_fakes import FakeRunner, expected_tokens
 
 
 def make_engine(runner_kwargs: dict | None = None, **cfg: object) -> tuple[LLMEngine, FakeRunner, InMemoryMetrics]:

@@ -8,7 +8,6 @@ import time
 from collections import defaultdict
 
 import pytest
-from engine_fakes import FakeRunner, SlowFakeRunner
 
 from contract import metric_names as m
 from python_llm.engine.config import EngineConfig
@@ -17,6 +16,7 @@ from python_llm.engine.core.metrics import InMemoryMetrics
 from python_llm.engine.core.outputs import RequestOutput
 from python_llm.engine.core.sampling_params import SamplingParams
 from python_llm.engine.engine import LLMEngine
+from tests.unit.engine.engine_fakes import FakeRunner, SlowFakeRunner
 
 WAIT_S = 20.0
 

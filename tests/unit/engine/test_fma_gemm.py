@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from gemm_cases import GemmCase
 
 from python_llm.engine.worker.kernels import CpuKernels, cpu_kernels
 from python_llm.engine.worker.models.packed_linear import FMA_MAX_ROWS, FmaLinear, PackedLinear, projection_makers
+from tests.unit.engine.gemm_cases import GemmCase
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from seam_messages import new_request, step
 
 from python_llm.engine.worker.input_batch import InputBatch, SchedulingError
+from tests.unit.engine.seam_messages import new_request, step
 
 
 def batch() -> InputBatch:

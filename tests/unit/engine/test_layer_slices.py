@@ -8,9 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
-from engine_fakes import FakeRunner, expected_tokens
-from test_prefill_pacer import DECODE_S, UNIT_S, Clock
-from test_scheduler import req
 
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.core.layer_slices import MIN_SLICE_SHARE, PLAN_FILL, LayerSlicer
@@ -19,6 +16,9 @@ from python_llm.engine.core.prefill_pacer import PrefillPacer
 from python_llm.engine.core.request import RequestStatus
 from python_llm.engine.core.scheduler import Scheduler
 from python_llm.engine.core.scheduler_output import LayerSlice
+from tests.unit.engine.engine_fakes import FakeRunner, expected_tokens
+from tests.unit.engine.test_prefill_pacer import DECODE_S, UNIT_S, Clock
+from tests.unit.engine.test_scheduler import req
 
 LAYERS = 8
 

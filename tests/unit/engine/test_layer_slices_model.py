@@ -7,9 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from seam_messages import step
-from test_layer_slices import Harness, start_streams
-from test_prefill_pacer import Clock
 
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.core.request import Request
@@ -17,6 +14,9 @@ from python_llm.engine.core.sampling_params import SamplingParams
 from python_llm.engine.core.scheduler import Scheduler
 from python_llm.engine.core.scheduler_output import SchedulerOutput
 from python_llm.engine.worker.runner import ModelRunner
+from tests.unit.engine.seam_messages import step
+from tests.unit.engine.test_layer_slices import Harness, start_streams
+from tests.unit.engine.test_prefill_pacer import Clock
 
 PROMPT = [(7919 * i) % 40000 + 100 for i in range(700)]
 

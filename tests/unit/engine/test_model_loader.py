@@ -5,12 +5,12 @@ import json
 from pathlib import Path
 
 import pytest
-from test_model_tiny import save_tiny
 
 from ensemble.tokenizer_info import load_tokenizer_info
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.worker.model_info import ModelFolderError, ModelInfo
 from python_llm.engine.worker.runner import ModelRunner
+from tests.unit.engine.test_model_tiny import save_tiny
 
 
 def write_config(folder: Path, config: dict, generation: dict | None = None) -> Path:

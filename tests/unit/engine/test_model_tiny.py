@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from seam_messages import state
 
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.worker.runner import ModelRunner
+from tests.unit.engine.seam_messages import state
 
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, eos_token_id=2)

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from test_model_tiny import save_tiny
 
 from python_llm.engine.worker.attention import AttentionMetadata, PrefillChunk
 from python_llm.engine.worker.kernels import cpu_kernels
@@ -16,6 +15,7 @@ from python_llm.engine.worker.kv_cache import KVCacheShape, PagedKVCache
 from python_llm.engine.worker.models import build_model
 from python_llm.engine.worker.models.llama import LM_HEAD_GEMM_MIN_ROWS
 from python_llm.engine.worker.models.packed_linear import AMX_MIN_ROWS, PackedLinear, packed_linears_available
+from tests.unit.engine.test_model_tiny import save_tiny
 
 pytestmark = pytest.mark.skipif(not packed_linears_available(torch.device("cpu"), torch.float32),
                                 reason="torch built without oneDNN")

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from seam_messages import state
-from test_model_tiny import save_tiny
 
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.worker.kernels import CpuKernels, cpu_kernels
 from python_llm.engine.worker.kernels.reference import prefill_attention_reference
 from python_llm.engine.worker.runner import ModelRunner
+from tests.unit.engine.seam_messages import state
+from tests.unit.engine.test_model_tiny import save_tiny
 
 
 @pytest.fixture(scope="module")

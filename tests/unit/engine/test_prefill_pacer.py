@@ -6,8 +6,6 @@ from __future__ import annotations
 import math
 
 import pytest
-from engine_fakes import FakeRunner
-from test_scheduler import req
 
 from python_llm.engine.config import ConfigError, EngineConfig
 from python_llm.engine.core.prefill_pacer import (
@@ -21,6 +19,8 @@ from python_llm.engine.core.prefill_pacer import (
 )
 from python_llm.engine.core.scheduler import Scheduler
 from python_llm.engine.worker.model_info import attention_parity_context
+from tests.unit.engine.engine_fakes import FakeRunner
+from tests.unit.engine.test_scheduler import req
 
 
 # -- the cost model --------------------------------------------------------------

@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from seam_messages import new_request, prefill, step
-from test_model_tiny import save_tiny
-from test_runner_helpers import RunnerDriver
 
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.core.sampling_params import SamplingParams
 from python_llm.engine.core.scheduler_output import LayerSlice
 from python_llm.engine.worker.input_batch import CachedRequestState
 from python_llm.engine.worker.runner import ModelRunner, SchedulingError
+from tests.unit.engine.seam_messages import new_request, prefill, step
+from tests.unit.engine.test_model_tiny import save_tiny
+from tests.unit.engine.test_runner_helpers import RunnerDriver
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from seam_messages import new_request, step
 
 from python_llm.engine.core.sampling_params import SamplingParams
+from tests.unit.engine.seam_messages import new_request, step
 
 # ids → next-token logits [vocab] for the whole sequence `ids`
 LogitsFn = Callable[[Sequence[int]], torch.Tensor]

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_runner_helpers import RunnerDriver, assert_same_or_near_tie
 
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.core.sampling_params import SamplingParams
 from python_llm.engine.worker.models.greedy_head import GreedyHeads
 from python_llm.engine.worker.runner import ModelRunner
+from tests.unit.engine.test_runner_helpers import RunnerDriver, assert_same_or_near_tie
 
 PROMPTS = [
     "What is the capital of France?",

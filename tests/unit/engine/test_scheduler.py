@@ -4,8 +4,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from engine_fakes import EOS, FakeRunner, expected_tokens
-
 from contract import metric_names as m
 from python_llm.engine.config import EngineConfig
 from python_llm.engine.core.metrics import InMemoryMetrics
@@ -13,6 +11,7 @@ from python_llm.engine.core.outputs import RequestOutput
 from python_llm.engine.core.request import FinishReason, Request, RequestStatus
 from python_llm.engine.core.sampling_params import SamplingParams
 from python_llm.engine.core.scheduler import Scheduler
+from tests.unit.engine.engine_fakes import EOS, FakeRunner, expected_tokens
 
 
 def make(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 2048, **cfg: object):

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_model_tiny import save_tiny
 
 from python_llm.engine.config import ConfigError, EngineConfig
 from python_llm.engine.worker.kernels import CpuKernels
@@ -25,6 +24,7 @@ from python_llm.engine.worker.models.greedy_head import (
     verified_greedy_precision,
 )
 from python_llm.engine.worker.models.packed_linear import packed_linears_available
+from tests.unit.engine.test_model_tiny import save_tiny
 
 pytestmark = pytest.mark.skipif(not packed_linears_available(torch.device("cpu"), torch.float32),
                                 reason="torch built without oneDNN")

@@ -17,8 +17,7 @@ from gateway.admission.keys import KeyStore, parse_key
 from gateway.config import GatewayConfig, LimitsConfig, TierConfig
 from gateway.core.errors import GatewayError
 from gateway.core.policy import Caller
-
-from .access_fakes import FakeClock, PolicyFactory, clock, make_policy  # noqa: F401  (fixtures)
+from tests.unit.gateway.access_fakes import FakeClock, PolicyFactory, clock, make_policy  # noqa: F401  (fixtures)
 
 
 def run(coro: Awaitable[Any]) -> Any:

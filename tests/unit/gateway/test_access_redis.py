@@ -17,8 +17,7 @@ from gateway.admission.access import AccessPolicy
 from gateway.admission.keys import KeyStore
 from gateway.config import GatewayConfig, LimitsConfig, TierConfig
 from gateway.core.errors import GatewayError
-
-from .redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
+from tests.unit.gateway.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
 
 
 def _fleet(server: RedisServer, tmp_path: Path, tier: TierConfig, *, tokens_window_s: int = 60,

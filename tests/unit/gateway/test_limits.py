@@ -19,8 +19,7 @@ from gateway.admission.limits import (
     retry_headers,
     token_window,
 )
-
-from .access_fakes import FakeClock, clock  # noqa: F401  (fixture)
+from tests.unit.gateway.access_fakes import FakeClock, clock  # noqa: F401  (fixture)
 
 
 @pytest.mark.parametrize("rps, window", [(0, None), (-1, None), (2, RateWindow(2, 1)), (50, RateWindow(50, 1)),

@@ -12,9 +12,8 @@ import time
 from gateway.config import StreamsConfig, TierConfig
 from tests.unit.gateway.asgi_driver import call
 from tests.unit.gateway.openai_fakes import AUTH, HANG, OTHER_KEY, ev, harness
+from tests.unit.gateway.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
 from tests.unit.gateway.test_streams import BODY, WORDS, content, paced, until
-
-from .redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
 
 
 def pair(server: RedisServer, script, grace_s: float) -> tuple:

@@ -9,8 +9,7 @@ from tokenizers import Tokenizer
 
 from ensemble.tokenizer_info import TokenizerInfo, load_tokenizer_info
 from serving.default_model import ensure_default_model
-
-from .spm_tokenizer import train_sentencepiece_tokenizer
+from tests.unit.text.spm_tokenizer import train_sentencepiece_tokenizer
 
 
 @pytest.fixture(scope="session")

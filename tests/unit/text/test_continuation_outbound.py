@@ -19,8 +19,7 @@ from ensemble.outbound.segmenter import SegmentMode
 from ensemble.outbound.shared_state import InProcessStateStore, SqliteStateStore
 from ensemble.outbound.stream_postprocessor import LLMDelta, StreamPostprocessor
 from ensemble.tokenizer_info import TokenizerInfo
-
-from .test_bls_flow import KEY, FakeLLM
+from tests.unit.text.test_bls_flow import KEY, FakeLLM
 
 PARROT = "Paris 🦜 ok"
 

@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
 from ensemble.outbound.detokenizer import IncrementalDetokenizer
-
-from .spm_tokenizer import RARE_CHINESE
+from tests.unit.text.spm_tokenizer import RARE_CHINESE
 
 SAMPLE_TEXTS = [
     "你好，世界！今天天气很好。", "危险品请勿靠近", "emoji 😀🎉👍🏽 and 🇫🇷 flags", "naïve café – “quotes” …",
