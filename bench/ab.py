@@ -9,6 +9,7 @@ tree, each in a fresh process, alternating which goes first; the table shows
 per-version medians of output tokens/s and of the per-step overhead at full
 batch, and the ratio of the working tree to the baseline.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _worktree(commit: str, parent: Path) -> Path:
     path = parent / f"baseline-{commit[:12]}"
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), commit],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), commit], check=True, capture_output=True
+    )
     return path
 
 
@@ -38,18 +40,23 @@ def _run(tree: Path, out: Path, extra: list[str]) -> dict[str, float]:
     # ahead of the venv's editable install of the working tree (a finder appended
     # to sys.meta_path, so plain path entries win)
     env["PYTHONPATH"] = os.pathsep.join([str(tree), str(tree / "backends")])
-    subprocess.run([sys.executable, "-m", "bench", "--only", "engine", "--json", str(out), *extra],
-                   cwd=tree, env=env, check=True)
+    subprocess.run(
+        [sys.executable, "-m", "bench", "--only", "engine", "--json", str(out), *extra], cwd=tree, env=env, check=True
+    )
     data = json.loads(out.read_text())
     row = next(r for r in data["results"] if r["method"].startswith("engine"))
     overhead = row["extra"]["overhead_at_full_batch"]
-    return {"tokens_per_s": row["tokens_per_s"], "overhead_ms_median": overhead["overhead_ms_median"],
-            "overhead_ms_mean": overhead["overhead_ms_mean"]}
+    return {
+        "tokens_per_s": row["tokens_per_s"],
+        "overhead_ms_median": overhead["overhead_ms_median"],
+        "overhead_ms_mean": overhead["overhead_ms_mean"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.ab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--baseline", required=True, help="the commit to compare the working tree with")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", dest="json_path", help="write every run's numbers here")
@@ -66,22 +73,29 @@ def main(argv: list[str] | None = None) -> int:
                     console.print(f"[bold]round {round_no + 1}/{args.rounds}: {name}[/bold]")
                     runs[name].append(_run(trees[name], Path(tmp) / f"{name}-{round_no}.json", args.bench_args))
         finally:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(trees["baseline"])],
-                           check=False, capture_output=True)
+            subprocess.run(
+                ["git", "-C", str(REPO), "worktree", "remove", "--force", str(trees["baseline"])],
+                check=False,
+                capture_output=True,
+            )
     table = Table(title=f"engine: working tree vs {args.baseline[:12]} ({args.rounds} interleaved rounds, medians)")
     for column in ("figure", "baseline", "current", "current / baseline"):
         table.add_column(column, justify="right")
     summary = {}
-    for key, label in (("tokens_per_s", "output tok/s"), ("overhead_ms_median", "overhead ms (median of steps)"),
-                       ("overhead_ms_mean", "overhead ms (mean of steps)")):
+    for key, label in (
+        ("tokens_per_s", "output tok/s"),
+        ("overhead_ms_median", "overhead ms (median of steps)"),
+        ("overhead_ms_mean", "overhead ms (mean of steps)"),
+    ):
         base = statistics.median(r[key] for r in runs["baseline"])
         cur = statistics.median(r[key] for r in runs["current"])
         summary[key] = {"baseline": base, "current": cur, "ratio": cur / base}
         table.add_row(label, f"{base:.2f}", f"{cur:.2f}", f"{cur / base:.3f}")
     console.print(table)
     if args.json_path:
-        Path(args.json_path).write_text(json.dumps({"baseline": args.baseline, "runs": runs,
-                                                    "summary": summary}, indent=2) + "\n")
+        Path(args.json_path).write_text(
+            json.dumps({"baseline": args.baseline, "runs": runs, "summary": summary}, indent=2) + "\n"
+        )
     return 0
 
 

@@ -12,6 +12,7 @@ Shapes are the default model's (SmolLM2-135M: 9 query heads on 3 KV heads
 of 64; the engine's default block size), fp32, random values. Prints medians in ms over the
 rounds after the first, and GFLOP/s of the chunk's QK^T and PV.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,8 @@ from python_llm.engine.worker.kernels import CpuKernels, cpu_kernels
 
 from .kernel_probe import baseline_kernels
 
-HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64   # SmolLM2-135M's
-BLOCK = EngineConfig.block_size         # the engine's default
+HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64  # SmolLM2-135M's
+BLOCK = EngineConfig.block_size  # the engine's default
 
 
 def flops(start: int, tokens: int, layers: int) -> float:
@@ -62,11 +63,18 @@ def main(argv: list[str] | None = None) -> int:
 def _probe(args: argparse.Namespace, libraries: dict[str, CpuKernels]) -> int:
     gen = torch.Generator().manual_seed(0)
     num_blocks = -(-(args.start + max(args.tokens)) // BLOCK) + 1
-    caches = [(torch.randn(KV_HEADS, num_blocks, BLOCK, HEAD_DIM, generator=gen),
-               torch.randn(KV_HEADS, num_blocks, BLOCK, HEAD_DIM, generator=gen)) for _ in range(args.layers)]
+    caches = [
+        (
+            torch.randn(KV_HEADS, num_blocks, BLOCK, HEAD_DIM, generator=gen),
+            torch.randn(KV_HEADS, num_blocks, BLOCK, HEAD_DIM, generator=gen),
+        )
+        for _ in range(args.layers)
+    ]
     shuffled = torch.randperm(num_blocks, generator=gen).to(torch.int32)
-    print(f"{platform.node()}: {torch.get_num_threads()} threads, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; "
-          f"{args.layers} layers, chunks after {args.start} cached positions")
+    print(
+        f"{platform.node()}: {torch.get_num_threads()} threads, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; "
+        f"{args.layers} layers, chunks after {args.start} cached positions"
+    )
     seconds: dict[tuple[int, str], list[float]] = {}
     differ: set[int] = set()
     for round_no in range(args.rounds):
@@ -81,18 +89,21 @@ def _probe(args: argparse.Namespace, libraries: dict[str, CpuKernels]) -> int:
                 out = torch.empty(tokens, HEADS * HEAD_DIM)
                 started = time.perf_counter()
                 for key_cache, value_cache in caches:
-                    kernels.paged_prefill_attention(out, query, key_cache, value_cache, table, args.start,
-                                                    HEAD_DIM ** -0.5, check=False)
+                    kernels.paged_prefill_attention(
+                        out, query, key_cache, value_cache, table, args.start, HEAD_DIM**-0.5, check=False
+                    )
                 elapsed = time.perf_counter() - started
                 outputs.append(out)
-                if round_no:   # the first round warms caches and thread pools
+                if round_no:  # the first round warms caches and thread pools
                     seconds.setdefault((tokens, name), []).append(elapsed)
             if any(not torch.equal(outputs[0], other) for other in outputs[1:]):
                 differ.add(tokens)
     for tokens in args.tokens:
         medians = {name: statistics.median(seconds[(tokens, name)]) for name in libraries}
-        cells = [f"{name} {s * 1e3:8.1f} ms ({flops(args.start, tokens, args.layers) / s / 1e9:5.0f} GFLOP/s)"
-                 for name, s in medians.items()]
+        cells = [
+            f"{name} {s * 1e3:8.1f} ms ({flops(args.start, tokens, args.layers) / s / 1e9:5.0f} GFLOP/s)"
+            for name, s in medians.items()
+        ]
         if "baseline" in medians:
             cells.append(f"current / baseline time {medians['current'] / medians['baseline']:.3f}")
             cells.append("outputs differ" if tokens in differ else "outputs identical")

@@ -1,6 +1,7 @@
 """Which model, and on which device, a bench runs: the arguments every bench
 that builds an engine shares (`--model-dir`, `--device`, `--random-weights`)
 and the folder they resolve to."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,11 +15,17 @@ from .random_model import build_random_model
 
 def add_model_arguments(parser: argparse.ArgumentParser, device_rows: str = "") -> None:
     parser.add_argument("--model-dir", default=None, help="a Hugging Face folder (default: the default model)")
-    parser.add_argument("--device", default="cpu",
-                        help="cpu, or cuda[:N]" + (f" ({device_rows})" if device_rows else ""))
-    parser.add_argument("--random-weights", type=int, default=None, metavar="SEED",
-                        help="the model folder's shape (config, tokenizer) with weights drawn from SEED, for "
-                             "a machine the real weights cannot reach (bench.random_model); speed only")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu, or cuda[:N]" + (f" ({device_rows})" if device_rows else "")
+    )
+    parser.add_argument(
+        "--random-weights",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="the model folder's shape (config, tokenizer) with weights drawn from SEED, for "
+        "a machine the real weights cannot reach (bench.random_model); speed only",
+    )
 
 
 def check_device(parser: argparse.ArgumentParser, device: str) -> None:
@@ -32,6 +39,7 @@ def bench_model_dir(model_dir: str | None, random_weights: int | None, temporary
     it, in a temporary folder `temporary` removes."""
     if model_dir is None:
         from serving.default_model import ensure_default_model
+
         model_dir = str(ensure_default_model())
     if random_weights is None:
         return model_dir
@@ -45,5 +53,6 @@ def release_memory() -> None:
     engine of the same process then gets what the first one got."""
     gc.collect()
     import torch
+
     if torch.cuda.is_initialized():
         torch.cuda.empty_cache()

@@ -15,6 +15,7 @@
    with exactly those tables and contexts, and with the same contexts in
    one run each (the control).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,7 +33,7 @@ from python_llm.engine.worker.runner import ModelRunner
 from .step_profile import CallClock, instrument, profile
 
 ATTENTION = "paged_decode_attention"
-BLOCK_SIZE = EngineConfig.block_size   # the engine's default, which every run here uses
+BLOCK_SIZE = EngineConfig.block_size  # the engine's default, which every run here uses
 
 
 def decode_steps(tables: list[list[int]], contexts: list[int]) -> Callable[[int], SchedulerOutput]:
@@ -44,9 +45,12 @@ def decode_steps(tables: list[list[int]], contexts: list[int]) -> Callable[[int]
         positions = [c - 12 + index for c in contexts]
         if index:
             return SchedulerOutput([], CachedRequestData(ids, [None] * len(ids), positions), [1] * len(ids), len(ids))
-        new = [NewRequestData(rid, tuple(range(100, 101 + p)), p + 1, SamplingParams(temperature=0.0), tuple(t), p)
-               for rid, p, t in zip(ids, positions, tables)]
+        new = [
+            NewRequestData(rid, tuple(range(100, 101 + p)), p + 1, SamplingParams(temperature=0.0), tuple(t), p)
+            for rid, p, t in zip(ids, positions, tables)
+        ]
         return SchedulerOutput(new, CachedRequestData(), [1] * len(ids), len(ids))
+
     return step
 
 
@@ -59,14 +63,16 @@ def pattern_tables(pattern: str, seqs: int, per_seq: int, num_blocks: int, seed:
         return [list(range((s + 1) * per_seq - 1, s * per_seq - 1, -1)) for s in range(seqs)]
     order = list(range(num_blocks))
     random.Random(seed).shuffle(order)
-    return [order[s * per_seq:(s + 1) * per_seq] for s in range(seqs)]
+    return [order[s * per_seq : (s + 1) * per_seq] for s in range(seqs)]
 
 
-def time_tables(model_dir: str, threads: int, num_blocks: int, tables: list[list[int]], contexts: list[int],
-                repeats: int) -> tuple[float, float]:
+def time_tables(
+    model_dir: str, threads: int, num_blocks: int, tables: list[list[int]], contexts: list[int], repeats: int
+) -> tuple[float, float]:
     """(step, attention) medians in ms of decode steps with these tables."""
-    config = EngineConfig(model_dir=model_dir, dtype="float32", num_threads=threads,
-                          max_tokens_in_paged_kv_cache=num_blocks * BLOCK_SIZE)
+    config = EngineConfig(
+        model_dir=model_dir, dtype="float32", num_threads=threads, max_tokens_in_paged_kv_cache=num_blocks * BLOCK_SIZE
+    )
     runner = ModelRunner(config)
     clock = CallClock()
     instrument(runner, clock)
@@ -83,7 +89,7 @@ class EchoRunner:
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
         self.model_info = SimpleNamespace(max_model_len=4096, vocab_size=1000, eos_token_ids=[2], num_layers=0)
-        self._known: dict[str, int] = {}   # request id -> tokens it has (prompt + sampled)
+        self._known: dict[str, int] = {}  # request id -> tokens it has (prompt + sampled)
 
     def execute(self, scheduled: SchedulerOutput) -> RunnerOutput:
         for rid in (*scheduled.preempted_req_ids, *scheduled.finished_req_ids):
@@ -98,10 +104,16 @@ class EchoRunner:
         return RunnerOutput(token_ids=tokens)
 
 
-def churned_tables(finished: int, caching: bool, seed: int, kv_tokens: int = 32768
-                   ) -> tuple[list[list[int]], list[int], int]:
-    config = EngineConfig(model_dir="(none)", max_num_seqs=64, max_num_batched_tokens=512,
-                          max_tokens_in_paged_kv_cache=kv_tokens, enable_kv_cache_reuse=caching)
+def churned_tables(
+    finished: int, caching: bool, seed: int, kv_tokens: int = 32768
+) -> tuple[list[list[int]], list[int], int]:
+    config = EngineConfig(
+        model_dir="(none)",
+        max_num_seqs=64,
+        max_num_batched_tokens=512,
+        max_tokens_in_paged_kv_cache=kv_tokens,
+        enable_kv_cache_reuse=caching,
+    )
     engine = LLMEngine(config, EchoRunner(config.num_cpu_blocks, config.block_size))
     rng = random.Random(seed)
     count = 0
@@ -145,6 +157,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.model_dir is None:
         from serving.default_model import ensure_default_model
+
         args.model_dir = str(ensure_default_model())
 
     per_seq = -(-(args.context + 16) // BLOCK_SIZE)
@@ -167,14 +180,18 @@ def main() -> None:
         for table in tables:
             control.append(list(range(start, start + len(table))))
             start += len(table)
-        print(f"churned pool, prefix caching {'on' if caching else 'off'}: {len(tables)} decoding at "
-              f"{statistics.mean(ctx):.0f} tokens on average, {adjacent_share(tables):.0%} of neighbouring "
-              f"table entries adjacent")
+        print(
+            f"churned pool, prefix caching {'on' if caching else 'off'}: {len(tables)} decoding at "
+            f"{statistics.mean(ctx):.0f} tokens on average, {adjacent_share(tables):.0%} of neighbouring "
+            f"table entries adjacent"
+        )
         for _ in range(args.rounds):
             churned = time_tables(args.model_dir, args.threads, blocks, tables, ctx, args.repeats)
             runs = time_tables(args.model_dir, args.threads, blocks, control, ctx, args.repeats)
-            print(f"  step / attention: these tables {churned[0]:6.1f} / {churned[1]:5.1f} ms, "
-                  f"one run each {runs[0]:6.1f} / {runs[1]:5.1f} ms")
+            print(
+                f"  step / attention: these tables {churned[0]:6.1f} / {churned[1]:5.1f} ms, "
+                f"one run each {runs[0]:6.1f} / {runs[1]:5.1f} ms"
+            )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ that make it happen:
 
 `python -m bench.doctor_load --record DIR` records each as a trace for the
 doctor's tests (tests/data/doctor/)."""
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,9 @@ from typing import Any
 
 from client import AsyncLLMClient, ClientConfig, GenerationOptions, RetryConfig
 
-LONG_PROMPT = " ".join(f"Item {i}: the shipment of part {i * 7 % 97} left the warehouse on day {i % 28 + 1}."
-                       for i in range(40))      # ~820 tokens with SmolLM2's tokenizer
+LONG_PROMPT = " ".join(
+    f"Item {i}: the shipment of part {i * 7 % 97} left the warehouse on day {i % 28 + 1}." for i in range(40)
+)  # ~820 tokens with SmolLM2's tokenizer
 
 
 @dataclass(frozen=True)
@@ -33,14 +35,19 @@ class Scenario:
     engine: dict[str, object]
     streams: int = 8
     max_tokens: int = 32
-    long_prompt_every_s: float = 0.0             # 0: no long prompts
+    long_prompt_every_s: float = 0.0  # 0: no long prompts
     extra: dict[str, object] = field(default_factory=dict)
 
 
 SCENARIOS = {
     "not_batched": Scenario("not_batched", {"max_num_seqs": 1}),
-    "long_prefill": Scenario("long_prefill", {"enable_chunked_context": False, "max_num_batched_tokens": 4096},
-                             streams=6, max_tokens=48, long_prompt_every_s=4.0),
+    "long_prefill": Scenario(
+        "long_prefill",
+        {"enable_chunked_context": False, "max_num_batched_tokens": 4096},
+        streams=6,
+        max_tokens=48,
+        long_prompt_every_s=4.0,
+    ),
     "kv_pressure": Scenario("kv_pressure", {"max_tokens_in_paged_kv_cache": 512}, max_tokens=96),
 }
 
@@ -59,8 +66,9 @@ async def _long_prompts(client: AsyncLLMClient, scenario: Scenario, stop: thread
     while not stop.is_set():
         await asyncio.sleep(scenario.long_prompt_every_s)
         # a new first line each time: the prefix cache must not serve it
-        await client.generate(f"Report {sent} of the night shift.\n{LONG_PROMPT}",
-                              GenerationOptions(max_tokens=2, temperature=0.0))
+        await client.generate(
+            f"Report {sent} of the night shift.\n{LONG_PROMPT}", GenerationOptions(max_tokens=2, temperature=0.0)
+        )
         sent += 1
     return sent
 
@@ -106,12 +114,20 @@ def record_all(target: Path, window_s: float, names: list[str]) -> None:
         overrides: dict[str, Any] = {f"engine.{k}": v for k, v in scenario.engine.items()}
         settings = DeploymentSettings.load(environ={}, model_dir=model_dir, **overrides)
         http, grpc, metrics = free_local_ports(3)
-        server = TritonServer(LaunchOptions(settings=settings, http_port=http, grpc_port=grpc, metrics_port=metrics,
-                                            address="127.0.0.1", work_dir=Path(tempfile.mkdtemp())))
+        server = TritonServer(
+            LaunchOptions(
+                settings=settings,
+                http_port=http,
+                grpc_port=grpc,
+                metrics_port=metrics,
+                address="127.0.0.1",
+                work_dir=Path(tempfile.mkdtemp()),
+            )
+        )
         server.start()
         try:
             with BackgroundLoad(server.grpc_url, scenario) as load:
-                time.sleep(3)                     # past the first requests' start
+                time.sleep(3)  # past the first requests' start
                 samples = record(server.metrics_url, window_s, 1.0)
             save(samples, target / f"{scenario.name}.jsonl")
             print(f"{scenario.name}: {len(samples)} scrapes, {load.finished} requests finished")

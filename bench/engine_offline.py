@@ -1,6 +1,7 @@
 """This project's engine, offline: every request submitted at once, then
 `step()` until all finish (what `LLMEngine.generate_results` does, written out
 so that progress can be shown), and its per-step overhead at full batch."""
+
 from __future__ import annotations
 
 import statistics
@@ -23,7 +24,7 @@ class EngineBenchSettings:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     num_threads: int = 2
-    device: str = "cpu"                # "cuda[:N]" on a GPU machine (the PyTorch paths)
+    device: str = "cpu"  # "cuda[:N]" on a GPU machine (the PyTorch paths)
     # room for every request at full length at once: a benchmark of
     # throughput, not of preemption
     kv_tokens: int = 32768
@@ -33,6 +34,7 @@ class EngineBenchSettings:
 class StepOverhead:
     """Pure-decode steps with `batch` sequences running: wall time around
     `engine.step()` minus time inside decoder layers + LM head."""
+
     batch: int
     steps: int = 0
     wall_ms: list[float] = field(default_factory=list)
@@ -47,26 +49,40 @@ class StepOverhead:
         if not self.steps:
             return {"batch": self.batch, "steps": 0}
         overhead = [w - m for w, m in zip(self.wall_ms, self.model_ms)]
-        return {"batch": self.batch, "steps": self.steps,
-                "step_ms_mean": statistics.fmean(self.wall_ms),
-                "model_ms_mean": statistics.fmean(self.model_ms),
-                "overhead_ms_mean": statistics.fmean(overhead),
-                "overhead_ms_median": statistics.median(overhead)}
+        return {
+            "batch": self.batch,
+            "steps": self.steps,
+            "step_ms_mean": statistics.fmean(self.wall_ms),
+            "model_ms_mean": statistics.fmean(self.model_ms),
+            "overhead_ms_mean": statistics.fmean(overhead),
+            "overhead_ms_median": statistics.median(overhead),
+        }
 
 
 def engine_config(settings: EngineBenchSettings) -> EngineConfig:
-    return EngineConfig(model_dir=settings.model_dir, dtype=settings.dtype, max_num_seqs=settings.max_num_seqs,
-                        max_num_batched_tokens=settings.max_num_batched_tokens,
-                        max_tokens_in_paged_kv_cache=settings.kv_tokens, num_threads=settings.num_threads,
-                        max_queue_size=0, device=settings.device)
+    return EngineConfig(
+        model_dir=settings.model_dir,
+        dtype=settings.dtype,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_tokens_in_paged_kv_cache=settings.kv_tokens,
+        num_threads=settings.num_threads,
+        max_queue_size=0,
+        device=settings.device,
+    )
 
 
 def _sampling(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 
 
-def timed_offline_run(engine: LLMEngine, workload: list[BenchRequest], label: str, prefix: str = "bench",
-                      outputs: dict[str, list[int]] | None = None) -> tuple[float, int]:
+def timed_offline_run(
+    engine: LLMEngine,
+    workload: list[BenchRequest],
+    label: str,
+    prefix: str = "bench",
+    outputs: dict[str, list[int]] | None = None,
+) -> tuple[float, int]:
     """Every request at once, stepped to the end: (seconds, output tokens);
     each request's tokens into `outputs` (by request id) where given."""
     for i, request in enumerate(workload):
@@ -100,8 +116,9 @@ def warmed_engine(settings: EngineBenchSettings, workload: list[BenchRequest]) -
     return engine
 
 
-def run_engine_offline(settings: EngineBenchSettings, workload: list[BenchRequest],
-                       overhead_steps: int = 24) -> MethodResult:
+def run_engine_offline(
+    settings: EngineBenchSettings, workload: list[BenchRequest], overhead_steps: int = 24
+) -> MethodResult:
     """Throughput over the whole workload, then (same engine, untimed for
     throughput) the per-step overhead at full batch."""
     engine = warmed_engine(settings, workload)
@@ -110,17 +127,26 @@ def run_engine_offline(settings: EngineBenchSettings, workload: list[BenchReques
     seconds, useful = timed_offline_run(engine, workload, f"engine offline {settings.dtype}", outputs=outputs)
     steps = engine.stats().steps - steps_before
     overhead = measure_step_overhead(engine, workload, settings.max_num_seqs, overhead_steps)
-    return MethodResult(method=f"engine-{settings.dtype}", label="engine offline (all at once)",
-                        dtype=settings.dtype, useful_output_tokens=useful, seconds=seconds,
-                        num_requests=len(workload),
-                        extra={"steps": steps, "overhead_at_full_batch": overhead.summary(),
-                               "max_num_seqs": settings.max_num_seqs,
-                               "max_num_batched_tokens": settings.max_num_batched_tokens},
-                        outputs=[outputs.get(f"bench-{i}", []) for i in range(len(workload))])
+    return MethodResult(
+        method=f"engine-{settings.dtype}",
+        label="engine offline (all at once)",
+        dtype=settings.dtype,
+        useful_output_tokens=useful,
+        seconds=seconds,
+        num_requests=len(workload),
+        extra={
+            "steps": steps,
+            "overhead_at_full_batch": overhead.summary(),
+            "max_num_seqs": settings.max_num_seqs,
+            "max_num_batched_tokens": settings.max_num_batched_tokens,
+        },
+        outputs=[outputs.get(f"bench-{i}", []) for i in range(len(workload))],
+    )
 
 
-def measure_step_overhead(engine: LLMEngine, workload: list[BenchRequest], batch: int,
-                          decode_steps: int) -> StepOverhead:
+def measure_step_overhead(
+    engine: LLMEngine, workload: list[BenchRequest], batch: int, decode_steps: int
+) -> StepOverhead:
     """`batch` sequences (the workload's prompts) prefilled, then `decode_steps`
     pure-decode steps timed one by one; the requests are aborted afterwards.
     A separate phase because in the throughput run the shortest requests end
@@ -134,14 +160,16 @@ def measure_step_overhead(engine: LLMEngine, workload: list[BenchRequest], batch
         # long enough that nobody finishes: early sequences decode while later ones prefill
         engine.add_request(rid, list(prompt), _sampling(decode_steps + 128))
     started: set[str] = set()
-    while len(started) < batch:   # prefill (chunked) until every sequence has its first token
+    while len(started) < batch:  # prefill (chunked) until every sequence has its first token
         started.update(out.request_id for out in engine.step() if out.new_token_ids)
     with progress_bar(decode_steps, f"step overhead at {batch} seqs", unit="step") as bar:
         for _ in range(decode_steps):
             before = engine.stats()
             if before.running != batch or before.waiting:
-                raise RuntimeError(f"overhead phase: {before.running} running, {before.waiting} waiting; "
-                                   f"expected {batch} running (KV too small?)")
+                raise RuntimeError(
+                    f"overhead phase: {before.running} running, {before.waiting} waiting; "
+                    f"expected {batch} running (KV too small?)"
+                )
             t0 = time.perf_counter()
             outputs = engine.step()
             wall = time.perf_counter() - t0

@@ -27,6 +27,7 @@ sweep). Writes build/bench/fairness.json; `--png` also draws the curve.
 A point is a token budget (`max_num_batched_tokens`, pacing off) or
 `default` (the engine's EngineConfig defaults) or `paced:<budget>:<ratio>`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,7 +69,7 @@ class SliceSeconds:
 
     def _execute(self, scheduled: Any) -> Any:
         result = self.execute(scheduled)
-        self.last = getattr(result, "slice_seconds", None)   # engines before slices: none
+        self.last = getattr(result, "slice_seconds", None)  # engines before slices: none
         return result
 
     def close(self) -> None:
@@ -118,11 +119,18 @@ class Bench:
 
     def engine(self, point: Point) -> LLMEngine:
         a = self.args
-        config = EngineConfig(model_dir=a.model_dir, num_threads=a.threads, max_tokens_in_paged_kv_cache=a.kv_tokens,
-                              max_queue_size=0, max_tokens_limit=a.stream_tokens, device=a.device, **point.overrides)
+        config = EngineConfig(
+            model_dir=a.model_dir,
+            num_threads=a.threads,
+            max_tokens_in_paged_kv_cache=a.kv_tokens,
+            max_queue_size=0,
+            max_tokens_limit=a.stream_tokens,
+            device=a.device,
+            **point.overrides,
+        )
         engine = LLMEngine(config)
-        engine.generate_results([(self.prompt(64), _greedy(4))])   # warm-up: allocators, kernels
-        engine.freeze_heap()   # as the served engine does: no full collection stalls a step
+        engine.generate_results([(self.prompt(64), _greedy(4))])  # warm-up: allocators, kernels
+        engine.freeze_heap()  # as the served engine does: no full collection stalls a step
         return engine
 
     def long_tokens(self, engine: LLMEngine) -> int:
@@ -143,7 +151,7 @@ class Bench:
     def _layers_of(engine: LLMEngine, rid: str, tokens: int) -> int:
         """Layers request `rid`'s chunk ran in the step just scheduled (0: none)."""
         layers = int(engine.model_info.num_layers)
-        layer_slice = getattr(engine.scheduler._last_output, "layer_slice", None)   # engines before slices: none
+        layer_slice = getattr(engine.scheduler._last_output, "layer_slice", None)  # engines before slices: none
         if layer_slice is not None and layer_slice.request_id == rid:
             return layer_slice.end_layer - layer_slice.first_layer
         return layers if tokens else 0
@@ -166,8 +174,9 @@ class Bench:
         a = self.args
         streams = [f"stream-{i}" for i in range(a.streams)]
         for rid in streams:
-            engine.add_request(rid, self.prompt(a.stream_prompt_tokens),
-                               _greedy(a.stream_tokens - a.stream_prompt_tokens))
+            engine.add_request(
+                rid, self.prompt(a.stream_prompt_tokens), _greedy(a.stream_tokens - a.stream_prompt_tokens)
+            )
         last: dict[str, float] = {}
         while len(last) < len(streams):
             for out in engine.step():
@@ -189,14 +198,14 @@ class Bench:
         engine.add_request("long", self.prompt(self.long_tokens(engine)), _greedy(1))
         arrived = time.perf_counter()
         for rid in last:
-            last[rid] = max(last[rid], arrived)   # gaps from the arrival on belong to "during"
-        pacer = getattr(engine.scheduler, "pacer", None)   # engines before the pacer: none
+            last[rid] = max(last[rid], arrived)  # gaps from the arrival on belong to "during"
+        pacer = getattr(engine.scheduler, "pacer", None)  # engines before the pacer: none
         if pacer is not None and pacer.enabled:
             m.pacer_decode_s = pacer.decode_step_s(len(last))
         slices = SliceSeconds(engine)
         while not m.ttft_s:
             if pacer is not None and pacer.enabled:
-                m.margins.append(pacer.margin())   # what this step's plan is divided by
+                m.margins.append(pacer.margin())  # what this step's plan is divided by
                 m.aims.append(pacer.aim_s(len(last)))
             slices.last = None
             t0 = time.perf_counter()
@@ -208,8 +217,10 @@ class Bench:
                 m.ttft_s = time.perf_counter() - arrived
             if any(o.finished and o.request_id != "long" for o in outs):
                 reached = max((s0 + n for s0, n, _, _ in m.during_steps if n), default=0)
-                raise RuntimeError(f"a stream ended before the long prompt's first token ({len(m.during_steps)} "
-                                   f"steps, the prompt computed to ~{reached}): raise --stream-tokens")
+                raise RuntimeError(
+                    f"a stream ended before the long prompt's first token ({len(m.during_steps)} "
+                    f"steps, the prompt computed to ~{reached}): raise --stream-tokens"
+                )
         slices.close()
         self._end_streams(engine, last)
 
@@ -237,10 +248,18 @@ class Bench:
 
     def measure(self, point: Point) -> Measurement:
         engine = self.engine(point)
-        config = {k: getattr(engine.config, k) for k in ("max_num_batched_tokens", "enable_chunked_context",
-                                                          PACING_FIELD) if hasattr(engine.config, k)}
-        m = Measurement(point.label, config, os.getloadavg()[0], self.long_tokens(engine),
-                        num_layers=int(engine.model_info.num_layers))
+        config = {
+            k: getattr(engine.config, k)
+            for k in ("max_num_batched_tokens", "enable_chunked_context", PACING_FIELD)
+            if hasattr(engine.config, k)
+        }
+        m = Measurement(
+            point.label,
+            config,
+            os.getloadavg()[0],
+            self.long_tokens(engine),
+            num_layers=int(engine.model_info.num_layers),
+        )
         cpu0, wall0 = _cpu_seconds(), time.perf_counter()
         self.alone(engine, m)
         self.contended(engine, m)
@@ -264,14 +283,17 @@ def wait_quiet(minutes: float, max_load: float = 0.8) -> str:
         if time.monotonic() >= deadline:
             state = "running" if triton else "absent"
             return f"NOT quiet after {minutes:g} min (load {load:.2f}, tritonserver {state})"
-        print(f"waiting for a quiet machine: load {load:.2f}, tritonserver {'running' if triton else 'absent'}",
-              flush=True)
+        print(
+            f"waiting for a quiet machine: load {load:.2f}, tritonserver {'running' if triton else 'absent'}",
+            flush=True,
+        )
         time.sleep(60)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.fairness", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.fairness", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--points", default="128,256,512,1024,2048,default")
     p.add_argument("--long-tokens", type=int, default=0, help="0 = the model's context minus the one output token")
     p.add_argument("--streams", type=int, default=16)
@@ -288,10 +310,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", dest="json_path", default=None, help="default: build/bench/fairness.json")
     p.add_argument("--png", default=None)
     p.add_argument("--tag", default="", help="a note stored with the results (e.g. the commit)")
-    p.add_argument("--merge", nargs="+", metavar="JSON", help="no run: merge these result files into --json "
-                   "(TTFT against the fastest alone among them), print the table, draw --png")
-    p.add_argument("--compare", nargs="+", metavar="JSON", default=[],
-                   help="with --png: also draw these result files, as series named by their tag")
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="JSON",
+        help="no run: merge these result files into --json "
+        "(TTFT against the fastest alone among them), print the table, draw --png",
+    )
+    p.add_argument(
+        "--compare",
+        nargs="+",
+        metavar="JSON",
+        default=[],
+        help="with --png: also draw these result files, as series named by their tag",
+    )
     args = p.parse_args(argv)
     check_device(p, args.device)
     return args
@@ -322,37 +354,57 @@ def run(args: argparse.Namespace) -> None:
         print(f"-- {point.label}", flush=True)
         m = bench.measure(point)
         measurements.append(m)
-        print(f"   TTFT alone {m.ttft_alone_s:.1f} s, TTFT {m.ttft_s:.1f} s, ITL p50 before "
-              f"{1e3 * statistics.median(m.itl_before_s):.0f} ms, "
-              f"p99 during {1e3 * percentile(m.itl_during_s, 99):.0f} ms "
-              f"(load {m.load_before:.2f}, cores {m.cores_used:.2f})", flush=True)
+        print(
+            f"   TTFT alone {m.ttft_alone_s:.1f} s, TTFT {m.ttft_s:.1f} s, ITL p50 before "
+            f"{1e3 * statistics.median(m.itl_before_s):.0f} ms, "
+            f"p99 during {1e3 * percentile(m.itl_during_s, 99):.0f} ms "
+            f"(load {m.load_before:.2f}, cores {m.cores_used:.2f})",
+            flush=True,
+        )
     best_alone = min(m.ttft_alone_s for m in measurements)
     rows = [m.summary(best_alone) for m in measurements]
     print(table(rows))
     print(terms_table(rows))
-    result = {"machine": dataclasses.asdict(machine), "quiet": quiet, "load_after": os.getloadavg(), "tag": args.tag,
-              "load": {"streams": args.streams, "stream_prompt_tokens": args.stream_prompt_tokens,
-                       "long_tokens": measurements[0].long_tokens, "threads": args.threads,
-                       "kv_tokens": args.kv_tokens, "steps_before": args.steps_before},
-              "limits": {"itl_p99_over_p50_before": ITL_P99_LIMIT, "ttft_over_alone": TTFT_LIMIT}, "points": rows}
+    result = {
+        "machine": dataclasses.asdict(machine),
+        "quiet": quiet,
+        "load_after": os.getloadavg(),
+        "tag": args.tag,
+        "load": {
+            "streams": args.streams,
+            "stream_prompt_tokens": args.stream_prompt_tokens,
+            "long_tokens": measurements[0].long_tokens,
+            "threads": args.threads,
+            "kv_tokens": args.kv_tokens,
+            "steps_before": args.steps_before,
+        },
+        "limits": {"itl_p99_over_p50_before": ITL_P99_LIMIT, "ttft_over_alone": TTFT_LIMIT},
+        "points": rows,
+    }
     finish(args, result, rows, f"{machine.nproc} CPUs, load {machine.load_average[0]:.1f}")
 
 
 def finish(args: argparse.Namespace, result: dict[str, Any], rows: list[dict[str, Any]], note: str) -> None:
     if args.json_path is None:
         from serving.paths import BUILD_DIR
+
         args.json_path = str(BUILD_DIR / "bench" / "fairness.json")
     Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json_path).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.json_path}")
     if args.png:
-        series = [(json.loads(Path(p).read_text()).get("tag") or p, json.loads(Path(p).read_text())["points"])
-                  for p in args.compare]
+        series = [
+            (json.loads(Path(p).read_text()).get("tag") or p, json.loads(Path(p).read_text())["points"])
+            for p in args.compare
+        ]
         load = result["load"]
         long = load["long_tokens"]
         long = f"{long}-token" if isinstance(long, int) else "full-context"
-        plot(series + [(result.get("tag") or "this run", rows)], Path(args.png),
-             f"{load['streams']} streams decoding + one {long} prompt; {note}")
+        plot(
+            series + [(result.get("tag") or "this run", rows)],
+            Path(args.png),
+            f"{load['streams']} streams decoding + one {long} prompt; {note}",
+        )
         print(f"wrote {args.png}")
 
 

@@ -1,14 +1,15 @@
 """The fairness bench's report (`bench/fairness.py`): its table, its
 curve, and the merge of several runs into one sweep."""
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
 
-ITL_P99_LIMIT = 3.0        # x the ITL p50 before the long prompt
-TTFT_LIMIT = 2.0           # x the TTFT alone
-PACING_FIELD = "prefill_time_ratio"   # absent from engines before the pacer
+ITL_P99_LIMIT = 3.0  # x the ITL p50 before the long prompt
+TTFT_LIMIT = 2.0  # x the TTFT alone
+PACING_FIELD = "prefill_time_ratio"  # absent from engines before the pacer
 
 
 def _control(row: dict[str, Any]) -> str:
@@ -34,9 +35,11 @@ def _pacer_decode(row: dict[str, Any]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| point | ITL p50 before | ITL p50 / p99 / max during | p99 / p50 before | control: p99 / p50 before "
-            "| TTFT | TTFT alone | TTFT / alone (/ best alone) | steps | margin p50 / max "
-            "| pacer's decode / p50 before | load / cores |")
+    head = (
+        "| point | ITL p50 before | ITL p50 / p99 / max during | p99 / p50 before | control: p99 / p50 before "
+        "| TTFT | TTFT alone | TTFT / alone (/ best alone) | steps | margin p50 / max "
+        "| pacer's decode / p50 before | load / cores |"
+    )
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         mark_itl = "" if r["meets_itl"] else " ✗"
@@ -48,7 +51,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{r['ttft_over_alone']:.2f}x "
             f"({r['ttft_over_best_alone']:.2f}x){mark_ttft} | {r['steps_during']} | {_margin(r)} | "
             f"{_pacer_decode(r)} | {r['load_before']:.1f} / "
-            f"{r['cores_used']:.2f} |")
+            f"{r['cores_used']:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -63,8 +67,10 @@ def terms_table(rows: list[dict[str, Any]]) -> str:
     the slices' cost against the same tokens alone; and that product
     against the ratio measured. '-' where a point has no paced or sliced
     steps, or for results written before the terms were recorded."""
-    head = ("| point | ITL p50 before | mean step s | s / aim | streams' part d, start → end | c "
-            "| c x s / (s - d) | TTFT / alone |")
+    head = (
+        "| point | ITL p50 before | mean step s | s / aim | streams' part d, start → end | c "
+        "| c x s / (s - d) | TTFT / alone |"
+    )
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         s_ms = 1e3 * r["ttft_s"] / r["steps_during"] if r.get("steps_during") else None
@@ -75,9 +81,11 @@ def terms_table(rows: list[dict[str, Any]]) -> str:
             model = c * s_ms / (s_ms - d_ms)
         part = "-" if d_ms is None else f"{start:.0f} → {end:.0f} ms"
         step = "-" if s_ms is None else f"{s_ms:.1f} ms"
-        lines.append(f"| {r['label']} | {r['itl_p50_before_ms']:.0f} ms | {step} | "
-                     f"{_num(r.get('fill'), '.2f')} | {part} | {_num(c, '.2f')} | {_num(model, '.2f')} | "
-                     f"{r['ttft_over_alone']:.2f}x |")
+        lines.append(
+            f"| {r['label']} | {r['itl_p50_before_ms']:.0f} ms | {step} | "
+            f"{_num(r.get('fill'), '.2f')} | {part} | {_num(c, '.2f')} | {_num(model, '.2f')} | "
+            f"{r['ttft_over_alone']:.2f}x |"
+        )
     return "\n".join(lines)
 
 
@@ -88,27 +96,46 @@ def plot(series: list[tuple[str, list[dict[str, Any]]]], path: Path, title: str)
     budgets are lines, paced points are stars at their budget); a third
     draws every point by both ratios, the targets' box in its lower left."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, (left, right, trade) = plt.subplots(1, 3, figsize=(15, 4.4))
     for name, rows in series:
-        fixed = sorted((r for r in rows if not r["config"].get(PACING_FIELD)),
-                       key=lambda r: r["config"]["max_num_batched_tokens"])
+        fixed = sorted(
+            (r for r in rows if not r["config"].get(PACING_FIELD)), key=lambda r: r["config"]["max_num_batched_tokens"]
+        )
         paced = [r for r in rows if r["config"].get(PACING_FIELD)]
         for ax, key in ((left, "itl_p99_over_p50_before"), (right, "ttft_over_best_alone")):
-            line, = ax.plot([r["config"]["max_num_batched_tokens"] for r in fixed], [r[key] for r in fixed],
-                            marker="o", label=f"{name}: fixed budget")
+            (line,) = ax.plot(
+                [r["config"]["max_num_batched_tokens"] for r in fixed],
+                [r[key] for r in fixed],
+                marker="o",
+                label=f"{name}: fixed budget",
+            )
             for r in paced:
-                ax.scatter([r["config"]["max_num_batched_tokens"]], [r[key]], marker="*", s=140, zorder=3,
-                           color=line.get_color(), edgecolors="black",
-                           label=f"{name}: paced x{r['config'][PACING_FIELD]:g}")
+                ax.scatter(
+                    [r["config"]["max_num_batched_tokens"]],
+                    [r[key]],
+                    marker="*",
+                    s=140,
+                    zorder=3,
+                    color=line.get_color(),
+                    edgecolors="black",
+                    label=f"{name}: paced x{r['config'][PACING_FIELD]:g}",
+                )
         # the trade-off itself: every point of the series, both targets at once
-        trade.scatter([r["itl_p99_over_p50_before"] for r in rows], [r["ttft_over_alone"] for r in rows],
-                      label=name, s=30)
+        trade.scatter(
+            [r["itl_p99_over_p50_before"] for r in rows], [r["ttft_over_alone"] for r in rows], label=name, s=30
+        )
         for r in rows:
-            trade.annotate(r["label"].replace("fixed ", "").replace("paced 512 ", "paced "),
-                           (r["itl_p99_over_p50_before"], r["ttft_over_alone"]), fontsize=6,
-                           xytext=(3, 3), textcoords="offset points")
+            trade.annotate(
+                r["label"].replace("fixed ", "").replace("paced 512 ", "paced "),
+                (r["itl_p99_over_p50_before"], r["ttft_over_alone"]),
+                fontsize=6,
+                xytext=(3, 3),
+                textcoords="offset points",
+            )
     left.axhline(ITL_P99_LIMIT, color="grey", ls="--", lw=0.8)
     right.axhline(TTFT_LIMIT, color="grey", ls="--", lw=0.8)
     trade.axvline(ITL_P99_LIMIT, color="grey", ls="--", lw=0.8)

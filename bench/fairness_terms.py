@@ -7,6 +7,7 @@ and c what its slices cost against the same tokens alone,
 From the steps of one `bench.fairness` point: the pacer's aim and the
 runner's own seconds of each step's layer slice, and the run alone.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -31,17 +32,22 @@ def alone_fit(alone_steps: Sequence[Sequence[float]]) -> tuple[float, float] | N
     return float(a), float(b)
 
 
-def step_terms(during_steps: Sequence[Sequence[float]], aims: Sequence[float | None],
-               slice_own_s: Sequence[float | None], alone_steps: Sequence[Sequence[float]],
-               num_layers: int) -> dict[str, float | None]:
+def step_terms(
+    during_steps: Sequence[Sequence[float]],
+    aims: Sequence[float | None],
+    slice_own_s: Sequence[float | None],
+    alone_steps: Sequence[Sequence[float]],
+    num_layers: int,
+) -> dict[str, float | None]:
     """`fill`: the paced steps' median seconds over their aim.
     `slice_cost` (c): the slices' own seconds over what their token-layers
     cost alone (by `alone_fit`). `streams_part_start_ms` / `_end_ms`: a
     slice step's seconds less its slice's, at the start and at the end of
     the prompt. None where the run has none of those steps."""
     fills = [step[2] / aim for step, aim in zip(during_steps, aims) if aim]
-    sliced = [(step, own) for step, own in zip(during_steps, slice_own_s)
-              if own is not None and 0 < step[3] < num_layers]
+    sliced = [
+        (step, own) for step, own in zip(during_steps, slice_own_s) if own is not None and 0 < step[3] < num_layers
+    ]
     fit = alone_fit(alone_steps)
     slice_cost = None
     if sliced and fit is not None:

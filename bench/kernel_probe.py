@@ -2,6 +2,7 @@
 `attention_probe`) share: their command line (rows, repeats, threads), the
 native kernels they time, and another revision's kernels to time beside
 them."""
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,9 @@ def probe_parser(doc: str | None, rows: list[int], repeats: int) -> argparse.Arg
     return parser
 
 
-def parse_probe_args(parser: argparse.ArgumentParser,
-                     argv: list[str] | None = None) -> tuple[argparse.Namespace, CpuKernels | None]:
+def parse_probe_args(
+    parser: argparse.ArgumentParser, argv: list[str] | None = None
+) -> tuple[argparse.Namespace, CpuKernels | None]:
     """The command line, and the kernels with torch on `--threads` threads;
     None (said) where they do not build."""
     args = parser.parse_args(argv)
@@ -43,8 +45,9 @@ def parse_probe_args(parser: argparse.ArgumentParser,
 def baseline_kernels(rev: str) -> CpuKernels:
     """The kernels library as revision `rev` builds it. Built in a directory
     removed once the library is loaded (a loaded library outlives its file)."""
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", rev, KERNELS],
-                             check=True, capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", rev, KERNELS], check=True, capture_output=True
+    ).stdout
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         with tarfile.open(fileobj=io.BytesIO(archive)) as tar:

@@ -17,6 +17,7 @@ Shapes are the default model's (SmolLM2-135M: vocabulary 49,152, hidden 576),
 fp32, random weights; the ways run interleaved so that the machine's drift
 hits all. Prints medians and whether all chose the same ids.
 """
+
 from __future__ import annotations
 
 import platform
@@ -43,26 +44,30 @@ def main() -> int:
         return 1
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(args.vocab, args.hidden, generator=gen) * 0.05
-    print(f"# LM head probe, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
-          f"{args.threads} threads, vocab {args.vocab}, hidden {args.hidden}, fp32; "
-          f"bf16 dot products native: {kernels.bf16_dot_supported()}")
+    print(
+        f"# LM head probe, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
+        f"{args.threads} threads, vocab {args.vocab}, hidden {args.hidden}, fp32; "
+        f"bf16 dot products native: {kernels.bf16_dot_supported()}"
+    )
     packed = PackedLinear(weight, None)
     fma = FmaLinear(weight, None, kernels) if kernels.fma_gemm_supported() else None
     verified = VerifiedGreedyHead(weight, kernels)
     int16 = Int16GreedyHead(weight, kernels)
-    ways = {"GEMM slices + argmax": lambda h: kernels.argmax_rows(sliced_lm_head(h, weight)).tolist(),
-            "oneDNN packed + argmax": lambda h: kernels.argmax_rows(packed(h)).tolist(),
-            **({"FMA GEMM + argmax": lambda h: kernels.argmax_rows(fma(h)).tolist()} if fma is not None else {}),
-            "fused LM head + argmax": lambda h: kernels.lm_head_argmax(h, weight),
-            "bf16 + verified argmax": lambda h: verified(h)[0],
-            "int16 + verified argmax": lambda h: int16(h)[0]}
+    ways = {
+        "GEMM slices + argmax": lambda h: kernels.argmax_rows(sliced_lm_head(h, weight)).tolist(),
+        "oneDNN packed + argmax": lambda h: kernels.argmax_rows(packed(h)).tolist(),
+        **({"FMA GEMM + argmax": lambda h: kernels.argmax_rows(fma(h)).tolist()} if fma is not None else {}),
+        "fused LM head + argmax": lambda h: kernels.lm_head_argmax(h, weight),
+        "bf16 + verified argmax": lambda h: verified(h)[0],
+        "int16 + verified argmax": lambda h: int16(h)[0],
+    }
     print("| rows | " + " | ".join(ways) + " | same ids |")
     print("|---:|" + "---:|" * len(ways) + "---|")
     for rows in args.rows:
         hidden = torch.randn(rows, args.hidden, generator=gen)
         seconds: dict[str, list[float]] = {name: [] for name in ways}
         same = True
-        for _ in range(args.repeats):   # interleaved, so that drift hits every way alike
+        for _ in range(args.repeats):  # interleaved, so that drift hits every way alike
             answers = []
             for name, way in ways.items():
                 started = time.perf_counter()

@@ -2,6 +2,7 @@
 first difference, whether the two candidates were a near-tie under the HF
 fp32 reference (then either token is a correct fp32 answer) or a real
 mismatch."""
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,10 @@ if TYPE_CHECKING:
 # engine's view against HF's) and printed beside the verdict, so the bound
 # can be checked against the run itself.
 NEAR_TIE_NATS = 1e-3
-NEAR_TIE_WHY = ("near-tie: the two candidates' log-probs differ by < {bound} nats under the HF fp32 reference "
-                "(one sequence, no cache); each engine's own view of both candidates is recorded beside it")
+NEAR_TIE_WHY = (
+    "near-tie: the two candidates' log-probs differ by < {bound} nats under the HF fp32 reference "
+    "(one sequence, no cache); each engine's own view of both candidates is recorded beside it"
+)
 
 
 class HFReference:
@@ -36,6 +39,7 @@ class HFReference:
 
     def __init__(self, model_dir: str, device: str = "cpu") -> None:
         from .hf_baselines import HFBenchSettings, load_model
+
         self.model = load_model(HFBenchSettings(model_dir=model_dir, dtype="float32", device=device))
 
     def logprobs_at(self, context: list[int], candidates: list[int]) -> list[float]:
@@ -59,8 +63,12 @@ class Agreement:
         """How far each engine's view of the candidates is from HF's, at the divergences."""
         result = {}
         for view in ("engine", "vllm"):
-            gaps = [abs(_finite(x) - h) for d in self.divergences if f"{view}_logprobs" in d
-                    for x, h in zip(d[f"{view}_logprobs"], d["hf_logprobs"])]
+            gaps = [
+                abs(_finite(x) - h)
+                for d in self.divergences
+                if f"{view}_logprobs" in d
+                for x, h in zip(d[f"{view}_logprobs"], d["hf_logprobs"])
+            ]
             gaps = [g for g in gaps if math.isfinite(g)]
             if gaps:
                 result[f"{view}_vs_hf_max_nats"] = max(gaps)
@@ -68,20 +76,29 @@ class Agreement:
 
     def line(self) -> str:
         total = self.identical + self.near_ties + self.mismatches
-        text = (f"outputs vs {self.against}: {self.identical}/{total} identical token for token, "
-                f"{self.near_ties} differing only from a near-tie "
-                f"(|Δ log-prob| < {self.bound_nats:g} nats under HF fp32), "
-                f"{self.mismatches} real mismatches")
+        text = (
+            f"outputs vs {self.against}: {self.identical}/{total} identical token for token, "
+            f"{self.near_ties} differing only from a near-tie "
+            f"(|Δ log-prob| < {self.bound_nats:g} nats under HF fp32), "
+            f"{self.mismatches} real mismatches"
+        )
         noise = self.noise()
         if noise:
             text += "; views vs HF at the divergences: " + ", ".join(
-                f"{name.split('_')[0]} max {value:.1e} nats" for name, value in noise.items())
+                f"{name.split('_')[0]} max {value:.1e} nats" for name, value in noise.items()
+            )
         return text
 
 
-def compare_outputs(ours: list[list[int]], theirs: list[list[int]], prompts: list[list[int]],
-                    engine: EngineStepper, vllm: VllmProcess, reference: HFReference,
-                    bound: float = NEAR_TIE_NATS) -> Agreement:
+def compare_outputs(
+    ours: list[list[int]],
+    theirs: list[list[int]],
+    prompts: list[list[int]],
+    engine: EngineStepper,
+    vllm: VllmProcess,
+    reference: HFReference,
+    bound: float = NEAR_TIE_NATS,
+) -> Agreement:
     """Token for token; at each request's first difference, every view of
     the two candidates (this engine's, vLLM's, HF's) for the same context."""
     agreement = Agreement(bound_nats=bound)
@@ -91,12 +108,14 @@ def compare_outputs(ours: list[list[int]], theirs: list[list[int]], prompts: lis
         if k is None:
             agreement.identical += 1
             continue
-        items.append({"request": i, "position": k, "of": len(a), "context": list(prompts[i]) + a[:k],
-                      "candidates": [a[k], b[k]]})
+        items.append(
+            {"request": i, "position": k, "of": len(a), "context": list(prompts[i]) + a[:k], "candidates": [a[k], b[k]]}
+        )
     if not items:
         return agreement
-    vllm_views = vllm.command("logprobs", items=[{"context": it["context"], "candidates": it["candidates"]}
-                                                 for it in items])["items"]
+    vllm_views = vllm.command(
+        "logprobs", items=[{"context": it["context"], "candidates": it["candidates"]} for it in items]
+    )["items"]
     for n, (item, vllm_view) in enumerate(zip(items, vllm_views)):
         ours_view = engine.logprobs_at(item["context"], item["candidates"], f"rescore-{n}")
         hf = reference.logprobs_at(item["context"], item["candidates"])
@@ -104,18 +123,32 @@ def compare_outputs(ours: list[list[int]], theirs: list[list[int]], prompts: lis
         near_tie = abs(gap) < bound
         agreement.near_ties += near_tie
         agreement.mismatches += not near_tie
-        agreement.divergences.append({
-            "request": item["request"], "position": item["position"], "output_tokens": item["of"],
-            "engine_token": item["candidates"][0], "vllm_token": item["candidates"][1],
-            "hf_logprobs": hf, "hf_gap": gap,
-            "engine_logprobs": ours_view["logprobs"], "engine_alone_token": ours_view["token"],
-            "vllm_logprobs": vllm_view["logprobs"], "vllm_alone_token": vllm_view["token"],
-            "near_tie": near_tie})
+        agreement.divergences.append(
+            {
+                "request": item["request"],
+                "position": item["position"],
+                "output_tokens": item["of"],
+                "engine_token": item["candidates"][0],
+                "vllm_token": item["candidates"][1],
+                "hf_logprobs": hf,
+                "hf_gap": gap,
+                "engine_logprobs": ours_view["logprobs"],
+                "engine_alone_token": ours_view["token"],
+                "vllm_logprobs": vllm_view["logprobs"],
+                "vllm_alone_token": vllm_view["token"],
+                "near_tie": near_tie,
+            }
+        )
     return agreement
 
 
-def compare_to_reference(ours: list[list[int]], hf_runs: list[list[int]], prompts: list[list[int]],
-                         reference: HFReference, bound: float = NEAR_TIE_NATS) -> Agreement:
+def compare_to_reference(
+    ours: list[list[int]],
+    hf_runs: list[list[int]],
+    prompts: list[list[int]],
+    reference: HFReference,
+    bound: float = NEAR_TIE_NATS,
+) -> Agreement:
     """This engine's greedy outputs against HF generate's, one request at a
     time, on the same model and device; at each first difference, whether
     HF fp32 (one sequence, no cache) sees the two candidates as a near-tie."""
@@ -131,9 +164,18 @@ def compare_to_reference(ours: list[list[int]], hf_runs: list[list[int]], prompt
         near_tie = abs(hf[0] - hf[1]) < bound
         agreement.near_ties += near_tie
         agreement.mismatches += not near_tie
-        agreement.divergences.append({"request": i, "position": k, "output_tokens": len(a),
-                                      "engine_token": a[k], "hf_token": b[k], "hf_logprobs": hf,
-                                      "hf_gap": hf[0] - hf[1], "near_tie": near_tie})
+        agreement.divergences.append(
+            {
+                "request": i,
+                "position": k,
+                "output_tokens": len(a),
+                "engine_token": a[k],
+                "hf_token": b[k],
+                "hf_logprobs": hf,
+                "hf_gap": hf[0] - hf[1],
+                "near_tie": near_tie,
+            }
+        )
     return agreement
 
 

@@ -1,4 +1,5 @@
 """Progress display for the long parts (to stderr, so the table stays clean)."""
+
 from __future__ import annotations
 
 import sys
@@ -10,8 +11,9 @@ from tqdm import tqdm
 
 @contextmanager
 def progress_bar(total: int, description: str, unit: str = "tok") -> Iterator[tqdm]:
-    bar = tqdm(total=total, desc=description, unit=unit, file=sys.stderr,
-               leave=False, dynamic_ncols=True, mininterval=1.0)
+    bar = tqdm(
+        total=total, desc=description, unit=unit, file=sys.stderr, leave=False, dynamic_ncols=True, mininterval=1.0
+    )
     try:
         yield bar
     finally:

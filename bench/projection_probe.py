@@ -14,6 +14,7 @@ the machine's drift hits all. Prints medians in ms. With `--baseline REV`
 the FMA GEMM built from that revision's sources is one more way, and each
 row count's outputs of the two FMA GEMMs are compared bit for bit.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,13 @@ class AmxTilesOnly:
 def main(argv: list[str] | None = None) -> int:
     parser = probe_parser(__doc__, rows=[1, 8, 16, 24, 32, 64], repeats=9)
     parser.add_argument("--layers", type=int, default=30)
-    parser.add_argument("--shapes", nargs="+", choices=tuple(SHAPES), default=list(SHAPES),
-                        help="time only these projections (one at a time: its own ms)")
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        choices=tuple(SHAPES),
+        default=list(SHAPES),
+        help="time only these projections (one at a time: its own ms)",
+    )
     parser.add_argument("--baseline", help="a git revision whose FMA GEMM runs beside the working tree's")
     args, kernels = parse_probe_args(parser, argv)
     if kernels is None:
@@ -77,16 +83,18 @@ def _probe(args: argparse.Namespace, kernels: CpuKernels, baseline: CpuKernels |
     auto, _ = projection_makers("auto", kernels)
     makers["auto"] = lambda w: auto(w, None)
     ways = {name: [[make(w) for w in layer] for layer in weights] for name, make in makers.items()}
-    print(f"# projection probe, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
-          f"{args.threads} threads, {args.layers} layers x {'/'.join(args.shapes)}, fp32; "
-          f"auto = {type(ways['auto'][0][0]).__name__}")
+    print(
+        f"# projection probe, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
+        f"{args.threads} threads, {args.layers} layers x {'/'.join(args.shapes)}, fp32; "
+        f"auto = {type(ways['auto'][0][0]).__name__}"
+    )
     compared = baseline is not None
     print("| rows | " + " | ".join(ways) + " |" + (" FMA outputs |" if compared else ""))
     print("|---:|" + "---:|" * len(ways) + ("---|" if compared else ""))
     for rows in args.rows:
         inputs = {k: torch.randn(rows, k, generator=gen) for _, k in shapes}
         seconds: dict[str, list[float]] = {name: [] for name in ways}
-        for _ in range(args.repeats):   # interleaved, so that drift hits every way alike
+        for _ in range(args.repeats):  # interleaved, so that drift hits every way alike
             for name, layers in ways.items():
                 started = time.perf_counter()
                 for layer in layers:
@@ -95,16 +103,26 @@ def _probe(args: argparse.Namespace, kernels: CpuKernels, baseline: CpuKernels |
                 seconds[name].append(time.perf_counter() - started)
         cells = [f"{statistics.median(s) * 1e3:.1f}" for s in seconds.values()]
         if compared:
-            cells.append("identical" if _same_outputs(ways[FMA], ways[f"{FMA} @{args.baseline}"], inputs, shapes)
-                         else "DIFFERENT")
+            cells.append(
+                "identical"
+                if _same_outputs(ways[FMA], ways[f"{FMA} @{args.baseline}"], inputs, shapes)
+                else "DIFFERENT"
+            )
         print(f"| {rows} | " + " | ".join(cells) + " |")
     return 0
 
 
-def _same_outputs(ours: list[list[Projection]], theirs: list[list[Projection]], inputs: dict[int, torch.Tensor],
-                  shapes: list[tuple[int, int]]) -> bool:
-    return all(torch.equal(a(inputs[k]), b(inputs[k]))
-               for layer_a, layer_b in zip(ours, theirs) for a, b, (_, k) in zip(layer_a, layer_b, shapes))
+def _same_outputs(
+    ours: list[list[Projection]],
+    theirs: list[list[Projection]],
+    inputs: dict[int, torch.Tensor],
+    shapes: list[tuple[int, int]],
+) -> bool:
+    return all(
+        torch.equal(a(inputs[k]), b(inputs[k]))
+        for layer_a, layer_b in zip(ours, theirs)
+        for a, b, (_, k) in zip(layer_a, layer_b, shapes)
+    )
 
 
 if __name__ == "__main__":

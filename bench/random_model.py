@@ -15,6 +15,7 @@ model's).
     python -m bench.random_model stage --out .device/model-shape
     python -m bench.random_model build --shape .device/model-shape --out /tmp/model --seed 0
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,8 +70,9 @@ def build_random_model(shape_dir: Path, out: Path, seed: int) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.random_model", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.random_model", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     verbs = parser.add_subparsers(dest="verb", required=True)
     stage = verbs.add_parser("stage", help="copy a model folder's shape files (default: the default model)")
     stage.add_argument("--model-dir", default=None)
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.verb == "stage":
         if args.model_dir is None:
             from serving.default_model import ensure_default_model
+
             args.model_dir = str(ensure_default_model())
         print(stage_shape(Path(args.model_dir), Path(args.out)))
     else:

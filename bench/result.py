@@ -1,4 +1,5 @@
 """One measured row of the benchmark."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,11 +8,11 @@ from typing import Any
 
 @dataclass
 class MethodResult:
-    method: str                 # machine key, e.g. "hf-batch-16"
-    label: str                  # what the table prints
+    method: str  # machine key, e.g. "hf-batch-16"
+    label: str  # what the table prints
     dtype: str
-    useful_output_tokens: int   # requested output tokens only (padding excluded)
-    seconds: float              # wall time of the measured part
+    useful_output_tokens: int  # requested output tokens only (padding excluded)
+    seconds: float  # wall time of the measured part
     num_requests: int
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
@@ -24,7 +25,14 @@ class MethodResult:
         return self.useful_output_tokens / self.seconds if self.seconds > 0 else 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "label": self.label, "dtype": self.dtype,
-                "useful_output_tokens": self.useful_output_tokens, "seconds": self.seconds,
-                "num_requests": self.num_requests, "tokens_per_s": self.tokens_per_s,
-                "note": self.note, "extra": self.extra}
+        return {
+            "method": self.method,
+            "label": self.label,
+            "dtype": self.dtype,
+            "useful_output_tokens": self.useful_output_tokens,
+            "seconds": self.seconds,
+            "num_requests": self.num_requests,
+            "tokens_per_s": self.tokens_per_s,
+            "note": self.note,
+            "extra": self.extra,
+        }

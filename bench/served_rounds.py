@@ -8,6 +8,7 @@ built once; each round runs a fresh workload (seed + round: no prefix-cache
 hit from an earlier round) offline, then through the ensemble, and the ratio
 is taken within the round. The verdict is the median of the rounds' ratios.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,8 +44,9 @@ def median_round(rounds: list[Round]) -> Round:
     return ordered[(len(ordered) - 1) // 2]
 
 
-def run_served_rounds(settings: TritonBenchSettings, spec: WorkloadSpec, vocab: Vocabulary, rounds: int,
-                      console: Console) -> list[MethodResult]:
+def run_served_rounds(
+    settings: TritonBenchSettings, spec: WorkloadSpec, vocab: Vocabulary, rounds: int, console: Console
+) -> list[MethodResult]:
     """Two rows: the offline and the served half of the median round, each
     carrying every round in `extra["paired"]`."""
     workloads = round_workloads(spec, vocab, rounds)
@@ -53,19 +55,42 @@ def run_served_rounds(settings: TritonBenchSettings, spec: WorkloadSpec, vocab: 
     with bench_server(settings, len(workloads[0])) as (server, startup_s):
         for i, workload in enumerate(workloads):
             seconds, tokens = timed_offline_run(engine, workload, f"round {i + 1}: offline", prefix=f"round{i}")
-            offline = MethodResult(method=f"engine-paired-{settings.dtype}",
-                                   label="engine offline (paired with served)", dtype=settings.dtype,
-                                   useful_output_tokens=tokens, seconds=seconds, num_requests=len(workload))
-            served_s, tallies = served_run(server, prompt_texts(settings.model_dir, workload), workload,
-                                           settings.request_timeout_s)
-            served = served_result(settings, workload, served_s, tallies,
-                                   "engine via tritonserver ensemble (gRPC), paired", {"server_startup_s": startup_s})
+            offline = MethodResult(
+                method=f"engine-paired-{settings.dtype}",
+                label="engine offline (paired with served)",
+                dtype=settings.dtype,
+                useful_output_tokens=tokens,
+                seconds=seconds,
+                num_requests=len(workload),
+            )
+            served_s, tallies = served_run(
+                server, prompt_texts(settings.model_dir, workload), workload, settings.request_timeout_s
+            )
+            served = served_result(
+                settings,
+                workload,
+                served_s,
+                tallies,
+                "engine via tritonserver ensemble (gRPC), paired",
+                {"server_startup_s": startup_s},
+            )
             measured.append(Round(offline, served))
-            console.print(f"  round {i + 1} (seed {spec.seed + i}): offline {offline.tokens_per_s:.1f}, "
-                          f"served {served.tokens_per_s:.1f} tok/s = {measured[-1].ratio:.2f}x")
-    paired = {"rounds": [{"seed": spec.seed + i, "offline_tok_s": r.offline.tokens_per_s,
-                          "served_tok_s": r.served.tokens_per_s, "ratio": r.ratio} for i, r in enumerate(measured)],
-              "ratio_median": statistics.median(r.ratio for r in measured)}
+            console.print(
+                f"  round {i + 1} (seed {spec.seed + i}): offline {offline.tokens_per_s:.1f}, "
+                f"served {served.tokens_per_s:.1f} tok/s = {measured[-1].ratio:.2f}x"
+            )
+    paired = {
+        "rounds": [
+            {
+                "seed": spec.seed + i,
+                "offline_tok_s": r.offline.tokens_per_s,
+                "served_tok_s": r.served.tokens_per_s,
+                "ratio": r.ratio,
+            }
+            for i, r in enumerate(measured)
+        ],
+        "ratio_median": statistics.median(r.ratio for r in measured),
+    }
     middle = median_round(measured)
     note = f"median ratio of {rounds} paired rounds (fresh seeds: {', '.join(f'{r.ratio:.2f}x' for r in measured)})"
     middle.offline.note = note

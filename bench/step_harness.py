@@ -9,6 +9,7 @@ An engine is wrapped as a `Stepper`:
   add(request_id, prompt_ids, max_tokens)  greedy, EOS ignored, exactly max_tokens
   step() -> [(request_id, new_token_ids, finished), ...]
 """
+
 from __future__ import annotations
 
 import statistics
@@ -26,8 +27,9 @@ class Stepper(Protocol):
 @dataclass
 class OfflineRun:
     """All requests submitted at once, then step() until every one ends."""
-    tokens: list[list[int]]            # per request, in workload order
-    seconds: float                     # first add_request .. last token
+
+    tokens: list[list[int]]  # per request, in workload order
+    seconds: float  # first add_request .. last token
     steps: int
 
     @property
@@ -62,10 +64,11 @@ def run_all_at_once(engine: Stepper, requests: list[tuple[list[int], int]], pref
 @dataclass
 class SingleRequestRun:
     """One request alone on an idle engine, streamed through step()."""
+
     prompt_tokens: int
     output_tokens: int
-    ttft_s: float                      # add_request .. the step() output carrying the first token
-    total_s: float                     # add_request .. the last token
+    ttft_s: float  # add_request .. the step() output carrying the first token
+    total_s: float  # add_request .. the last token
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -102,15 +105,20 @@ class SingleRequestSummary:
             return {"runs": 0}
         ttft = [r.ttft_s * 1e3 for r in self.runs]
         decode = [r.decode_tokens_per_s for r in self.runs]
-        return {"runs": len(self.runs), "max_tokens": self.runs[0].output_tokens,
-                "prompt_tokens": [r.prompt_tokens for r in self.runs],
-                "ttft_ms": ttft, "ttft_ms_median": statistics.median(ttft),
-                "ttft_ms_mean": statistics.fmean(ttft),
-                "decode_tok_s_median": statistics.median(decode)}
+        return {
+            "runs": len(self.runs),
+            "max_tokens": self.runs[0].output_tokens,
+            "prompt_tokens": [r.prompt_tokens for r in self.runs],
+            "ttft_ms": ttft,
+            "ttft_ms_median": statistics.median(ttft),
+            "ttft_ms_mean": statistics.fmean(ttft),
+            "decode_tok_s_median": statistics.median(decode),
+        }
 
 
-def run_singles(engine: Stepper, prompts: list[list[int]], max_tokens: int,
-                prefix: str = "single") -> SingleRequestSummary:
+def run_singles(
+    engine: Stepper, prompts: list[list[int]], max_tokens: int, prefix: str = "single"
+) -> SingleRequestSummary:
     summary = SingleRequestSummary()
     for i, prompt in enumerate(prompts):
         summary.runs.append(run_single(engine, prompt, max_tokens, f"{prefix}-{i}"))

@@ -6,6 +6,7 @@ inside the model); the report gives every process's median and their median.
 
     python -m bench.step_overhead [--processes 5] [--steps 24] [--batch 64]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,9 @@ def one_process(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.step_overhead", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.step_overhead", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--processes", type=int, default=5)
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--batch", type=int, default=64)
@@ -46,18 +48,36 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     runs = []
     for i in range(args.processes):
-        done = subprocess.run([sys.executable, "-m", "bench.step_overhead", "--child", "--steps", str(args.steps),
-                               "--batch", str(args.batch), "--threads", str(args.threads)],
-                              capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "bench.step_overhead",
+                "--child",
+                "--steps",
+                str(args.steps),
+                "--batch",
+                str(args.batch),
+                "--threads",
+                str(args.threads),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         summary = json.loads(done.stdout.strip().splitlines()[-1])
         runs.append(summary)
-        print(f"process {i + 1}: overhead median {summary['overhead_ms_median']:.2f} ms, mean "
-              f"{summary['overhead_ms_mean']:.2f} ms (step {summary['step_ms_mean']:.1f} ms, model "
-              f"{summary['model_ms_mean']:.1f} ms, {summary['steps']} steps at {summary['batch']} sequences)",
-              flush=True)
+        print(
+            f"process {i + 1}: overhead median {summary['overhead_ms_median']:.2f} ms, mean "
+            f"{summary['overhead_ms_mean']:.2f} ms (step {summary['step_ms_mean']:.1f} ms, model "
+            f"{summary['model_ms_mean']:.1f} ms, {summary['steps']} steps at {summary['batch']} sequences)",
+            flush=True,
+        )
     medians = [r["overhead_ms_median"] for r in runs]
-    print(f"median of {len(runs)} fresh processes: {statistics.median(medians):.2f} ms "
-          f"(range {min(medians):.2f}-{max(medians):.2f} ms; target <= 1.0 ms)")
+    print(
+        f"median of {len(runs)} fresh processes: {statistics.median(medians):.2f} ms "
+        f"(range {min(medians):.2f}-{max(medians):.2f} ms; target <= 1.0 ms)"
+    )
     return 0
 
 

@@ -10,6 +10,7 @@ it (the CPU ops are synchronous, so a call's wall time is its cost); "the
 rest" is the step minus them: embedding, slicing, Python. Medians over
 `--repeats` steps after one warm-up step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,15 @@ from python_llm.engine.worker.runner import ModelRunner
 
 from .runner_probe import decode_step, prefill_step
 
-KERNEL_CALLS = ("rms_norm", "rotary_cache_write", "silu_mul", "paged_decode_attention",
-                "paged_prefill_attention", "lm_head_argmax", "argmax_rows")
+KERNEL_CALLS = (
+    "rms_norm",
+    "rotary_cache_write",
+    "silu_mul",
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "lm_head_argmax",
+    "argmax_rows",
+)
 
 
 class CallClock:
@@ -42,6 +50,7 @@ class CallClock:
                 return call(*args, **kwargs)
             finally:
                 self.seconds[name] += time.perf_counter() - started
+
         return wrapper
 
 
@@ -63,23 +72,27 @@ def instrument(runner: ModelRunner, clock: CallClock) -> None:
     model = runner.model
     for layer in model.layers:
         p = layer.projections
-        timed: dict[str, Any] = {name: TimedLinear(getattr(p, name), f"projection {name}", clock)
-                                 for name in ("qkv", "o", "gate_up", "down")}
+        timed: dict[str, Any] = {
+            name: TimedLinear(getattr(p, name), f"projection {name}", clock) for name in ("qkv", "o", "gate_up", "down")
+        }
         # timing wrappers stand in for the projections (duck-typed: they forward the calls)
         layer.projections = LayerProjections(**timed)  # type: ignore[assignment]  # nn.Module attrs: Tensor | Module
     if model.lm_head_gemm is not None:
         model.lm_head_gemm = TimedLinear(model.lm_head_gemm, "LM head GEMM", clock)  # type: ignore[assignment]
-    if model.greedy_head is not None:   # bf16 or int16, with its verified argmax
-        model.greedy_head = clock.timed(f"LM head {type(model.greedy_head).__name__}",  # type: ignore[assignment]
-                                        model.greedy_head)
+    if model.greedy_head is not None:  # bf16 or int16, with its verified argmax
+        model.greedy_head = clock.timed(
+            f"LM head {type(model.greedy_head).__name__}",  # type: ignore[assignment]
+            model.greedy_head,
+        )
     kernels = model.kernels
-    if kernels is not None:   # one object, shared by the model, its layers and the attention metadata
+    if kernels is not None:  # one object, shared by the model, its layers and the attention metadata
         for name in KERNEL_CALLS:
             setattr(kernels, name, clock.timed(name, getattr(kernels, name)))
 
 
-def profile(runner: ModelRunner, clock: CallClock, make: Callable[[int], Any], repeats: int
-            ) -> tuple[float, dict[str, float]]:
+def profile(
+    runner: ModelRunner, clock: CallClock, make: Callable[[int], Any], repeats: int
+) -> tuple[float, dict[str, float]]:
     totals: list[float] = []
     parts: dict[str, list[float]] = defaultdict(list)
     for r in range(repeats + 1):
@@ -88,7 +101,7 @@ def profile(runner: ModelRunner, clock: CallClock, make: Callable[[int], Any], r
         started = time.perf_counter()
         runner.execute(out)
         elapsed = time.perf_counter() - started
-        if r:   # the first step warms allocators and kernels
+        if r:  # the first step warms allocators and kernels
             totals.append(elapsed)
             for name, seconds in clock.seconds.items():
                 parts[name].append(seconds)
@@ -115,17 +128,26 @@ def main() -> None:
     args = parser.parse_args()
     if args.model_dir is None:
         from serving.default_model import ensure_default_model
+
         args.model_dir = str(ensure_default_model())
-    config = EngineConfig(model_dir=args.model_dir, dtype="float32", num_threads=args.threads,
-                          linear_backend=args.linear_backend,
-                          max_tokens_in_paged_kv_cache=args.seqs * (args.context + 80) + 1024)
+    config = EngineConfig(
+        model_dir=args.model_dir,
+        dtype="float32",
+        num_threads=args.threads,
+        linear_backend=args.linear_backend,
+        max_tokens_in_paged_kv_cache=args.seqs * (args.context + 80) + 1024,
+    )
     runner = ModelRunner(config)
     clock = CallClock()
     instrument(runner, clock)
-    report(f"decode {args.seqs} seqs x ~{args.context} ctx",
-           *profile(runner, clock, lambda r: decode_step(runner, args.seqs, args.context, r), args.repeats))
-    report(f"prefill {args.prefill_tokens} tokens",
-           *profile(runner, clock, lambda r: prefill_step(runner, args.prefill_tokens, r), max(2, args.repeats // 2)))
+    report(
+        f"decode {args.seqs} seqs x ~{args.context} ctx",
+        *profile(runner, clock, lambda r: decode_step(runner, args.seqs, args.context, r), args.repeats),
+    )
+    report(
+        f"prefill {args.prefill_tokens} tokens",
+        *profile(runner, clock, lambda r: prefill_step(runner, args.prefill_tokens, r), max(2, args.repeats // 2)),
+    )
 
 
 if __name__ == "__main__":

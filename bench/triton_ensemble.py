@@ -7,6 +7,7 @@ slightly from the offline rows (the sum is reported). Output tokens are
 counted from `num_output_tokens` (per streamed delta); the row also reports
 how the streams were delivered: tokens per response and the gaps between a
 stream's responses."""
+
 from __future__ import annotations
 
 import asyncio
@@ -39,6 +40,7 @@ MODEL = "ensemble"
 @dataclass
 class TritonBenchSettings(EngineBenchSettings):
     """The offline engine's settings, served; plus what only a server has."""
+
     postprocessing_instances: int = 1
     request_timeout_s: float = 1800.0
 
@@ -48,7 +50,7 @@ class StreamTally:
     output_tokens: int = 0
     input_tokens: int = 0
     finish_reason: str | None = None
-    token_responses: list[float] = field(default_factory=list)   # arrival (perf_counter) of each with tokens
+    token_responses: list[float] = field(default_factory=list)  # arrival (perf_counter) of each with tokens
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -61,10 +63,12 @@ def delivery(tallies: list[StreamTally]) -> dict[str, float]:
     between one stream's consecutive responses (all streams pooled), ms."""
     responses = sum(len(t.token_responses) for t in tallies)
     gaps = [b - a for t in tallies for a, b in zip(t.token_responses, t.token_responses[1:])]
-    return {"responses": responses,
-            "tokens_per_response": round(sum(t.output_tokens for t in tallies) / max(1, responses), 2),
-            "gap_ms_p50": round(1000 * statistics.median(gaps), 1) if gaps else 0.0,
-            "gap_ms_p99": round(1000 * _percentile(gaps, 0.99), 1)}
+    return {
+        "responses": responses,
+        "tokens_per_response": round(sum(t.output_tokens for t in tallies) / max(1, responses), 2),
+        "gap_ms_p50": round(1000 * statistics.median(gaps), 1) if gaps else 0.0,
+        "gap_ms_p99": round(1000 * _percentile(gaps, 0.99), 1),
+    }
 
 
 def _tensor(name: str, array: np.ndarray) -> grpcclient.InferInput:
@@ -85,8 +89,14 @@ def _inputs(text: str, max_tokens: int) -> list[grpcclient.InferInput]:
     ]
 
 
-async def _one_stream(client: grpcclient.InferenceServerClient, request_id: str, text: str,
-                      max_tokens: int, timeout_s: float, on_tokens: Any) -> StreamTally:
+async def _one_stream(
+    client: grpcclient.InferenceServerClient,
+    request_id: str,
+    text: str,
+    max_tokens: int,
+    timeout_s: float,
+    on_tokens: Any,
+) -> StreamTally:
     done = asyncio.Event()
 
     async def requests() -> AsyncIterator[dict[str, Any]]:
@@ -120,22 +130,26 @@ async def _one_stream(client: grpcclient.InferenceServerClient, request_id: str,
                 finished = True
                 break
     finally:
-        done.set()   # the request side ends, so the call closes normally
+        done.set()  # the request side ends, so the call closes normally
         if not finished:
             responses.cancel()
     return tally
 
 
-async def _run_all(grpc_url: str, texts: list[str], workload: list[BenchRequest],
-                   timeout_s: float) -> tuple[float, list[StreamTally]]:
+async def _run_all(
+    grpc_url: str, texts: list[str], workload: list[BenchRequest], timeout_s: float
+) -> tuple[float, list[StreamTally]]:
     async with grpcclient.InferenceServerClient(grpc_url) as client:
         # warm-up: one short request through every stage, untimed
         await _one_stream(client, "bench-warmup", texts[0][:64] or "hello", 4, timeout_s, lambda n: None)
         with progress_bar(total_output_tokens(workload), f"tritonserver ensemble, {len(workload)} gRPC streams") as bar:
             started = time.perf_counter()
-            tallies = await asyncio.gather(*(
-                _one_stream(client, f"bench-{i}", text, request.max_tokens, timeout_s, bar.update)
-                for i, (text, request) in enumerate(zip(texts, workload))))
+            tallies = await asyncio.gather(
+                *(
+                    _one_stream(client, f"bench-{i}", text, request.max_tokens, timeout_s, bar.update)
+                    for i, (text, request) in enumerate(zip(texts, workload))
+                )
+            )
             seconds = time.perf_counter() - started
     return seconds, list(tallies)
 
@@ -157,40 +171,71 @@ def bench_server(settings: TritonBenchSettings, num_requests: int) -> Iterator[t
     """The engine behind a real tritonserver with the bench's settings, and
     its start-up seconds."""
     deployment = DeploymentSettings.load(
-        environ={}, model_dir=settings.model_dir, dtype=settings.dtype, max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens, max_tokens_in_paged_kv_cache=settings.kv_tokens,
-        num_threads=settings.num_threads, max_queue_size=max(256, 2 * num_requests),
-        postprocessing_instances=settings.postprocessing_instances)
+        environ={},
+        model_dir=settings.model_dir,
+        dtype=settings.dtype,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_tokens_in_paged_kv_cache=settings.kv_tokens,
+        num_threads=settings.num_threads,
+        max_queue_size=max(256, 2 * num_requests),
+        postprocessing_instances=settings.postprocessing_instances,
+    )
     http, grpc, metrics = free_local_ports(3)
     with tempfile.TemporaryDirectory(prefix="bench-triton-") as work:
-        options = LaunchOptions(settings=deployment, http_port=http, grpc_port=grpc, metrics_port=metrics,
-                                address="127.0.0.1", work_dir=Path(work), ready_timeout_s=600)
+        options = LaunchOptions(
+            settings=deployment,
+            http_port=http,
+            grpc_port=grpc,
+            metrics_port=metrics,
+            address="127.0.0.1",
+            work_dir=Path(work),
+            ready_timeout_s=600,
+        )
         t0 = time.perf_counter()
         with TritonServer(options) as server:
             yield server, time.perf_counter() - t0
 
 
-def served_result(settings: TritonBenchSettings, workload: list[BenchRequest], seconds: float,
-                  tallies: list[StreamTally], label: str, extra: dict[str, Any]) -> MethodResult:
+def served_result(
+    settings: TritonBenchSettings,
+    workload: list[BenchRequest],
+    seconds: float,
+    tallies: list[StreamTally],
+    label: str,
+    extra: dict[str, Any],
+) -> MethodResult:
     produced = sum(t.output_tokens for t in tallies)
     expected = total_output_tokens(workload)
     reasons = sorted({t.finish_reason or "none" for t in tallies})
     streams = delivery(tallies)
-    note = (f"prompt sent as text (re-tokenized); {streams['tokens_per_response']:.2f} tokens per response, "
-            f"gaps p50 {streams['gap_ms_p50']:.0f} / p99 {streams['gap_ms_p99']:.0f} ms")
+    note = (
+        f"prompt sent as text (re-tokenized); {streams['tokens_per_response']:.2f} tokens per response, "
+        f"gaps p50 {streams['gap_ms_p50']:.0f} / p99 {streams['gap_ms_p99']:.0f} ms"
+    )
     if produced != expected:
         note += f"; {produced} tokens counted, {expected} requested"
-    return MethodResult(method=f"triton-{settings.dtype}", label=label,
-                        dtype=settings.dtype, useful_output_tokens=produced, seconds=seconds,
-                        num_requests=len(workload), note=note,
-                        extra={**extra, "finish_reasons": reasons,
-                               "prompt_tokens_server_side": sum(t.input_tokens for t in tallies),
-                               "postprocessing_instances": settings.postprocessing_instances,
-                               "delivery": streams})
+    return MethodResult(
+        method=f"triton-{settings.dtype}",
+        label=label,
+        dtype=settings.dtype,
+        useful_output_tokens=produced,
+        seconds=seconds,
+        num_requests=len(workload),
+        note=note,
+        extra={
+            **extra,
+            "finish_reasons": reasons,
+            "prompt_tokens_server_side": sum(t.input_tokens for t in tallies),
+            "postprocessing_instances": settings.postprocessing_instances,
+            "delivery": streams,
+        },
+    )
 
 
-def served_run(server: TritonServer, texts: list[str], workload: list[BenchRequest],
-               timeout_s: float) -> tuple[float, list[StreamTally]]:
+def served_run(
+    server: TritonServer, texts: list[str], workload: list[BenchRequest], timeout_s: float
+) -> tuple[float, list[StreamTally]]:
     return asyncio.run(_run_all(server.grpc_url, texts, workload, timeout_s))
 
 
@@ -198,5 +243,6 @@ def run_triton_ensemble(settings: TritonBenchSettings, workload: list[BenchReque
     texts = prompt_texts(settings.model_dir, workload)
     with bench_server(settings, len(workload)) as (server, startup_s):
         seconds, tallies = served_run(server, texts, workload, settings.request_timeout_s)
-    return served_result(settings, workload, seconds, tallies, "engine via tritonserver ensemble (gRPC)",
-                         {"server_startup_s": startup_s})
+    return served_result(
+        settings, workload, seconds, tallies, "engine via tritonserver ensemble (gRPC)", {"server_startup_s": startup_s}
+    )

@@ -20,6 +20,7 @@ Thread binding and the KV cache size are environment variables that vLLM
 reads at start (VLLM_CPU_OMP_THREADS_BIND, VLLM_CPU_KVCACHE_SPACE); the parent
 sets them and records them.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,6 +40,7 @@ class VllmStepper:
     def __init__(self, llm) -> None:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
+
         self._engine = llm.llm_engine
         self._params = SamplingParams
         self._delta = RequestOutputKind.DELTA
@@ -47,8 +49,9 @@ class VllmStepper:
     def sampling(self, max_tokens: int, **extra):
         # greedy, EOS ignored (the same forcing as this project's engine), ids only:
         # this project's engine does not detokenize in the offline run either
-        return self._params(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False,
-                            output_kind=self._delta, **extra)
+        return self._params(
+            max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False, output_kind=self._delta, **extra
+        )
 
     def add(self, request_id: str, prompt_ids: list[int], max_tokens: int) -> None:
         self._engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, self.sampling(max_tokens))
@@ -61,15 +64,20 @@ class VllmStepper:
         `candidates` (log-softmax of the raw logits: vLLM's default logprobs_mode)."""
         self._serial += 1
         request_id = f"logprobs-{self._serial}"
-        self._engine.add_request(request_id, {"prompt_token_ids": context},
-                                 self.sampling(1, logprobs=len(candidates), logprob_token_ids=list(candidates)))
+        self._engine.add_request(
+            request_id,
+            {"prompt_token_ids": context},
+            self.sampling(1, logprobs=len(candidates), logprob_token_ids=list(candidates)),
+        )
         while True:
             for out in self._engine.step():
                 if out.request_id == request_id and out.finished:
                     completion = out.outputs[0]
                     table = completion.logprobs[0]
-                    return {"token": completion.token_ids[0],
-                            "logprobs": [float(table[t].logprob) if t in table else None for t in candidates]}
+                    return {
+                        "token": completion.token_ids[0],
+                        "logprobs": [float(table[t].logprob) if t in table else None for t in candidates],
+                    }
 
 
 class CpuClock:
@@ -79,6 +87,7 @@ class CpuClock:
 
     def __init__(self) -> None:
         import psutil  # a dependency of vllm
+
         self._me = psutil.Process()
 
     def seconds(self) -> float:
@@ -117,9 +126,14 @@ def main(argv: list[str]) -> int:
 
     settings = job["settings"]
     started = time.perf_counter()
-    llm = LLM(model=job["model_dir"], dtype=job["dtype"], max_num_seqs=settings["max_num_seqs"],
-              max_num_batched_tokens=settings["max_num_batched_tokens"],
-              enable_prefix_caching=settings["enable_prefix_caching"], seed=0)
+    llm = LLM(
+        model=job["model_dir"],
+        dtype=job["dtype"],
+        max_num_seqs=settings["max_num_seqs"],
+        max_num_batched_tokens=settings["max_num_batched_tokens"],
+        enable_prefix_caching=settings["enable_prefix_caching"],
+        seed=0,
+    )
     engine = VllmStepper(llm)
     requests = [(r["prompt_ids"], r["max_tokens"]) for r in job["requests"]]
     # warm-up, outside the timed part (the same request as this project's engine gets)
@@ -129,19 +143,29 @@ def main(argv: list[str]) -> int:
     config = llm.llm_engine.vllm_config
     cache = config.cache_config
     clock = CpuClock()
-    answer({"ready": True, "vllm_version": vllm.__version__, "load_s": load_s, "config": {
-        "max_num_seqs": config.scheduler_config.max_num_seqs,
-        "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
-        "enable_chunked_prefill": config.scheduler_config.enable_chunked_prefill,
-        "enable_prefix_caching": cache.enable_prefix_caching,
-        "block_size": cache.block_size,
-        "num_kv_blocks": cache.num_gpu_blocks,
-        "kv_tokens": (cache.num_gpu_blocks or 0) * cache.block_size,
-        "compilation_mode": str(config.compilation_config.mode),
-        "compilation_backend": config.compilation_config.backend,
-        "dtype": str(config.model_config.dtype),
-        "env": {k: os.environ.get(k) for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE",
-                                                "VLLM_CPU_NUM_OF_RESERVED_CPU")}}})
+    answer(
+        {
+            "ready": True,
+            "vllm_version": vllm.__version__,
+            "load_s": load_s,
+            "config": {
+                "max_num_seqs": config.scheduler_config.max_num_seqs,
+                "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+                "enable_chunked_prefill": config.scheduler_config.enable_chunked_prefill,
+                "enable_prefix_caching": cache.enable_prefix_caching,
+                "block_size": cache.block_size,
+                "num_kv_blocks": cache.num_gpu_blocks,
+                "kv_tokens": (cache.num_gpu_blocks or 0) * cache.block_size,
+                "compilation_mode": str(config.compilation_config.mode),
+                "compilation_backend": config.compilation_config.backend,
+                "dtype": str(config.model_config.dtype),
+                "env": {
+                    k: os.environ.get(k)
+                    for k in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_NUM_OF_RESERVED_CPU")
+                },
+            },
+        }
+    )
 
     rounds = 0
     for line in sys.stdin:
@@ -155,17 +179,29 @@ def main(argv: list[str]) -> int:
             rounds += 1
             # every round starts cold: the previous round's prompts are not served from the cache
             llm.llm_engine.reset_prefix_cache()
-            run, cpu = measured(clock, lambda: step_harness.run_all_at_once(engine, requests,
-                                                                            prefix=f"bench{rounds}"))  # noqa: B023
-            answer({"tokens": run.tokens, "seconds": run.seconds, "steps": run.steps,
-                    "output_tokens": run.output_tokens, **cpu})
+            run, cpu = measured(clock, lambda: step_harness.run_all_at_once(engine, requests, prefix=f"bench{rounds}"))  # noqa: B023
+            answer(
+                {
+                    "tokens": run.tokens,
+                    "seconds": run.seconds,
+                    "steps": run.steps,
+                    "output_tokens": run.output_tokens,
+                    **cpu,
+                }
+            )
         elif cmd == "singles":
-            summary, cpu = measured(clock, lambda: step_harness.run_singles(
-                engine, command["prompts"], command["max_tokens"], prefix=command.get("prefix", f"single{rounds}")))  # noqa: B023
+            summary, cpu = measured(
+                clock,
+                lambda: step_harness.run_singles(  # noqa: B023 -- called within this iteration
+                    engine,
+                    command["prompts"],  # noqa: B023
+                    command["max_tokens"],  # noqa: B023
+                    prefix=command.get("prefix", f"single{rounds}"),  # noqa: B023
+                ),
+            )
             answer({"summary": summary.as_dict(), "runs": [asdict(r) for r in summary.runs], **cpu})
         elif cmd == "logprobs":
-            answer({"items": [engine.logprobs_at(item["context"], item["candidates"])
-                              for item in command["items"]]})
+            answer({"items": [engine.logprobs_at(item["context"], item["candidates"]) for item in command["items"]]})
         else:
             answer({"error": f"unknown command {cmd!r}"})
     return 0

@@ -1,5 +1,6 @@
 """The benchmark workload: random prompts of random token ids and random
 output lengths, reproducible from one seed, identical for every method."""
+
 from __future__ import annotations
 
 import json
@@ -14,26 +15,28 @@ from tokenizers import Tokenizer
 class WorkloadSpec:
     num_requests: int = 64
     min_prompt_tokens: int = 32
-    max_prompt_tokens: int = 256       # inclusive
+    max_prompt_tokens: int = 256  # inclusive
     min_output_tokens: int = 16
-    max_output_tokens: int = 128       # inclusive
+    max_output_tokens: int = 128  # inclusive
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.num_requests <= 0:
             raise ValueError(f"num_requests: must be > 0, got {self.num_requests}")
         if not 0 < self.min_prompt_tokens <= self.max_prompt_tokens:
-            raise ValueError(f"prompt tokens: need 0 < min <= max, "
-                             f"got {self.min_prompt_tokens}..{self.max_prompt_tokens}")
+            raise ValueError(
+                f"prompt tokens: need 0 < min <= max, got {self.min_prompt_tokens}..{self.max_prompt_tokens}"
+            )
         if not 0 < self.min_output_tokens <= self.max_output_tokens:
-            raise ValueError(f"output tokens: need 0 < min <= max, "
-                             f"got {self.min_output_tokens}..{self.max_output_tokens}")
+            raise ValueError(
+                f"output tokens: need 0 < min <= max, got {self.min_output_tokens}..{self.max_output_tokens}"
+            )
 
 
 @dataclass(frozen=True)
 class BenchRequest:
     prompt_ids: tuple[int, ...]
-    max_tokens: int                    # generated exactly (EOS ignored)
+    max_tokens: int  # generated exactly (EOS ignored)
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Vocabulary:
     """Which ids a random prompt may use: [0, size) minus the special ids
     (a stray `<|im_end|>` in a prompt would be an odd request, and the text
     sent to Triton would not round-trip)."""
+
     size: int
     special_ids: frozenset[int]
 

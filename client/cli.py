@@ -4,6 +4,7 @@ With an API key (`--api-key`, or `$LLM_API_KEY`) it goes through the gateway,
 whose ports are then the default URL: `LLM_API_KEY=sk-... python -m client
 generate "Hi"` streams from http://127.0.0.1:9000 with the key as a Bearer token.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,11 +42,17 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--transport", choices=TRANSPORTS, default="sse")
     parser.add_argument("--model", choices=ENTRY_MODELS, default="ensemble")
-    parser.add_argument("--url", default=None, help="default: http://127.0.0.1:8000 (sse), 127.0.0.1:8001 (grpc); "
-                                                     "with an API key the gateway's :9000 / :9001")
+    parser.add_argument(
+        "--url",
+        default=None,
+        help="default: http://127.0.0.1:8000 (sse), 127.0.0.1:8001 (grpc); with an API key the gateway's :9000 / :9001",
+    )
     # Read from the environment in _config, not as the default here: --help would print it.
-    parser.add_argument("--api-key", default=None,
-                        help=f"the gateway's API key (default: ${API_KEY_ENV}); sends the request through the gateway")
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help=f"the gateway's API key (default: ${API_KEY_ENV}); sends the request through the gateway",
+    )
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=None)
     parser.add_argument("--top-p", type=float, default=None)
@@ -61,21 +68,32 @@ def _config(args: argparse.Namespace) -> ClientConfig:
     timeouts = TimeoutConfig(first_token_s=args.first_token_timeout, token_s=args.token_timeout)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     default_url = (GATEWAY_URLS if api_key else DEFAULT_URLS)[args.transport]
-    return ClientConfig(url=args.url or default_url, transport=args.transport,
-                        model=args.model, timeouts=timeouts, api_key=api_key)
+    return ClientConfig(
+        url=args.url or default_url, transport=args.transport, model=args.model, timeouts=timeouts, api_key=api_key
+    )
 
 
 def _options(args: argparse.Namespace, messages: list[dict[str, str]] | None = None) -> GenerationOptions:
-    return GenerationOptions(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                             top_k=args.top_k, seed=args.seed, stop_words=args.stop, segment=args.segment,
-                             messages=messages)
+    return GenerationOptions(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        stop_words=args.stop,
+        segment=args.segment,
+        messages=messages,
+    )
 
 
 def _timing_line(result: GenerationResult) -> str:
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value * 1000:.0f} ms"
-    return (f"[TTFT {ms(result.ttft_s)} | TPOT {ms(result.tpot_s)} | {result.num_output_tokens} tokens | "
-            f"finish {result.finish_reason}]")
+
+    return (
+        f"[TTFT {ms(result.ttft_s)} | TPOT {ms(result.tpot_s)} | {result.num_output_tokens} tokens | "
+        f"finish {result.finish_reason}]"
+    )
 
 
 def run_generate(args: argparse.Namespace, client: LLMClient, out: TextIO) -> int:
@@ -137,5 +155,3 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout, stdin: Tex
         return 2
     except KeyboardInterrupt:
         return 130
-
-

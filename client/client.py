@@ -1,4 +1,5 @@
 """The asyncio client for the public entry points `ensemble` and `llm_bls`."""
+
 from __future__ import annotations
 
 import asyncio
@@ -24,8 +25,15 @@ log = logging.getLogger(__name__)
 
 def make_transport(config: ClientConfig, clock: Clock = DEFAULT_CLOCK, sleep: Sleep = asyncio.sleep) -> Transport:
     if config.transport == "sse":
-        return SseTransport(config.url, config.timeouts, config.max_connections, clock=clock,
-                            api_key=config.api_key, retry=config.retry, sleep=sleep)
+        return SseTransport(
+            config.url,
+            config.timeouts,
+            config.max_connections,
+            clock=clock,
+            api_key=config.api_key,
+            retry=config.retry,
+            sleep=sleep,
+        )
     return GrpcTransport(config.url, config.timeouts, clock=clock, api_key=config.api_key)
 
 
@@ -44,9 +52,15 @@ class AsyncLLMClient:
     request with `DELETE /v1/streams/{id}` (SSE) or the RPC's cancel (gRPC).
     """
 
-    def __init__(self, config: ClientConfig | None = None, *, transport: Transport | None = None,
-                 budget: RetryBudget | None = None, sleep: Sleep = asyncio.sleep,
-                 clock: Clock = DEFAULT_CLOCK) -> None:
+    def __init__(
+        self,
+        config: ClientConfig | None = None,
+        *,
+        transport: Transport | None = None,
+        budget: RetryBudget | None = None,
+        sleep: Sleep = asyncio.sleep,
+        clock: Clock = DEFAULT_CLOCK,
+    ) -> None:
         self.config = config or ClientConfig()
         self.clock = clock
         self.sleep = sleep
@@ -57,8 +71,15 @@ class AsyncLLMClient:
     def transport_name(self) -> str:
         return getattr(self.transport, "name", self.config.transport)
 
-    def stream(self, text_input: str = "", options: GenerationOptions | None = None, *,
-               model: str | None = None, streaming: bool = True, **option_fields: Any) -> GenerationStream:
+    def stream(
+        self,
+        text_input: str = "",
+        options: GenerationOptions | None = None,
+        *,
+        model: str | None = None,
+        streaming: bool = True,
+        **option_fields: Any,
+    ) -> GenerationStream:
         """Start a streaming generation (lazily: nothing is sent before iteration).
 
         Options come as a `GenerationOptions` or as its field names, e.g.
@@ -78,8 +99,14 @@ class AsyncLLMClient:
         values = input_values(text_input, options, stream=streaming)
         return GenerationStream(self, model or self.config.model, values, request_id, request_key)
 
-    async def generate(self, text_input: str = "", options: GenerationOptions | None = None, *,
-                       model: str | None = None, **option_fields: Any) -> GenerationResult:
+    async def generate(
+        self,
+        text_input: str = "",
+        options: GenerationOptions | None = None,
+        *,
+        model: str | None = None,
+        **option_fields: Any,
+    ) -> GenerationResult:
         """Stream to the end and return the whole result."""
         return await self.stream(text_input, options, model=model, **option_fields).collect()
 

@@ -8,6 +8,7 @@ and the API key that sends the client through the gateway.
     ClientConfig(url="http://127.0.0.1:9000", api_key=os.environ["LLM_API_KEY"])
     ClientConfig(url="127.0.0.1:9001", transport="grpc", api_key=...)   # cancel = the RPC's cancel
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -4,6 +4,7 @@ The split that matters to callers: `RequestError` means the server refused the
 request before any data (nothing was generated, the caller may fix and resend);
 `ClientTimeoutError` subclasses mean the client gave up waiting.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

@@ -8,6 +8,7 @@ Through the gateway (:9001) an `api_key` travels as the call's
 `authorization: Bearer <key>` metadata, and cancelling the RPC is the whole
 cancel: the gateway stops the engine request by its key.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -56,8 +57,9 @@ def outputs_of(result: InferResult) -> dict[str, Any]:
 
 def connection_lost(code: grpc.StatusCode, details: str) -> bool:
     """Whether a call's status says the connection broke, not the server refused."""
-    return code in _CONNECTION_CODES or (code in _TRANSPORT_CODES
-                                         and any(marker in details for marker in _TRANSPORT_DETAILS))
+    return code in _CONNECTION_CODES or (
+        code in _TRANSPORT_CODES and any(marker in details for marker in _TRANSPORT_DETAILS)
+    )
 
 
 def map_rpc_error(exc: BaseException) -> Exception:
@@ -140,22 +142,31 @@ def channel_args(timeouts: TimeoutConfig) -> list[tuple[str, int]]:
     "min reconnect backoff" is in fact its connect timeout, 20 s by default)."""
     keepalive = KeepAliveOptions()
     reconnect_ms = round(timeouts.reconnect_max_s * 1000)
-    return [("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
-            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
-            ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
-            ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
-            ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
-            ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
-            ("grpc.initial_reconnect_backoff_ms", min(1000, reconnect_ms)),
-            ("grpc.max_reconnect_backoff_ms", reconnect_ms),
-            ("grpc.min_reconnect_backoff_ms", round(timeouts.connect_s * 1000))]
+    return [
+        ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_SIZE),
+        ("grpc.keepalive_time_ms", keepalive.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", keepalive.keepalive_timeout_ms),
+        ("grpc.keepalive_permit_without_calls", keepalive.keepalive_permit_without_calls),
+        ("grpc.http2.max_pings_without_data", keepalive.http2_max_pings_without_data),
+        ("grpc.initial_reconnect_backoff_ms", min(1000, reconnect_ms)),
+        ("grpc.max_reconnect_backoff_ms", reconnect_ms),
+        ("grpc.min_reconnect_backoff_ms", round(timeouts.connect_s * 1000)),
+    ]
 
 
 class GrpcTransport:
     name = "grpc"
 
-    def __init__(self, url: str, timeouts: TimeoutConfig, client_factory: GrpcClientFactory | None = None,
-                 clock: Clock = DEFAULT_CLOCK, *, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeouts: TimeoutConfig,
+        client_factory: GrpcClientFactory | None = None,
+        clock: Clock = DEFAULT_CLOCK,
+        *,
+        api_key: str | None = None,
+    ) -> None:
         self._url = url.removeprefix("grpc://")
         # The gateway reads the key from the call's metadata (gRPC keys are lowercase).
         self._headers = {"authorization": f"Bearer {api_key}"} if api_key else None
@@ -167,6 +178,7 @@ class GrpcTransport:
 
     def _real_client(self) -> Any:
         from tritonclient.grpc import aio as grpc_aio
+
         return grpc_aio.InferenceServerClient(self._url, channel_args=self._channel_args)
 
     def _grpc(self) -> Any:
@@ -178,8 +190,9 @@ class GrpcTransport:
     async def open_stream(self, model: str, values: Mapping[str, Any], request_id: str) -> GrpcResponseStream:
         return await self.open_tensor_stream(model, grpc_tensors(values), request_id)
 
-    async def open_tensor_stream(self, model: str, tensors: list[tuple[str, str, Any]],
-                                 request_id: str) -> GrpcResponseStream:
+    async def open_tensor_stream(
+        self, model: str, tensors: list[tuple[str, str, Any]], request_id: str
+    ) -> GrpcResponseStream:
         request = {"model_name": model, "inputs": build_inputs(tensors), "request_id": request_id}
         done = asyncio.Event()
         # Only with a key: a plain Triton call stays exactly what it was.
@@ -196,8 +209,9 @@ class GrpcTransport:
         # wait_for also the channel's connecting, which the deadline may not cover.
         extra = {"headers": self._headers} if self._headers else {}
         try:
-            return bool(await asyncio.wait_for(self._grpc().is_server_ready(client_timeout=timeout_s, **extra),
-                                               timeout_s))
+            return bool(
+                await asyncio.wait_for(self._grpc().is_server_ready(client_timeout=timeout_s, **extra), timeout_s)
+            )
         except (TimeoutError, grpc.RpcError, InferenceServerException, OSError) as exc:
             log.debug("readiness of %s: %r", self._url, exc)
             return False

@@ -3,6 +3,7 @@
 
 Pure functions with no I/O, shared by the async client and the Locust users.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,16 +20,35 @@ from .types import GenerationOptions, StreamEvent
 
 # Triton datatypes of the public inputs (interface.md)
 INPUT_DATATYPES: dict[str, str] = {
-    "max_tokens": "INT32", "end_id": "INT32", "pad_id": "INT32", "top_k": "INT32",
-    "min_tokens": "INT32", "priority": "INT32", "token_timeout_ms": "INT32", "continuation_ids": "INT32",
-    "top_p": "FP32", "temperature": "FP32", "repetition_penalty": "FP32",
-    "presence_penalty": "FP32", "frequency_penalty": "FP32", "length_penalty": "FP32",
+    "max_tokens": "INT32",
+    "end_id": "INT32",
+    "pad_id": "INT32",
+    "top_k": "INT32",
+    "min_tokens": "INT32",
+    "priority": "INT32",
+    "token_timeout_ms": "INT32",
+    "continuation_ids": "INT32",
+    "top_p": "FP32",
+    "temperature": "FP32",
+    "repetition_penalty": "FP32",
+    "presence_penalty": "FP32",
+    "frequency_penalty": "FP32",
+    "length_penalty": "FP32",
     "seed": "UINT64",
-    "stream": "BOOL", "ignore_eos": "BOOL", "exclude_input_in_output": "BOOL",
-    "return_output_ids": "BOOL", "return_log_probs": "BOOL", "return_perf_metrics": "BOOL",
-    "return_num_input_tokens": "BOOL", "return_num_output_tokens": "BOOL",
-    "text_input": "BYTES", "messages": "BYTES", "segment": "BYTES",
-    "stop_words": "BYTES", "bad_words": "BYTES", "request_key": "BYTES",
+    "stream": "BOOL",
+    "ignore_eos": "BOOL",
+    "exclude_input_in_output": "BOOL",
+    "return_output_ids": "BOOL",
+    "return_log_probs": "BOOL",
+    "return_perf_metrics": "BOOL",
+    "return_num_input_tokens": "BOOL",
+    "return_num_output_tokens": "BOOL",
+    "text_input": "BYTES",
+    "messages": "BYTES",
+    "segment": "BYTES",
+    "stop_words": "BYTES",
+    "bad_words": "BYTES",
+    "request_key": "BYTES",
 }
 # inputs of dims [-1]: sent as shape [1, n], every other input as [1, 1]
 LIST_INPUTS = frozenset({"stop_words", "bad_words", "continuation_ids"})
@@ -49,7 +69,7 @@ def input_values(text_input: str, options: GenerationOptions, stream: bool = Tru
         if value is None or f.name in _NOT_INPUTS:
             continue
         if f.name == "continuation_ids" and not value:
-            continue   # nothing generated yet: a plain request
+            continue  # nothing generated yet: a plain request
         if f.name == "messages":
             value = json.dumps(value, ensure_ascii=False)
         values[f.name] = value

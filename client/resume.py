@@ -20,6 +20,7 @@ bounded, so waiting loses events). 404 (unknown stream, or another key's) and
 410 (the events after the last one received are no longer buffered) end it at
 once with `StreamResumeError`, which the stream reports as `finish_reason: error`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -69,17 +70,18 @@ def _worth_retrying(exc: BaseException) -> bool:
 class ResumableSseStream:
     """A `ResponseStream` over successive connections to one gateway stream."""
 
-    def __init__(self, first: EventConnection, stream_id: str, endpoint: ResumeEndpoint,
-                 config: RetryConfig, sleep: Sleep) -> None:
+    def __init__(
+        self, first: EventConnection, stream_id: str, endpoint: ResumeEndpoint, config: RetryConfig, sleep: Sleep
+    ) -> None:
         self.stream_id = stream_id
         self.resumes = 0
         self._connection = first
         self._endpoint = endpoint
         self._config = config
         self._sleep = sleep
-        self._last_id = 0         # the id of the last event delivered (0: none yet, all are wanted)
+        self._last_id = 0  # the id of the last event delivered (0: none yet, all are wanted)
         self._unnumbered = False  # an event without an id was delivered: a resume could repeat it
-        self._ended = False       # the event with the finish_reason was delivered
+        self._ended = False  # the event with the finish_reason was delivered
 
     async def next_event(self) -> StreamEvent | None:
         if self._ended:
@@ -130,8 +132,7 @@ class ResumableSseStream:
         retrying = AsyncRetrying(
             retry=retry_if_exception(_worth_retrying),
             stop=stop_after_attempt(attempts),
-            wait=wait_random_exponential(multiplier=self._config.backoff_base_s,
-                                         max=self._config.resume_backoff_max_s),
+            wait=wait_random_exponential(multiplier=self._config.backoff_base_s, max=self._config.resume_backoff_max_s),
             sleep=self._sleep,
             before_sleep=self._log_retry,
             reraise=True,

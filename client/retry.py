@@ -1,5 +1,6 @@
 """Retry policy: full-jitter exponential backoff (tenacity), `Retry-After`
 honoured, and a token-bucket retry budget shared by a client's requests."""
+
 from __future__ import annotations
 
 import asyncio

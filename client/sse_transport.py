@@ -6,6 +6,7 @@ with an `X-Stream-Id` header is wrapped in `resume.ResumableSseStream`, which
 reconnects a dropped stream with `GET /v1/streams/{id}` + `Last-Event-ID` and
 cancels with `DELETE /v1/streams/{id}`; those two routes live here.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -116,10 +117,18 @@ class SseResponseStream:
 class SseTransport:
     name = "sse"
 
-    def __init__(self, base_url: str, timeouts: TimeoutConfig, max_connections: int = 256,
-                 http_transport: httpx.AsyncBaseTransport | None = None, clock: Clock = DEFAULT_CLOCK, *,
-                 api_key: str | None = None, retry: RetryConfig | None = None,
-                 sleep: Sleep = asyncio.sleep) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        timeouts: TimeoutConfig,
+        max_connections: int = 256,
+        http_transport: httpx.AsyncBaseTransport | None = None,
+        clock: Clock = DEFAULT_CLOCK,
+        *,
+        api_key: str | None = None,
+        retry: RetryConfig | None = None,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
         # read=None: the gap between tokens is policed by the client's per-token
         # timeout, which knows the request; a socket read timeout would not.
         timeout = httpx.Timeout(connect=timeouts.connect_s, read=None, write=timeouts.write_s, pool=None)
@@ -127,18 +136,20 @@ class SseTransport:
         # A default header of the pool, so every route (generate, resume, cancel)
         # carries it; httpx masks `authorization` in the repr of headers.
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits,
-                                       transport=http_transport, headers=headers)
+        self._http = httpx.AsyncClient(
+            base_url=base_url, timeout=timeout, limits=limits, transport=http_transport, headers=headers
+        )
         self._stop_timeout = timeouts.stop_s
         self._clock = clock
         self._retry = retry or RetryConfig()
         self._sleep = sleep
 
-    async def open_stream(self, model: str, values: Mapping[str, Any],
-                          request_id: str) -> SseResponseStream | ResumableSseStream:
+    async def open_stream(
+        self, model: str, values: Mapping[str, Any], request_id: str
+    ) -> SseResponseStream | ResumableSseStream:
         request = self._http.build_request(
-            "POST", f"/v2/models/{model}/generate_stream", json=generate_body(values, request_id),
-            headers=_SSE_HEADERS)
+            "POST", f"/v2/models/{model}/generate_stream", json=generate_body(values, request_id), headers=_SSE_HEADERS
+        )
         stream = await self._send_sse(request)
         stream_id = stream.stream_id
         if not stream_id:
@@ -149,7 +160,8 @@ class SseTransport:
         """The gateway's events after `last_event_id`, then live ones. A refusal
         is a `RequestError` with its status (404 unknown stream, 410 no longer buffered)."""
         request = self._http.build_request(
-            "GET", _stream_path(stream_id), headers={**_SSE_HEADERS, "Last-Event-ID": str(last_event_id)})
+            "GET", _stream_path(stream_id), headers={**_SSE_HEADERS, "Last-Event-ID": str(last_event_id)}
+        )
         return await self._send_sse(request)
 
     async def delete_stream(self, stream_id: str) -> None:
@@ -173,8 +185,9 @@ class SseTransport:
                 body = await response.aread()
             finally:
                 await response.aclose()
-            raise RequestError(error_message(body), response.status_code,
-                               parse_retry_after(response.headers.get("retry-after")))
+            raise RequestError(
+                error_message(body), response.status_code, parse_retry_after(response.headers.get("retry-after"))
+            )
         return SseResponseStream(response, self._clock)
 
     async def ready(self, timeout_s: float) -> bool:
@@ -191,9 +204,11 @@ class SseTransport:
         # Triton's `infer` endpoint refuses decoupled models (HTTP 501), so the
         # stop goes through `generate`, which accepts them.
         try:
-            response = await self._http.post(f"/v2/models/{model}/generate",
-                                             json=stop_generate_body(request_id, request_key),
-                                             timeout=self._stop_timeout)
+            response = await self._http.post(
+                f"/v2/models/{model}/generate",
+                json=stop_generate_body(request_id, request_key),
+                timeout=self._stop_timeout,
+            )
         except httpx.TransportError as exc:
             raise ServerConnectionError(f"stop request failed: {exc!r}") from exc
         if response.status_code != 200:

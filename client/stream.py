@@ -1,6 +1,7 @@
 """One streaming generation: retries before the first response, LLM-shaped
 timeouts after it, and cleanup however the stream ends: close, then `stop` with
 the request key (Triton directly) or the gateway's cancel (with an api_key)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -21,8 +22,14 @@ log = logging.getLogger(__name__)
 # A stop for a request the engine no longer knows is expected after a race (it
 # finished while the stop was on its way): the server answers "stop: no live
 # request has this request_key (unknown request or already finished)".
-_ALREADY_FINISHED_HINTS = ("no live request", "already finished", "unknown request", "not found",
-                           "no such request", "unknown id")
+_ALREADY_FINISHED_HINTS = (
+    "no live request",
+    "already finished",
+    "unknown request",
+    "not found",
+    "no such request",
+    "unknown id",
+)
 _KEY_PLACEHOLDER = "<request_key>"
 
 
@@ -45,14 +52,20 @@ class GenerationStream:
     through the gateway it cancels there instead (ResponseStream.cancel).
     """
 
-    def __init__(self, client: AsyncLLMClient, model: str, values: dict[str, Any], request_id: str,
-                 request_key: str) -> None:
+    def __init__(
+        self, client: AsyncLLMClient, model: str, values: dict[str, Any], request_id: str, request_key: str
+    ) -> None:
         self._client = client
         self._model = model
         self._values = values
         self.request_id = request_id
-        self.result = GenerationResult(request_id=request_id, model=model, transport=client.transport_name,
-                                       timings=Timings(sent_s=client.clock()), request_key=request_key)
+        self.result = GenerationResult(
+            request_id=request_id,
+            model=model,
+            transport=client.transport_name,
+            timings=Timings(sent_s=client.clock()),
+            request_key=request_key,
+        )
         self._events = self._run()
 
     @property
@@ -132,8 +145,10 @@ class GenerationStream:
         # different one (it must not be), only that one could stop the request.
         echoed = event.request_key
         if echoed and echoed != self.result.request_key:
-            log.warning("request %s: the server echoed a request_key other than the one sent; "
-                        "stopping with the echoed one", self.request_id)
+            log.warning(
+                "request %s: the server echoed a request_key other than the one sent; stopping with the echoed one",
+                self.request_id,
+            )
             self.result.request_key = echoed
 
     def _fail(self, message: str) -> None:
@@ -156,7 +171,8 @@ class GenerationStream:
         started = self._client.clock()
         try:
             stream = await asyncio.wait_for(
-                self._client.transport.open_stream(self._model, self._values, self.request_id), limit)
+                self._client.transport.open_stream(self._model, self._values, self.request_id), limit
+            )
         except TimeoutError:
             raise FirstTokenTimeoutError(f"no response within {limit}s (first-token timeout)") from None
         try:
@@ -194,8 +210,9 @@ class GenerationStream:
         try:
             await stream.cancel()
         except Exception as exc:  # best effort, as the stop: the gateway's grace period bounds the waste
-            log.warning("cancel of request %s at the gateway failed: %s", self.request_id,
-                        redact(repr(exc), self.request_key))
+            log.warning(
+                "cancel of request %s at the gateway failed: %s", self.request_id, redact(repr(exc), self.request_key)
+            )
 
     async def _send_stop(self) -> None:
         config = self._client.config

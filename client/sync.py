@@ -1,4 +1,5 @@
 """A thin blocking wrapper: the async client runs on a private event loop thread."""
+
 from __future__ import annotations
 
 import asyncio
@@ -16,9 +17,9 @@ T = TypeVar("T")
 class LLMClient:
     """Blocking facade over `AsyncLLMClient` for scripts and the CLI.
 
-        with LLMClient(ClientConfig(url=...)) as client:
-            for event in client.stream("Hello", max_tokens=16):
-                print(event.text, end="")
+    with LLMClient(ClientConfig(url=...)) as client:
+        for event in client.stream("Hello", max_tokens=16):
+            print(event.text, end="")
     """
 
     def __init__(self, config: ClientConfig | None = None, **client_kwargs: Any) -> None:
@@ -38,16 +39,27 @@ class LLMClient:
     def async_client(self) -> AsyncLLMClient:
         return self._async
 
-    def stream(self, text_input: str = "", options: GenerationOptions | None = None, *,
-               model: str | None = None, **option_fields: Any) -> Iterator[StreamEvent]:
+    def stream(
+        self,
+        text_input: str = "",
+        options: GenerationOptions | None = None,
+        *,
+        model: str | None = None,
+        **option_fields: Any,
+    ) -> Iterator[StreamEvent]:
         """Yield events; the returned generator's `.result` is not available, so
         use `stream_with_result` when timings are needed."""
         events, _ = self.stream_with_result(text_input, options, model=model, **option_fields)
         return events
 
-    def stream_with_result(self, text_input: str = "", options: GenerationOptions | None = None, *,
-                           model: str | None = None,
-                           **option_fields: Any) -> tuple[Iterator[StreamEvent], GenerationResult]:
+    def stream_with_result(
+        self,
+        text_input: str = "",
+        options: GenerationOptions | None = None,
+        *,
+        model: str | None = None,
+        **option_fields: Any,
+    ) -> tuple[Iterator[StreamEvent], GenerationResult]:
         stream = self._async.stream(text_input, options, model=model, **option_fields)
 
         def events() -> Iterator[StreamEvent]:
@@ -63,8 +75,14 @@ class LLMClient:
 
         return events(), stream.result
 
-    def generate(self, text_input: str = "", options: GenerationOptions | None = None, *,
-                 model: str | None = None, **option_fields: Any) -> GenerationResult:
+    def generate(
+        self,
+        text_input: str = "",
+        options: GenerationOptions | None = None,
+        *,
+        model: str | None = None,
+        **option_fields: Any,
+    ) -> GenerationResult:
         return self._call(self._async.generate(text_input, options, model=model, **option_fields))
 
     def close(self) -> None:

@@ -3,6 +3,7 @@
 TTFT: request sent -> first non-empty response. ITL: gaps between consecutive
 non-empty responses. TPOT: (e2e - TTFT) / (output tokens - 1).
 """
+
 from __future__ import annotations
 
 import time

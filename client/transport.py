@@ -5,6 +5,7 @@ reports an in-band server error as `RequestError` and a broken connection as
 `ServerConnectionError`; what that means (retry, or `finish_reason: error`)
 is decided by the caller, which knows whether data has already arrived.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -1,4 +1,5 @@
 """Typed request options, stream events and the final result."""
+
 from __future__ import annotations
 
 import uuid
@@ -26,7 +27,7 @@ def check_request_key(key: object) -> str:
     `request_key`. The message never repeats the value: a key is a secret, and errors end up in logs."""
     if not isinstance(key, str):
         raise ValueError(f"request_key: must be a str (got {type(key).__name__})")
-    parsed = parse_request_key(key)      # InvalidInputError is a ValueError
+    parsed = parse_request_key(key)  # InvalidInputError is a ValueError
     if parsed is None:
         raise ValueError("request_key: must not be empty")
     return parsed
@@ -85,13 +86,13 @@ class GenerationOptions:
         if self.segment is not None and self.segment not in SEGMENTS:
             raise ValueError(f"segment must be one of {SEGMENTS} (got {self.segment!r})")
         for name in ("stop_words", "bad_words"):
-            validate_words(name, getattr(self, name))     # InvalidInputError is a ValueError
+            validate_words(name, getattr(self, name))  # InvalidInputError is a ValueError
         if self.messages is not None:
             _check_messages(self.messages)
         if self.continuation_ids is not None and (
-                isinstance(self.continuation_ids, (str, bytes))
-                or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31
-                           for t in self.continuation_ids)):
+            isinstance(self.continuation_ids, (str, bytes))
+            or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in self.continuation_ids)
+        ):
             raise ValueError("continuation_ids must be a list of token ids (integers in [0, 2**31))")
         if self.request_id is not None and not self.request_id:
             raise ValueError("request_id must not be empty")
@@ -103,8 +104,11 @@ def _check_messages(messages: list[dict[str, str]]) -> None:
     if not isinstance(messages, list) or not messages:
         raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
     for index, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
-                or not isinstance(message.get("content"), str):
+        if (
+            not isinstance(message, dict)
+            or not isinstance(message.get("role"), str)
+            or not isinstance(message.get("content"), str)
+        ):
             raise ValueError(f"messages[{index}] must be a dict with string 'role' and 'content'")
 
 

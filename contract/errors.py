@@ -9,6 +9,7 @@ the client library, load tests) tells them apart.
   message, e.g. ``in ensemble 'ensemble', ``).
 - A full engine queue: the message starts with `OVERLOADED_MARKER`; retryable.
 """
+
 from __future__ import annotations
 
 import re
@@ -31,16 +32,16 @@ def format_refusal(field: str, problem: str, internal: str | None = None) -> str
 
 @dataclass(frozen=True)
 class Refusal:
-    field: str                 # the name the refusal starts with
-    internal: str | None       # the refusing step's own name for it, if written
-    text: str                  # the message from the field on (any prefix cut off)
+    field: str  # the name the refusal starts with
+    internal: str | None  # the refusing step's own name for it, if written
+    text: str  # the message from the field on (any prefix cut off)
 
 
 def parse_refusal(message: str, fields: Container[str]) -> Refusal | None:
     """The first refusal in `message` of one of `fields`; None when it names none."""
     for match in _REFUSAL.finditer(message):
         if match.group(1) in fields:
-            return Refusal(match.group(1), match.group(2), message[match.start(1):])
+            return Refusal(match.group(1), match.group(2), message[match.start(1) :])
     return None
 
 

@@ -3,6 +3,7 @@ metrics"), as the engine exports them on Triton's metrics port (labels `model`
 and `version`) and the gateway's router, the doctor and the deployment's
 autoscaling read them. The engine's own code (kinds, descriptions, buckets,
 the sinks) stays with the engine: python_llm/engine/core/metrics.py."""
+
 from __future__ import annotations
 
 KV_BLOCKS_USED = "llm_kv_cache_blocks_used"

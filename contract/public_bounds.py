@@ -5,6 +5,7 @@ sending (`GenerationOptions`), and the gateway before anything reaches Triton
 (`gateway/triton/inputs.py`), so a caller gets the same `<field>: <what>` from
 each. Rules that depend on the served model or its configuration (the vocabulary,
 `max_model_len`, `max_tokens_limit`, the KV cache) stay with the engine."""
+
 from __future__ import annotations
 
 import math
@@ -18,6 +19,7 @@ from .errors import InvalidInputError
 class Bound:
     """An interval (`low` / `high`, each inclusive unless `*_open`; None: no
     bound), or `only`: the one value accepted, with `why` the reason."""
+
     low: float | None = None
     high: float | None = None
     low_open: bool = False
@@ -59,16 +61,17 @@ BOUNDS: dict[str, Bound] = {
     "min_tokens": Bound(low=0, integer=True),
     "top_k": Bound(low=0, integer=True),
     "top_p": Bound(low=0, low_open=True, high=1),
-    "temperature": Bound(low=0),                         # 0 = greedy
-    "repetition_penalty": Bound(low=0, low_open=True),   # divides positive logits
-    "presence_penalty": Bound(),                          # any finite number (OpenAI's semantics)
+    "temperature": Bound(low=0),  # 0 = greedy
+    "repetition_penalty": Bound(low=0, low_open=True),  # divides positive logits
+    "presence_penalty": Bound(),  # any finite number (OpenAI's semantics)
     "frequency_penalty": Bound(),
     # TensorRT-LLM's length penalty only rescores beams; this stack samples one
     # sequence per request, so anything but the neutral value would be ignored
-    "length_penalty": Bound(only=1.0, why="applies to beam search only, which this engine does not do; "
-                                          "send 1.0 or leave it out"),
-    "token_timeout_ms": Bound(low=0, integer=True),      # 0 = off
-    "seed": Bound(low=0, high=2 ** 64 - 1, integer=True),
+    "length_penalty": Bound(
+        only=1.0, why="applies to beam search only, which this engine does not do; send 1.0 or leave it out"
+    ),
+    "token_timeout_ms": Bound(low=0, integer=True),  # 0 = off
+    "seed": Bound(low=0, high=2**64 - 1, integer=True),
 }
 
 

@@ -2,6 +2,7 @@
 once. The model repository's configs are rendered from these lists
 (`serving/model_config_blocks.py`), and `llm_bls` maps the sampling inputs to
 the LLM step with the same table the ensemble's wiring is rendered from."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,9 +11,9 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
-    data_type: str                   # Triton's TYPE_* name
+    data_type: str  # Triton's TYPE_* name
     dims: tuple[int, ...] = (1,)
-    llm_input: str | None = None     # the LLM step's input this public input feeds directly
+    llm_input: str | None = None  # the LLM step's input this public input feeds directly
 
 
 PUBLIC_INPUTS: tuple[TensorSpec, ...] = (
@@ -85,8 +86,18 @@ def ensemble_output_name(name: str) -> str:
 
 # public outputs that `postprocessing` also takes as inputs (from the LLM step):
 # its outputs of these names carry this suffix, and the ensemble maps them back
-POSTPROCESSING_RENAMED = frozenset({"finish_reason", "num_input_tokens", "cum_log_probs", "output_log_probs",
-                                    "output_ids", "arrival_time_ns", "first_token_time_ns", "last_token_time_ns"})
+POSTPROCESSING_RENAMED = frozenset(
+    {
+        "finish_reason",
+        "num_input_tokens",
+        "cum_log_probs",
+        "output_log_probs",
+        "output_ids",
+        "arrival_time_ns",
+        "first_token_time_ns",
+        "last_token_time_ns",
+    }
+)
 
 
 def postprocessing_output_name(name: str) -> str:

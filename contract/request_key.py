@@ -6,6 +6,7 @@ sending, so it can stop a request that is still queued or that answers only
 once (`stream: false`); when absent, `preprocessing` / `llm_bls` mint one. Every
 response carries it back, and the LLM step accepts `stop` only with it.
 """
+
 from __future__ import annotations
 
 import re
@@ -21,9 +22,9 @@ _FORMAT = re.compile(rf"[A-Za-z0-9_-]{{{MIN_LENGTH},{MAX_LENGTH}}}")
 
 # the LLM step's refusals of a `stop` (both variants answer them alike)
 STOP_NEEDS_KEY = format_refusal(
-    "request_key", "required to stop a request (a stop by request id alone is not accepted)")
-STOP_UNKNOWN_KEY = format_refusal(
-    "stop", "no live request has this request_key (unknown request or already finished)")
+    "request_key", "required to stop a request (a stop by request id alone is not accepted)"
+)
+STOP_UNKNOWN_KEY = format_refusal("stop", "no live request has this request_key (unknown request or already finished)")
 
 
 def mint_request_key() -> str:
@@ -36,8 +37,10 @@ def parse_request_key(value: str | None) -> str | None:
         return None
     if not _FORMAT.fullmatch(value):
         raise InvalidInputError(
-            "request_key", f"must be {MIN_LENGTH} to {MAX_LENGTH} characters from [A-Za-z0-9_-] "
-                           f"(at least 128 random bits, e.g. secrets.token_urlsafe(24)); got {len(value)} characters")
+            "request_key",
+            f"must be {MIN_LENGTH} to {MAX_LENGTH} characters from [A-Za-z0-9_-] "
+            f"(at least 128 random bits, e.g. secrets.token_urlsafe(24)); got {len(value)} characters",
+        )
     return value
 
 

@@ -1,5 +1,6 @@
 """The `stop` request to the LLM step, as the text stages send it: by the
 request key (the LLM step refuses a stop by request id alone)."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -23,6 +23,7 @@ that began after it was retired (`cancelled_with_release`).
 Calls whose responses carry no tensors (the `stop` calls) free nothing of
 Python's and need none of this.
 """
+
 from __future__ import annotations
 
 import threading
@@ -52,7 +53,7 @@ class RetiredResponses:
         with self._lock:
             released = [it for number, it in self._held if number < mark]
             self._held = [(number, it) for number, it in self._held if number >= mark]
-        del released     # the last references, dropped here with the GIL and outside the lock
+        del released  # the last references, dropped here with the GIL and outside the lock
 
     def __len__(self) -> int:
         with self._lock:

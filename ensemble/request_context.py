@@ -4,6 +4,7 @@ Triton's ensemble only lets a step after a decoupled model take inputs that
 come out of that model, so `preprocessing` packs these settings into one
 STRING tensor that the LLM step echoes on every response (`request_context`).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,7 @@ class RequestContext:
     echo_input: bool = False
 
     def __post_init__(self) -> None:
-        SegmentMode.parse(self.segment)   # raises InvalidInputError naming `segment`
+        SegmentMode.parse(self.segment)  # raises InvalidInputError naming `segment`
 
     @property
     def primed_ids(self) -> list[int]:

@@ -14,6 +14,7 @@ streams. So the senders build their responses from these outputs only and
 the stub has nothing to drop. (A non-decoupled `execute()` returns its
 responses with the GIL held: no need there.)
 """
+
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping

@@ -1,6 +1,7 @@
 """The text stages' settings: what the adapters (preprocessing,
 postprocessing, llm_bls) read from their config.pbtxt, and the one
 definition of the text section of the deployment settings (serving/settings.py)."""
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,8 @@ from .tokenizer_info import TokenizerInfo, load_tokenizer_info
 @dataclass(frozen=True)
 class TextStageConfig(PromptConfig):
     """The `text` section: the prompt builder's bounds plus the output filter."""
-    content_filter_rules: str = ""          # path to a JSON rules file; empty: no filter
+
+    content_filter_rules: str = ""  # path to a JSON rules file; empty: no filter
 
 
 # Values the text stages read from the engine's and the server's settings
@@ -42,8 +44,9 @@ class TextStageSettings:
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         missing = [name for name in SHARED_PARAMETERS if name not in params]
         if missing or not params["model_dir"]:
-            raise StageSettingsError(f"parameters {', '.join(missing or ['model_dir'])}: required "
-                                     f"(rendered by `python -m serving render`)")
+            raise StageSettingsError(
+                f"parameters {', '.join(missing or ['model_dir'])}: required (rendered by `python -m serving render`)"
+            )
         instances = sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
         return cls(params, instances)
 
@@ -52,7 +55,8 @@ class TextStageSettings:
         names = {f.name for f in fields(TextStageConfig)}
         try:
             return TypeAdapter(TextStageConfig).validate_python(
-                {k: v for k, v in self.parameters.items() if k in names})
+                {k: v for k, v in self.parameters.items() if k in names}
+            )
         except ValidationError as exc:
             raise StageSettingsError(str(exc)) from None
 
@@ -68,8 +72,10 @@ class TextStageSettings:
     def request_builder(self) -> LLMRequestBuilder:
         max_model_len = self.parameters["max_model_len"]
         prompts = PromptBuilder(self.tokenizer_info, self.config, int(max_model_len) if max_model_len else None)
-        limits = EngineMaxTokens(default_max_tokens=int(self.parameters["default_max_tokens"]),
-                                 max_tokens_limit=int(self.parameters["max_tokens_limit"]))
+        limits = EngineMaxTokens(
+            default_max_tokens=int(self.parameters["default_max_tokens"]),
+            max_tokens_limit=int(self.parameters["max_tokens_limit"]),
+        )
         return LLMRequestBuilder(self.tokenizer_info, prompts, limits)
 
     def content_filter(self) -> ContentFilterRules | None:

@@ -9,6 +9,7 @@ so all three sources (generation_config.json, config.json, the tokenizer's
 such a model write past the end of its turn, inventing the next one, until
 ``max_tokens``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -146,7 +147,8 @@ def _load_cached(model_dir: str) -> TokenizerInfo:
             eos_ids.append(token_id)
 
     special_ids = frozenset(
-        token_id for token_id, added in tokenizer.get_added_tokens_decoder().items() if added.special)
+        token_id for token_id, added in tokenizer.get_added_tokens_decoder().items() if added.special
+    )
     info = TokenizerInfo(
         model_dir=path,
         tokenizer=tokenizer,
@@ -156,9 +158,15 @@ def _load_cached(model_dir: str) -> TokenizerInfo:
         chat_template=_chat_template(path, tokenizer_config),
         max_context=_max_context(config, tokenizer_config),
     )
-    log.info("tokenizer loaded", extra={"model_dir": str(path), "eos_token_ids": info.eos_token_ids,
-                                        "max_context": info.max_context,
-                                        "has_chat_template": info.chat_template is not None})
+    log.info(
+        "tokenizer loaded",
+        extra={
+            "model_dir": str(path),
+            "eos_token_ids": info.eos_token_ids,
+            "max_context": info.max_context,
+            "has_chat_template": info.chat_template is not None,
+        },
+    )
     return info
 
 

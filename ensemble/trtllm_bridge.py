@@ -27,6 +27,7 @@ no `continuation_length`, no per-token timeout, and names `min_tokens` /
 Not closed: `priority` is accepted and not acted on (the 0.14 backend has no
 priority input), so this variant serves equal and unequal priorities FCFS.
 """
+
 from __future__ import annotations
 
 import threading
@@ -56,13 +57,17 @@ class BridgeSettings:
     engine: EngineConfig
     model: ModelInfo
     engine_model: str
-    max_live_requests: int             # requests held at once (one thread each)
+    max_live_requests: int  # requests held at once (one thread each)
 
     @property
     def limits(self) -> RequestLimits:
-        return RequestLimits(max_tokens_limit=self.engine.max_tokens_limit, vocab_size=self.model.vocab_size,
-                             max_model_len=self.model.max_model_len, kv_capacity_tokens=None,
-                             prompt_token_budget=None)
+        return RequestLimits(
+            max_tokens_limit=self.engine.max_tokens_limit,
+            vocab_size=self.model.vocab_size,
+            max_model_len=self.model.max_model_len,
+            kv_capacity_tokens=None,
+            prompt_token_budget=None,
+        )
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, str]) -> BridgeSettings:
@@ -74,17 +79,22 @@ class BridgeSettings:
             raise ConfigError(f"parameters {', '.join(missing)}: required (rendered by `python -m serving render`)")
         engine = engine_config_from_parameters(parameters)
         model = ModelInfo.from_model_dir(engine.model_dir, engine.max_model_len)
-        return cls(engine=engine, model=model, engine_model=parameters["engine_model_name"],
-                   max_live_requests=int(parameters["max_live_requests"]))
+        return cls(
+            engine=engine,
+            model=model,
+            engine_model=parameters["engine_model_name"],
+            max_live_requests=int(parameters["max_live_requests"]),
+        )
 
 
 @dataclass
 class EngineCall:
     """One request, ready for the engine."""
-    inputs: dict[str, np.ndarray]      # TensorRT-LLM's names, batch dimension first
-    request: LLMRequest                # the request as this project's LLM step reads it
-    max_tokens: int                    # counts the continuation
-    token_timeout_ms: int              # 0: none
+
+    inputs: dict[str, np.ndarray]  # TensorRT-LLM's names, batch dimension first
+    request: LLMRequest  # the request as this project's LLM step reads it
+    max_tokens: int  # counts the continuation
+    token_timeout_ms: int  # 0: none
 
     @property
     def key(self) -> str | None:
@@ -113,8 +123,8 @@ def prepare(tensors: Mapping[str, np.ndarray], settings: BridgeSettings) -> LLMR
     max_tokens = _validate(request, settings)
     sampling = request.sampling
     continued = len(request.continuation_ids)
-    ids = request.input_ids                               # the prompt, then the continuation
-    new_tokens = max_tokens - continued                   # what is left to generate
+    ids = request.input_ids  # the prompt, then the continuation
+    new_tokens = max_tokens - continued  # what is left to generate
     inputs: dict[str, np.ndarray] = {
         "input_ids": np.asarray([ids], dtype=np.int32),
         "input_lengths": _one(len(ids), np.int32),
@@ -126,9 +136,11 @@ def prepare(tensors: Mapping[str, np.ndarray], settings: BridgeSettings) -> LLMR
         "return_log_probs": _one(sampling.return_log_probs, np.bool_),
     }
     # penalties only when asked for: the neutral values are TensorRT-LLM's defaults too
-    for name, value, neutral in (("repetition_penalty", sampling.repetition_penalty, 1.0),
-                                 ("presence_penalty", sampling.presence_penalty, 0.0),
-                                 ("frequency_penalty", sampling.frequency_penalty, 0.0)):
+    for name, value, neutral in (
+        ("repetition_penalty", sampling.repetition_penalty, 1.0),
+        ("presence_penalty", sampling.presence_penalty, 0.0),
+        ("frequency_penalty", sampling.frequency_penalty, 0.0),
+    ):
         if value != neutral:
             inputs[name] = _one(value, np.float32)
     words = [list(w) for w in sampling.stop_words_ids]
@@ -150,7 +162,7 @@ def prepare(tensors: Mapping[str, np.ndarray], settings: BridgeSettings) -> LLMR
     if sampling.bad_words_ids:
         inputs["bad_words_list"] = to_word_list(sampling.bad_words_ids)[None]
     if sampling.greedy:
-        inputs["runtime_top_k"] = _one(1, np.int32)       # TensorRT-LLM's greedy: top-1
+        inputs["runtime_top_k"] = _one(1, np.int32)  # TensorRT-LLM's greedy: top-1
     else:
         inputs["temperature"] = _one(sampling.temperature, np.float32)
         if sampling.top_k:
@@ -164,15 +176,23 @@ def prepare(tensors: Mapping[str, np.ndarray], settings: BridgeSettings) -> LLMR
     if sampling.seed is not None:
         inputs["random_seed"] = _one(sampling.seed, np.uint64)
     timeout = sampling.token_timeout_ms
-    return EngineCall(inputs=inputs, request=request, max_tokens=max_tokens,
-                      token_timeout_ms=settings.engine.default_token_timeout_ms if timeout is None else timeout)
+    return EngineCall(
+        inputs=inputs,
+        request=request,
+        max_tokens=max_tokens,
+        token_timeout_ms=settings.engine.default_token_timeout_ms if timeout is None else timeout,
+    )
 
 
 def engine_stop_inputs() -> dict[str, np.ndarray]:
     """TensorRT-LLM's stop: `stop` for the request id the call carries (the
     backend's required inputs come along, as its own clients send them)."""
-    return {"input_ids": np.zeros((1, 1), dtype=np.int32), "input_lengths": _one(1, np.int32),
-            "request_output_len": _one(1, np.int32), "stop": _one(True, np.bool_)}
+    return {
+        "input_ids": np.zeros((1, 1), dtype=np.int32),
+        "input_lengths": _one(1, np.int32),
+        "request_output_len": _one(1, np.int32),
+        "stop": _one(True, np.bool_),
+    }
 
 
 def engine_error_message(message: str) -> str:
@@ -187,6 +207,7 @@ def engine_error_message(message: str) -> str:
 class BridgeReply:
     """One response of the `tensorrt_llm` step to its caller: data (`error` None)
     or an error; `final` ends the stream."""
+
     token_ids: list[int]
     final: bool
     finish_reason: str | None = None
@@ -207,12 +228,12 @@ class EngineStream:
         self.arrival_time_ns = clock()
         self.first_token_time_ns = 0
         self.last_token_time_ns = 0
-        self.generated = 0                 # new tokens, the continuation not included
-        self.replied = False               # a data reply went out (the echo with it)
-        self.done = False                  # the final reply went out
+        self.generated = 0  # new tokens, the continuation not included
+        self.replied = False  # a data reply went out (the echo with it)
+        self.done = False  # the final reply went out
         self.stop_reason: str | None = None
         self._lock = threading.Lock()
-        self._ids: list[int] = []          # stream=false: everything so far
+        self._ids: list[int] = []  # stream=false: everything so far
         self._logprobs: list[float] = []
         self._cum = 0.0
 
@@ -238,8 +259,9 @@ class EngineStream:
             return request.input_ids + ids
         return ids
 
-    def on_response(self, token_ids: list[int], cum_log_prob: float | None,
-                    log_probs: list[float] | None) -> BridgeReply | None:
+    def on_response(
+        self, token_ids: list[int], cum_log_prob: float | None, log_probs: list[float] | None
+    ) -> BridgeReply | None:
         """A data response of the engine (new tokens only); None when it calls for no reply."""
         if self.done:
             return None
@@ -279,8 +301,9 @@ class EngineStream:
         self.done = True
         return BridgeReply([], True, "error", self.generated, error=engine_error_message(message))
 
-    def _final(self, reason: str, token_ids: list[int] | None = None,
-               log_probs: list[float] | None = None) -> BridgeReply:
+    def _final(
+        self, reason: str, token_ids: list[int] | None = None, log_probs: list[float] | None = None
+    ) -> BridgeReply:
         self.done = True
         if self.call.request.streaming:
             ids, lps = self._echo(list(token_ids or [])), list(log_probs or [])
@@ -330,7 +353,7 @@ class Deadlines:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._lock = threading.Lock()
-        self._due: dict[str, tuple[float, float]] = {}      # id -> (deadline, timeout_s)
+        self._due: dict[str, tuple[float, float]] = {}  # id -> (deadline, timeout_s)
 
     def start(self, request_id: str, timeout_ms: int) -> None:
         if timeout_ms > 0:

@@ -5,6 +5,7 @@ reached over gRPC at `gateway.fleet.upstream_grpc_url`.
 Settings come from the deployment settings' `gateway` section, read like the
 rest (`--settings FILE`, `LLM__GATEWAY__*`, `--set gateway.field=value`), by
 the gateway itself (lifecycle/settings.py)."""
+
 from __future__ import annotations
 
 import argparse
@@ -38,15 +39,25 @@ def serve(config: GatewayConfig, log_level: str) -> int:
     app = create_app(config, build_policy(config))
     state = app.state
     try:
-        ops = ops_server(config, app)      # /metrics and /admin/*: their own listener, bound first
+        ops = ops_server(config, app)  # /metrics and /admin/*: their own listener, bound first
     except OpsBindError as exc:
         logging.getLogger("gateway").error("%s", exc)
         return 1
     # access_log off: the gateway writes its own, with request ids and no secrets
-    server = DrainingServer(uvicorn.Config(state.asgi, host=config.host, port=config.port, log_config=None,
-                                           access_log=False, lifespan="on", timeout_graceful_shutdown=10),
-                            state.drain, busy=lambda: state.fleet.in_flight() + state.streams.running(),
-                            drain_timeout_s=config.drain_timeout_s)
+    server = DrainingServer(
+        uvicorn.Config(
+            state.asgi,
+            host=config.host,
+            port=config.port,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=10,
+        ),
+        state.drain,
+        busy=lambda: state.fleet.in_flight() + state.streams.running(),
+        drain_timeout_s=config.drain_timeout_s,
+    )
     # SIGINT / SIGTERM drain first (lifecycle/drain.py), then uvicorn shuts down and
     # re-raises the signal to the handler it found: a no-op one makes a clean stop exit 0
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -61,10 +72,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["keys"]:
         from .admission.keys_cli import main as keys_main
+
         settings, rest = _split_settings(argv[1:])
         return keys_main(rest, config=load_config(settings.settings, settings.set or []))
-    parser = argparse.ArgumentParser(prog="python -m gateway", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m gateway", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("serve", help="serve the OpenAI API in front of Triton")
     _settings_args(run)
@@ -76,8 +89,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _settings_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--settings", metavar="FILE.toml", help="a settings file (its [gateway] table is read)")
-    parser.add_argument("--set", action="append", metavar="gateway.FIELD=VALUE",
-                        help="override a gateway setting, e.g. --set gateway.port=9100 (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        metavar="gateway.FIELD=VALUE",
+        help="override a gateway setting, e.g. --set gateway.port=9100 (repeatable)",
+    )
 
 
 def _split_settings(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:

@@ -6,6 +6,7 @@ metrics, echoed headers) → Triton's error shape under /v2 → the body guard
 handlers). Every refusal, from any layer, is OpenAI's error shape, but under
 /v2 (Triton's own protocol, gateway/triton/) Triton's `{"error": "..."}`.
 The lifespan also runs the gRPC door (KServe v2) in the same event loop."""
+
 from __future__ import annotations
 
 import logging
@@ -45,13 +46,18 @@ access_log = logging.getLogger("gateway.access")
 
 # the routes metrics are labelled by; anything else is "other", so that random
 # paths cannot create label values
-_ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions", "/v1/models": "models",
-           "/health": "health"}
+_ROUTES = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/models": "models",
+    "/health": "health",
+}
 
 
 def build_policy(config: GatewayConfig) -> Policy:
     """The access policy the deployment runs: API keys, tiers, limits."""
     from .admission.access import AccessPolicy
+
     return AccessPolicy(config, registry=REGISTRY)
 
 
@@ -60,6 +66,7 @@ def build_streams(config: GatewayConfig) -> StreamRegistry:
     shared = None
     if config.redis_url:
         from .streams.shared import SharedStreams  # imported here: it brings the Redis client
+
         shared = SharedStreams.from_url(config.redis_url)
     return StreamRegistry(config, shared)
 
@@ -88,16 +95,20 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send)
             return
         headers = {k.lower(): v for k, v in scope["headers"]}
-        context = logs.new_context(headers.get(b"x-request-id", b"").decode("latin-1") or None,
-                                   headers.get(b"traceparent", b"").decode("latin-1") or None)
+        context = logs.new_context(
+            headers.get(b"x-request-id", b"").decode("latin-1") or None,
+            headers.get(b"traceparent", b"").decode("latin-1") or None,
+        )
         context.route = _route(scope["path"])
         token = logs.bind(context)
         status = 500
-        echoed = [(b"x-request-id", (context.caller_request_id or context.request_id).encode()),
-                  (b"traceparent", context.traceparent.encode())]
+        echoed = [
+            (b"x-request-id", (context.caller_request_id or context.request_id).encode()),
+            (b"traceparent", context.traceparent.encode()),
+        ]
 
         status_sent: int | None = None
-        answered = False            # the whole response went out
+        answered = False  # the whole response went out
 
         async def send_with_ids(message: Message) -> None:
             nonlocal status, status_sent, answered
@@ -128,10 +139,23 @@ class RequestContextMiddleware:
             REQUESTS.labels(route=context.route, tier=context.tier, status=str(status)).inc()
             REQUEST_DURATION.labels(route=context.route).observe(duration)
             if context.route not in ("metrics", "health"):
-                access_log.info("%s %s %d", scope["method"], scope["path"], status, extra={"fields": {
-                    "status": status, "route": context.route, "tier": context.tier, "key_id": context.key_id,
-                    "duration_ms": round(duration * 1000, 2), "traceparent": context.traceparent,
-                    **context.fields}})
+                access_log.info(
+                    "%s %s %d",
+                    scope["method"],
+                    scope["path"],
+                    status,
+                    extra={
+                        "fields": {
+                            "status": status,
+                            "route": context.route,
+                            "tier": context.tier,
+                            "key_id": context.key_id,
+                            "duration_ms": round(duration * 1000, 2),
+                            "traceparent": context.traceparent,
+                            **context.fields,
+                        }
+                    },
+                )
             logs.unbind(token)
 
 
@@ -157,33 +181,37 @@ def _validation_error(exc: RequestValidationError) -> GatewayError:
     errors = exc.errors()
     first: dict[str, Any] = errors[0] if errors else {}
     # without "body" and the union members pydantic names ("str", "list[TextPart]")
-    location = [part for part in first.get("loc", ()) if part != "body" and part not in _UNION_TAGS
-                and not (isinstance(part, str) and "[" in part)]
+    location = [
+        part
+        for part in first.get("loc", ())
+        if part != "body" and part not in _UNION_TAGS and not (isinstance(part, str) and "[" in part)
+    ]
     # the parameter as OpenAI names it: messages[0].content
     # ("" for a field whose name is empty: `{"": 1}`)
     param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in location).lstrip(".") if location else None
     kind = first.get("type", "")
     if kind == "extra_forbidden":
         named = param or '"" (an empty name)'
-        return GatewayError(400, f"Unrecognized request argument supplied: {named}", param=param,
-                            code="unrecognized_parameter")
+        return GatewayError(
+            400, f"Unrecognized request argument supplied: {named}", param=param, code="unrecognized_parameter"
+        )
     # not an object at all; a field that should be one is named like any other
     if kind == "json_invalid" or (kind in ("model_attributes_type", "model_type", "missing") and not location):
-        return GatewayError(400, "The body must be a JSON object (OpenAI request format).",
-                            code="invalid_json")
+        return GatewayError(400, "The body must be a JSON object (OpenAI request format).", code="invalid_json")
     message = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    if kind == MODEL_NOT_FOUND:         # a name not served: 404, as OpenAI answers it
+    if kind == MODEL_NOT_FOUND:  # a name not served: 404, as OpenAI answers it
         return GatewayError(404, message, param="model", code="model_not_found")
     return GatewayError(400, f"{param}: {message}" if param else message, param=param, code="invalid_value")
 
 
-def create_app(config: GatewayConfig, policy: Policy, upstream: ReplicaClient | None = None,
-               streams: StreamRegistry | None = None) -> FastAPI:
+def create_app(
+    config: GatewayConfig, policy: Policy, upstream: ReplicaClient | None = None, streams: StreamRegistry | None = None
+) -> FastAPI:
     """`upstream`: a single replica's (tests); else the replicas of the settings."""
     streams = streams or build_streams(config)
     fleet = build_fleet(config, upstream)
     drain = DrainState()
-    drain.on_drain.append(streams.expire_unread)     # no drain waits out a hung-up stream's grace period
+    drain.on_drain.append(streams.expire_unread)  # no drain waits out a hung-up stream's grace period
     # under sustained overload the levels apply where every door passes: the
     # policy (caps, shedding, one-piece streams) and the fleet (fallback model)
     degradation = build_degradation(config)
@@ -196,18 +224,17 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: ReplicaClient | 
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # Triton's gRPC protocol (KServe v2) in this event loop, with this policy and upstream
         door = await start_door(config, served, fleet, drain)
-        fleet.start_loops()         # health and load before the first request
+        fleet.start_loops()  # health and load before the first request
         yield
         if door is not None:
-            await door.stop()       # requests in flight get a grace period, then are stopped
-        await streams.aclose()      # stops the running streams' engine requests
+            await door.stop()  # requests in flight get a grace period, then are stopped
+        await streams.aclose()  # stops the running streams' engine requests
         await fleet.aclose()
         closer = getattr(policy, "aclose", None)
         if closer is not None:
             await closer()
 
-    app = FastAPI(title="triton-llm-stack gateway", version="1", lifespan=lifespan,
-                  docs_url=None, redoc_url=None)
+    app = FastAPI(title="triton-llm-stack gateway", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
     # generated from the request models, with this deployment's gateway.limits.max_n (openai/openapi.py)
     app.openapi = lambda: published_schema(app, config.limits.max_n)  # type: ignore[method-assign]
     # every route reaches Triton through the fleet (the doors see it as core.upstream.Upstream):
@@ -233,7 +260,7 @@ def create_app(config: GatewayConfig, policy: Policy, upstream: ReplicaClient | 
         message = "Not found." if exc.status_code == 404 else str(exc.detail)
         headers = dict(exc.headers or {})
         allow = allowed_methods(app, request.url.path) if exc.status_code == 405 else None
-        if allow:                       # every method served at the path, as RFC 9110 asks
+        if allow:  # every method served at the path, as RFC 9110 asks
             headers["Allow"] = allow
         return _error_response(GatewayError(exc.status_code, message, headers=headers))
 

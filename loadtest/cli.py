@@ -1,4 +1,5 @@
 """Command line: `python -m loadtest run ...` and `python -m loadtest report ...`."""
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     run_p.add_argument("--duration", type=parse_duration, default=60.0)
     run_p.add_argument("--shape", choices=SHAPES, default="steady")
     run_p.add_argument("--burst-factor", type=float, default=10.0)
-    run_p.add_argument("--user-types", default="sse,grpc",
-                       help="comma list of: sse, grpc, openai (the gateway's OpenAI API; key in $OPENAI_API_KEY)")
+    run_p.add_argument(
+        "--user-types",
+        default="sse,grpc",
+        help="comma list of: sse, grpc, openai (the gateway's OpenAI API; key in $OPENAI_API_KEY)",
+    )
     run_p.add_argument("--burst-silence", action="store_true", help="chat-like users: turns in bursts, then quiet")
     run_p.add_argument("--cancel-share", type=float, default=0.0)
     run_p.add_argument("--model", choices=("ensemble", "llm_bls"), default="ensemble")
@@ -52,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     run_p.add_argument("--openai-url", default="http://127.0.0.1:9000/v1", help="the gateway's OpenAI base URL")
     run_p.add_argument("--max-tokens", type=int, default=64)
     run_p.add_argument("--fixed-max-tokens", action="store_true")
-    run_p.add_argument("--raw-prompts", action="store_true",
-                       help="send prompts as plain text_input instead of chat messages")
+    run_p.add_argument(
+        "--raw-prompts", action="store_true", help="send prompts as plain text_input instead of chat messages"
+    )
     run_p.add_argument("--think-time", type=float, default=0.5)
     run_p.add_argument("--token-timeout", type=float, default=30.0)
     run_p.add_argument("--dataset", default=None)
@@ -84,13 +89,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "report":
         return report(args.out, _slos(args))
     settings_kwargs = dict(
-        http_url=args.http_url, grpc_url=args.grpc_url, openai_url=args.openai_url, model=args.model,
-        shape=args.shape, users=args.users,
-        spawn_rate=args.spawn_rate or float(args.users), duration_s=args.duration, burst_factor=args.burst_factor,
-        cancel_share=args.cancel_share, think_time_s=args.think_time, max_tokens=args.max_tokens,
-        fixed_max_tokens=args.fixed_max_tokens, chat=not args.raw_prompts, token_timeout_s=args.token_timeout,
-        tokenizer_dir=args.tokenizer_dir)
+        http_url=args.http_url,
+        grpc_url=args.grpc_url,
+        openai_url=args.openai_url,
+        model=args.model,
+        shape=args.shape,
+        users=args.users,
+        spawn_rate=args.spawn_rate or float(args.users),
+        duration_s=args.duration,
+        burst_factor=args.burst_factor,
+        cancel_share=args.cancel_share,
+        think_time_s=args.think_time,
+        max_tokens=args.max_tokens,
+        fixed_max_tokens=args.fixed_max_tokens,
+        chat=not args.raw_prompts,
+        token_timeout_s=args.token_timeout,
+        tokenizer_dir=args.tokenizer_dir,
+    )
     if args.dataset:
         settings_kwargs["dataset"] = args.dataset
-    return run(LoadSettings(**settings_kwargs), user_classes(args.user_types, args.burst_silence), args.out,
-               _slos(args), args.stop_timeout)
+    return run(
+        LoadSettings(**settings_kwargs),
+        user_classes(args.user_types, args.burst_silence),
+        args.out,
+        _slos(args),
+        args.stop_timeout,
+    )

@@ -3,6 +3,7 @@
 LLM traffic is long-tailed: most prompts are short, a few are long, and output
 lengths follow a log-normal. The dataset is JSONL: {"prompt": ..., "lang": ...}.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,9 @@ class Prompt:
 
 
 class PromptDataset:
-    def __init__(self, prompts: list[dict[str, str]], max_tokens: int, fixed_max_tokens: bool = False,
-                 seed: int | None = None) -> None:
+    def __init__(
+        self, prompts: list[dict[str, str]], max_tokens: int, fixed_max_tokens: bool = False, seed: int | None = None
+    ) -> None:
         if not prompts:
             raise ValueError("the prompt dataset is empty")
         self._buckets: list[tuple[list[dict[str, str]], float]] = []
@@ -37,8 +39,9 @@ class PromptDataset:
         self._rng = random.Random(seed)
 
     @classmethod
-    def from_jsonl(cls, path: str | Path, max_tokens: int, fixed_max_tokens: bool = False,
-                   seed: int | None = None) -> PromptDataset:
+    def from_jsonl(
+        cls, path: str | Path, max_tokens: int, fixed_max_tokens: bool = False, seed: int | None = None
+    ) -> PromptDataset:
         prompts = []
         for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
             if not line.strip():

@@ -3,6 +3,7 @@
 Settings come from LOADTEST_* environment variables (see settings.py); the
 `python -m loadtest run` command sets them and runs Locust headless.
 """
+
 import grpc.experimental.gevent as grpc_gevent
 
 # gRPC's own threads must yield to gevent, or a streaming call blocks every user.

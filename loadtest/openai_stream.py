@@ -5,6 +5,7 @@ rather than the `openai` SDK, so that timings are the wire's own.
 Chat prompts go to `/v1/chat/completions`, raw ones to `/v1/completions`. An
 abandoned stream is simply closed: the gateway stops the engine request when
 its caller hangs up, so no `stop` (nor any request key) is needed here."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,12 @@ REQUEST_TYPE = "OpenAI"
 
 def openai_body(request: StreamRequest) -> tuple[str, dict[str, Any]]:
     """(path under the base URL, JSON body)."""
-    body: dict[str, Any] = {"model": request.model, "max_tokens": request.max_tokens, "stream": True,
-                            "stream_options": {"include_usage": True}}
+    body: dict[str, Any] = {
+        "model": request.model,
+        "max_tokens": request.max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if request.ignore_eos:
         body["ignore_eos"] = True
     if request.chat:
@@ -49,9 +54,14 @@ def run_openai(http: httpx.Client, request: StreamRequest, token_timeout_s: floa
     path, body = openai_body(request)
     try:
         # a path relative to the client's base URL (httpx keeps its /v1)
-        with connect_sse(http, "POST", path, json=body,
-                         headers={"x-request-id": request.request_id},
-                         timeout=httpx.Timeout(10.0, read=token_timeout_s)) as source:
+        with connect_sse(
+            http,
+            "POST",
+            path,
+            json=body,
+            headers={"x-request-id": request.request_id},
+            timeout=httpx.Timeout(10.0, read=token_timeout_s),
+        ) as source:
             if source.response.status_code != 200:
                 outcome.error = f"HTTP {source.response.status_code}: {_error_text(source.response)}"
                 return outcome

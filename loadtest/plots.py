@@ -1,4 +1,5 @@
 """PNG plots of a run: TTFT and ITL distributions, throughput and users over time."""
+
 from __future__ import annotations
 
 import csv
@@ -57,8 +58,9 @@ def token_times_unix_s(sample: dict[str, Any]) -> list[float]:
     return times
 
 
-def streamed_token_rate(samples: list[dict[str, Any]], start_unix_s: float,
-                        bin_s: float = 2.0) -> dict[str, dict[int, float]]:
+def streamed_token_rate(
+    samples: list[dict[str, Any]], start_unix_s: float, bin_s: float = 2.0
+) -> dict[str, dict[int, float]]:
     """Output tokens per second in `bin_s` windows, per request type: {type: {bin index: tokens/s}}."""
     rates: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
     for sample in samples:
@@ -78,8 +80,11 @@ def _over_time(samples: list[dict[str, Any]], history_csv: Path, out: Path, bin_
     users: list[tuple[int, int]] = []
     if history_csv.is_file():
         with open(history_csv, newline="", encoding="utf-8") as handle:
-            users = [(int(r["Timestamp"]), int(r["User Count"] or 0)) for r in csv.DictReader(handle)
-                     if r["Name"] == "Aggregated"]
+            users = [
+                (int(r["Timestamp"]), int(r["User Count"] or 0))
+                for r in csv.DictReader(handle)
+                if r["Name"] == "Aggregated"
+            ]
         start = users[0][0] if users else None
     ends = [s["end_unix_s"] for s in samples]
     start = start if start is not None else (min(ends) if ends else 0)
@@ -103,8 +108,9 @@ def _over_time(samples: list[dict[str, Any]], history_csv: Path, out: Path, bin_
     return out
 
 
-def write_plots(out_dir: str | Path, samples_name: str = "samples.jsonl",
-                history_name: str = "locust_stats_history.csv") -> list[Path]:
+def write_plots(
+    out_dir: str | Path, samples_name: str = "samples.jsonl", history_name: str = "locust_stats_history.csv"
+) -> list[Path]:
     out_dir = Path(out_dir)
     samples = read_samples(out_dir / samples_name)
     return [

@@ -4,6 +4,7 @@ Entries per request type ("SSE", "gRPC"): `ttft`, `itl` (one sample per gap),
 `tpot`, `e2e` (response_length = output tokens, so the CSV's average content
 size x count is the token total), `cancelled`. An error is a failed `e2e`.
 """
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,14 @@ def report_outcome(events: Any, outcome: StreamOutcome, counter: TokenCounter, s
     tpot = compute_tpot(outcome.e2e_s, outcome.ttft_s, output_tokens)
 
     def fire(name: str, seconds: float, length: int = 0, exception: Exception | None = None) -> None:
-        events.request.fire(request_type=kind, name=name, response_time=_ms(seconds), response_length=length,
-                            exception=exception, context={"request_id": outcome.request_id})
+        events.request.fire(
+            request_type=kind,
+            name=name,
+            response_time=_ms(seconds),
+            response_length=length,
+            exception=exception,
+            context={"request_id": outcome.request_id},
+        )
 
     if outcome.ttft_s is not None:
         fire("ttft", outcome.ttft_s)
@@ -69,12 +76,18 @@ def report_outcome(events: Any, outcome: StreamOutcome, counter: TokenCounter, s
             fire("tpot", tpot)
         fire("e2e", outcome.e2e_s, output_tokens)
     record = {
-        "type": kind, "request_id": outcome.request_id, "end_unix_s": time.time(),
+        "type": kind,
+        "request_id": outcome.request_id,
+        "end_unix_s": time.time(),
         "ttft_ms": None if outcome.ttft_s is None else _ms(outcome.ttft_s),
-        "itl_ms": [_ms(g) for g in outcome.itl_s], "tpot_ms": None if tpot is None else _ms(tpot),
-        "e2e_ms": _ms(outcome.e2e_s), "output_tokens": output_tokens, "responses_with_tokens":
-        len(outcome.token_times_s), "server_output_tokens": outcome.server_output_tokens,
-        "finish_reason": outcome.finish_reason, "cancelled": outcome.cancelled,
+        "itl_ms": [_ms(g) for g in outcome.itl_s],
+        "tpot_ms": None if tpot is None else _ms(tpot),
+        "e2e_ms": _ms(outcome.e2e_s),
+        "output_tokens": output_tokens,
+        "responses_with_tokens": len(outcome.token_times_s),
+        "server_output_tokens": outcome.server_output_tokens,
+        "finish_reason": outcome.finish_reason,
+        "cancelled": outcome.cancelled,
         "error": outcome.error,
     }
     samples.write(record)

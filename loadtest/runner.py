@@ -1,5 +1,6 @@
 """`python -m loadtest run`: Locust headless, then CSV + HTML + PNG + a summary
 table, and an exit status that says whether the SLOs were met."""
+
 from __future__ import annotations
 
 import json
@@ -23,13 +24,30 @@ EXIT_OK, EXIT_SLO_MISSED, EXIT_LOCUST_FAILED = 0, 1, 2
 
 
 def locust_command(out_dir: Path, user_classes: list[str], stop_timeout_s: float) -> list[str]:
-    return [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--only-summary",
-            "--csv", str(out_dir / CSV_PREFIX), "--csv-full-history", "--html", str(out_dir / "report.html"),
-            "--stop-timeout", f"{stop_timeout_s:g}", "--loglevel", "WARNING", *user_classes]
+    return [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(LOCUSTFILE),
+        "--headless",
+        "--only-summary",
+        "--csv",
+        str(out_dir / CSV_PREFIX),
+        "--csv-full-history",
+        "--html",
+        str(out_dir / "report.html"),
+        "--stop-timeout",
+        f"{stop_timeout_s:g}",
+        "--loglevel",
+        "WARNING",
+        *user_classes,
+    ]
 
 
-def run(settings: LoadSettings, user_classes: list[str], out_dir: str | Path, slos: SloSpec,
-        stop_timeout_s: float = 30.0) -> int:
+def run(
+    settings: LoadSettings, user_classes: list[str], out_dir: str | Path, slos: SloSpec, stop_timeout_s: float = 30.0
+) -> int:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     samples = out / "samples.jsonl"
@@ -41,9 +59,18 @@ def run(settings: LoadSettings, user_classes: list[str], out_dir: str | Path, sl
     started = time.monotonic()
     completed = subprocess.run(locust_command(out, user_classes, stop_timeout_s), env=env, check=False)
     wall_s = time.monotonic() - started
-    (out / "run.json").write_text(json.dumps({"settings": asdict(settings), "user_classes": user_classes,
-                                              "wall_s": wall_s, "locust_exit_code": completed.returncode},
-                                             indent=2), encoding="utf-8")
+    (out / "run.json").write_text(
+        json.dumps(
+            {
+                "settings": asdict(settings),
+                "user_classes": user_classes,
+                "wall_s": wall_s,
+                "locust_exit_code": completed.returncode,
+            },
+            indent=2,
+        ),
+        encoding="utf-8",
+    )
     return report(out, slos, locust_exit_code=completed.returncode)
 
 
@@ -61,8 +88,15 @@ def report(out_dir: str | Path, slos: SloSpec, locust_exit_code: int = 0) -> int
     render(summaries, checks)
     for path in write_plots(out):
         print(f"wrote {path}")
-    (out / "summary.json").write_text(json.dumps({
-        "duration_s": duration,
-        "types": [{**asdict(s), "error_rate": s.error_rate} for s in summaries],
-        "slo_checks": [asdict(c) for c in checks]}, indent=2), encoding="utf-8")
+    (out / "summary.json").write_text(
+        json.dumps(
+            {
+                "duration_s": duration,
+                "types": [{**asdict(s), "error_rate": s.error_rate} for s in summaries],
+                "slo_checks": [asdict(c) for c in checks],
+            },
+            indent=2,
+        ),
+        encoding="utf-8",
+    )
     return EXIT_OK if all(c.ok for c in checks) else EXIT_SLO_MISSED

@@ -1,5 +1,6 @@
 """Load-test settings. The runner passes them to the Locust process through
 environment variables (Locust imports the locustfile in its own process)."""
+
 from __future__ import annotations
 
 import os
@@ -16,7 +17,7 @@ DEFAULT_DATASET = Path(__file__).parent / "data" / "prompts.jsonl"
 class LoadSettings:
     http_url: str = "http://127.0.0.1:8000"
     grpc_url: str = "127.0.0.1:8001"
-    openai_url: str = "http://127.0.0.1:9000/v1"   # the gateway's OpenAI API (OpenAIUser)
+    openai_url: str = "http://127.0.0.1:9000/v1"  # the gateway's OpenAI API (OpenAIUser)
     # the gateway API key; "" = $OPENAI_API_KEY (kept out of LOADTEST_* and the report)
     api_key_env: str = "OPENAI_API_KEY"
     model: str = "ensemble"
@@ -24,19 +25,19 @@ class LoadSettings:
     users: int = 4
     spawn_rate: float = 4.0
     duration_s: float = 60.0
-    burst_factor: float = 10.0        # the spike is this many times the base user count
-    cancel_share: float = 0.0         # share of streams a user abandons mid-way
-    think_time_s: float = 0.5         # mean pause between a user's requests
-    max_tokens: int = 64              # upper end of the long-tailed output length
-    fixed_max_tokens: bool = False    # every request asks for exactly max_tokens
+    burst_factor: float = 10.0  # the spike is this many times the base user count
+    cancel_share: float = 0.0  # share of streams a user abandons mid-way
+    think_time_s: float = 0.5  # mean pause between a user's requests
+    max_tokens: int = 64  # upper end of the long-tailed output length
+    fixed_max_tokens: bool = False  # every request asks for exactly max_tokens
     # The dataset holds questions for a chat model: sent as raw text, an
     # instruct model often answers with EOS at once, and the run measures nothing.
     chat: bool = True
     token_timeout_s: float = 30.0
     first_token_timeout_s: float = 120.0
     dataset: str = str(DEFAULT_DATASET)
-    tokenizer_dir: str = ""           # "" = the default model's folder
-    samples_path: str = ""            # per-stream JSONL written for plots; "" = none
+    tokenizer_dir: str = ""  # "" = the default model's folder
+    samples_path: str = ""  # per-stream JSONL written for plots; "" = none
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -1,4 +1,5 @@
 """Load shapes: how many users run at each moment of a test."""
+
 from __future__ import annotations
 
 import math

@@ -4,6 +4,7 @@ Inside Locust everything must cooperate with gevent: SSE uses httpx's sync
 client, gRPC the sync `tritonclient.grpc` streaming API (after
 `grpc.experimental.gevent.init_gevent()`), never asyncio.
 """
+
 from __future__ import annotations
 
 import json
@@ -79,8 +80,13 @@ class StreamRequest:
 
     def values(self) -> dict[str, Any]:
         messages = [{"role": "user", "content": self.prompt}] if self.chat else None
-        options = GenerationOptions(max_tokens=self.max_tokens, ignore_eos=self.ignore_eos or None,
-                                    request_id=self.request_id, messages=messages, request_key=self.request_key)
+        options = GenerationOptions(
+            max_tokens=self.max_tokens,
+            ignore_eos=self.ignore_eos or None,
+            request_id=self.request_id,
+            messages=messages,
+            request_key=self.request_key,
+        )
         return input_values("" if self.chat else self.prompt, options, stream=True)
 
     @property
@@ -95,8 +101,15 @@ def new_stream_request(settings: LoadSettings, prompt: Prompt, rng: random.Rando
     cancel_after = None
     if rng.random() < settings.cancel_share:
         cancel_after = rng.randint(1, max(1, prompt.max_tokens // 2))
-    return StreamRequest(settings.model, prompt.text, prompt.max_tokens, uuid.uuid4().hex, cancel_after,
-                         chat=settings.chat, request_key=mint_request_key())
+    return StreamRequest(
+        settings.model,
+        prompt.text,
+        prompt.max_tokens,
+        uuid.uuid4().hex,
+        cancel_after,
+        chat=settings.chat,
+        request_key=mint_request_key(),
+    )
 
 
 def _on_event(outcome: StreamOutcome, outputs: dict[str, Any], at: float) -> None:
@@ -114,8 +127,13 @@ def run_sse(http: httpx.Client, request: StreamRequest, token_timeout_s: float) 
     outcome = StreamOutcome("SSE", request.request_id, sent_s=time.perf_counter())
     body = generate_body(request.values(), request.request_id)
     try:
-        with connect_sse(http, "POST", f"/v2/models/{request.model}/generate_stream", json=body,
-                         timeout=httpx.Timeout(10.0, read=token_timeout_s)) as source:
+        with connect_sse(
+            http,
+            "POST",
+            f"/v2/models/{request.model}/generate_stream",
+            json=body,
+            timeout=httpx.Timeout(10.0, read=token_timeout_s),
+        ) as source:
             if source.response.status_code != 200:
                 outcome.error = f"HTTP {source.response.status_code}: {error_message(source.response.read())}"
             else:
@@ -140,8 +158,11 @@ def run_sse(http: httpx.Client, request: StreamRequest, token_timeout_s: float) 
 
 
 def _should_cancel(outcome: StreamOutcome, request: StreamRequest) -> bool:
-    return (request.cancel_after_tokens is not None and outcome.finish_reason is None
-            and len(outcome.token_times_s) >= request.cancel_after_tokens)
+    return (
+        request.cancel_after_tokens is not None
+        and outcome.finish_reason is None
+        and len(outcome.token_times_s) >= request.cancel_after_tokens
+    )
 
 
 def _sse_stop(http: httpx.Client, request: StreamRequest) -> None:
@@ -158,8 +179,12 @@ def run_grpc(grpc_client: Any, request: StreamRequest, token_timeout_s: float) -
     responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
     grpc_client.start_stream(callback=lambda result, error: responses.put((result, error)))
     try:
-        grpc_client.async_stream_infer(request.model, build_inputs(grpc_tensors(request.values())),
-                                       request_id=request.request_id, enable_empty_final_response=True)
+        grpc_client.async_stream_infer(
+            request.model,
+            build_inputs(grpc_tensors(request.values())),
+            request_id=request.request_id,
+            enable_empty_final_response=True,
+        )
         while True:
             try:
                 result, error = responses.get(timeout=token_timeout_s)
@@ -190,8 +215,9 @@ def _grpc_stop(grpc_client: Any, request: StreamRequest) -> None:
     tensors = [(name, datatype, array) for name, (datatype, array) in stop_values(request.request_key).items()]
     grpc_client.start_stream(callback=lambda result, error: answered.put(error))
     try:
-        grpc_client.async_stream_infer(STOP_MODEL, build_inputs(tensors), request_id=request.request_id,
-                                       enable_empty_final_response=True)
+        grpc_client.async_stream_infer(
+            STOP_MODEL, build_inputs(tensors), request_id=request.request_id, enable_empty_final_response=True
+        )
         answered.get(timeout=5.0)
     except Exception:
         pass  # best effort, as above

@@ -1,5 +1,6 @@
 """Output tokens counted by re-tokenizing the returned text, as genai-perf does,
 so every server (and both transports) is measured by the same ruler."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,6 +16,7 @@ class TokenCounter:
     def from_model_dir(cls, model_dir: str | Path | None = None) -> TokenCounter:
         if not model_dir:
             from serving.default_model import resolve_model_dir
+
             model_dir = resolve_model_dir()
         path = Path(model_dir) / "tokenizer.json"
         if not path.is_file():

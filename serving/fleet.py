@@ -11,6 +11,7 @@ rendered config shows). A single replica keeps today's layout and settings.
 The replicas start in parallel; a failed one, or a stop asked for meanwhile,
 stops them all (none is left behind, whatever point its start had reached).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,7 +30,7 @@ from pathlib import Path
 from .launcher import LaunchOptions, TritonServer, TritonStartError
 from .triton_binary import TritonSetupError
 
-PORT_STRIDE = 10            # replica i: base port + 10·i (interface.md)
+PORT_STRIDE = 10  # replica i: base port + 10·i (interface.md)
 _ABORT_KILL_AFTER_S = 15.0  # a replica told to stop mid-start gets this long before SIGKILL
 # ... and SIGINT again this often meanwhile: tritonserver sets its handler
 # only once its models are loaded, and until then a SIGINT is lost where the
@@ -73,8 +74,10 @@ def replica_ports(base: Ports, count: int) -> list[Ports]:
             if not 1 <= port <= 65535:
                 raise ValueError(f"{where} port {port} is out of range (base ports + {PORT_STRIDE}·i)")
             if port in owners:
-                raise ValueError(f"{where} port {port} is also {owners[port]}'s: replica i uses the base ports "
-                                 f"+ {PORT_STRIDE}·i, so the base ports must lie within {PORT_STRIDE} of each other")
+                raise ValueError(
+                    f"{where} port {port} is also {owners[port]}'s: replica i uses the base ports "
+                    f"+ {PORT_STRIDE}·i, so the base ports must lie within {PORT_STRIDE} of each other"
+                )
             owners[port] = where
     return layout
 
@@ -84,7 +87,7 @@ def usable_cores() -> int:
     cpuset allows), not the machine's count."""
     try:
         return len(os.sched_getaffinity(0))
-    except AttributeError:      # not on Linux
+    except AttributeError:  # not on Linux
         return os.cpu_count() or 1
 
 
@@ -119,6 +122,7 @@ def free_base_ports(count: int, attempts: int = 200) -> Ports:
 class ReplicaProcess:
     """One replica's tritonserver (not the gateway's routing view of a replica,
     gateway/fleet/replica.py)."""
+
     name: str
     server: TritonServer
 
@@ -136,14 +140,20 @@ def plan_replicas(options: LaunchOptions, count: int, cores: int | None = None) 
     if count == 1:
         return [ReplicaProcess(replica_name(0), TritonServer(options))]
     settings = options.settings
-    if settings.engine.num_threads <= 0:      # 0 = "torch's default": the whole machine, in every replica
+    if settings.engine.num_threads <= 0:  # 0 = "torch's default": the whole machine, in every replica
         settings = settings.replace(**{"engine.num_threads": thread_budget(count, cores or usable_cores())})
     replicas = []
     for i, ports in enumerate(layout):
         name = replica_name(i)
         replica_options = dataclasses.replace(
-            options, settings=settings, http_port=ports.http, grpc_port=ports.grpc, metrics_port=ports.metrics,
-            work_dir=options.work_dir / "replicas" / name, log_file=_replica_log(options.log_file, name))
+            options,
+            settings=settings,
+            http_port=ports.http,
+            grpc_port=ports.grpc,
+            metrics_port=ports.metrics,
+            work_dir=options.work_dir / "replicas" / name,
+            log_file=_replica_log(options.log_file, name),
+        )
         replicas.append(ReplicaProcess(name, TritonServer(replica_options)))
     return replicas
 
@@ -156,8 +166,10 @@ def gateway_replicas(replicas: list[ReplicaProcess]) -> dict[str, dict[str, str]
 def gateway_assignments(replicas: list[ReplicaProcess], golden_file: Path | None) -> list[str]:
     """The `--set` assignments that point a gateway at the fleet. The single
     upstream stays replica 0, for a gateway that does not route (yet)."""
-    assignments = [f"gateway.fleet.upstream_grpc_url={replicas[0].server.grpc_url}",
-                   f"gateway.fleet.replicas={json.dumps(gateway_replicas(replicas), separators=(',', ':'))}"]
+    assignments = [
+        f"gateway.fleet.upstream_grpc_url={replicas[0].server.grpc_url}",
+        f"gateway.fleet.replicas={json.dumps(gateway_replicas(replicas), separators=(',', ':'))}",
+    ]
     if golden_file is not None:
         assignments.append(f"gateway.fleet.probe_golden_file={golden_file}")
     return assignments
@@ -175,8 +187,9 @@ class ReplicaProcesses:
     def servers(self) -> list[TritonServer]:
         return [r.server for r in self.replicas]
 
-    def start(self, stop: threading.Event,
-              on_ready: Callable[[ReplicaProcess, float], None] = lambda r, s: None) -> None:
+    def start(
+        self, stop: threading.Event, on_ready: Callable[[ReplicaProcess, float], None] = lambda r, s: None
+    ) -> None:
         """Start every replica at once and wait for all to be ready. A replica
         that fails, or `stop` set meanwhile, stops them all: FleetStartError
         (naming the failed replicas), or InterruptedError for a stop."""
@@ -187,19 +200,18 @@ class ReplicaProcesses:
         def run(replica: ReplicaProcess) -> None:
             try:
                 replica.server.start()
-            except BaseException as exc:        # reported below, by name
+            except BaseException as exc:  # reported below, by name
                 with lock:
                     errors[replica.name] = exc
                 return
             on_ready(replica, time.monotonic() - t0)
 
-        threads = [threading.Thread(target=run, args=(r,), name=f"start-{r.name}", daemon=True)
-                   for r in self.replicas]
+        threads = [threading.Thread(target=run, args=(r,), name=f"start-{r.name}", daemon=True) for r in self.replicas]
         for thread in threads:
             thread.start()
         aborting_since: float | None = None
-        causes: dict[str, BaseException] = {}     # the failures that made the others stop, not their echoes
-        signalled: dict[int, float] = {}          # pid -> when it was last sent SIGINT
+        causes: dict[str, BaseException] = {}  # the failures that made the others stop, not their echoes
+        signalled: dict[int, float] = {}  # pid -> when it was last sent SIGINT
         while any(t.is_alive() for t in threads):
             if aborting_since is None and (stop.is_set() or errors):
                 aborting_since = time.monotonic()
@@ -209,11 +221,11 @@ class ReplicaProcesses:
                 self._abort_starting(signalled, time.monotonic() - aborting_since > _ABORT_KILL_AFTER_S)
             for thread in threads:
                 thread.join(0.1)
-        if aborting_since is None and errors:      # failed as the last thread ended
+        if aborting_since is None and errors:  # failed as the last thread ended
             causes = dict(errors)
         if causes or stop.is_set():
-            self.stop()         # the ones that did become ready
-            if len(self.replicas) == 1:      # one server: its own message, as before fleets
+            self.stop()  # the ones that did become ready
+            if len(self.replicas) == 1:  # one server: its own message, as before fleets
                 raise FleetStartError(_message(next(iter(causes.values()))))
             if causes:
                 raise FleetStartError("\n".join(f"replica {name}: {_message(exc)}" for name, exc in causes.items()))
@@ -275,6 +287,18 @@ def _message(exc: BaseException) -> str:
     return repr(exc)
 
 
-__all__ = ["FleetStartError", "PORT_STRIDE", "Ports", "ReplicaProcess", "ReplicaProcesses", "free_base_ports",
-           "gateway_assignments", "gateway_replicas", "plan_replicas", "replica_name", "replica_ports", "thread_budget",
-           "usable_cores"]
+__all__ = [
+    "FleetStartError",
+    "PORT_STRIDE",
+    "Ports",
+    "ReplicaProcess",
+    "ReplicaProcesses",
+    "free_base_ports",
+    "gateway_assignments",
+    "gateway_replicas",
+    "plan_replicas",
+    "replica_name",
+    "replica_ports",
+    "thread_budget",
+    "usable_cores",
+]

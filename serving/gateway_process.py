@@ -1,6 +1,7 @@
 """Running `python -m gateway serve` as a child process: what `python -m
 serving serve` and the end-to-end tests use (its own interpreter, so a
 gateway crash never takes Triton down, and Ctrl-C reaches both)."""
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,15 @@ def _free_port() -> int:
 
 
 class GatewayProcess:
-    def __init__(self, assignments: list[str], log_path: Path, *, port: int, settings_file: str | None = None,
-                 probe_host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        assignments: list[str],
+        log_path: Path,
+        *,
+        port: int,
+        settings_file: str | None = None,
+        probe_host: str = "127.0.0.1",
+    ) -> None:
         """`port`: the gateway.port the child will listen on, for the health probe.
         Its ops port (/metrics, /admin/*; `ops_url`, None when 0: off) is the last
         `gateway.ops_port=` of `assignments` (a settings file or the environment is
@@ -66,14 +74,19 @@ class GatewayProcess:
         with open(self.log_path, "ab") as log:
             # its own process group: a terminal's Ctrl-C goes to the parent, which stops it in order;
             # killed with its parent, however that dies (children.py)
-            self.process = spawn(self.command(), signal.SIGKILL, stdout=log, stderr=subprocess.STDOUT,
-                                 cwd=Path(__file__).resolve().parent.parent, start_new_session=True,
-                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            self.process = spawn(
+                self.command(),
+                signal.SIGKILL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=Path(__file__).resolve().parent.parent,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
         deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise GatewayStartError(f"the gateway exited with code {self.process.returncode}; "
-                                        f"see {self.log_path}")
+                raise GatewayStartError(f"the gateway exited with code {self.process.returncode}; see {self.log_path}")
             try:
                 with urllib.request.urlopen(self.health_url, timeout=1) as response:
                     if response.status == 200:

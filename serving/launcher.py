@@ -1,6 +1,7 @@
 """Starts the official tritonserver on the rendered model repository, waits for
 readiness, and stops it cleanly. Used by `make serve`, the tests and the
 benchmark alike."""
+
 from __future__ import annotations
 
 import ipaddress
@@ -86,7 +87,7 @@ def is_loopback(address: str) -> bool:
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
-        return False    # a host name or garbage: assume it reaches the network
+        return False  # a host name or garbage: assume it reaches the network
     mapped = getattr(ip, "ipv4_mapped", None)
     return (mapped or ip).is_loopback
 
@@ -95,9 +96,11 @@ def exposure_warning(address: str) -> str | None:
     """The warning for a Triton front that other machines can reach, or None."""
     if is_loopback(address):
         return None
-    return (f"tritonserver listens on {address or '0.0.0.0'}, beyond loopback: its own HTTP/gRPC front can be "
-            f"crashed by single malformed requests and its admin APIs only check a shared key, so it must sit "
-            f"behind the gateway or on a trusted private network")
+    return (
+        f"tritonserver listens on {address or '0.0.0.0'}, beyond loopback: its own HTTP/gRPC front can be "
+        f"crashed by single malformed requests and its admin APIs only check a shared key, so it must sit "
+        f"behind the gateway or on a trusted private network"
+    )
 
 
 def new_admin_key() -> str:
@@ -119,7 +122,7 @@ def write_admin_key(path: Path, key: str) -> None:
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as handle:
-        os.fchmod(fd, 0o600)    # exactly 0600 whatever the umask (it can only narrow the mode)
+        os.fchmod(fd, 0o600)  # exactly 0600 whatever the umask (it can only narrow the mode)
         handle.write(f"{key}\n")
     os.replace(tmp, path)
 
@@ -143,11 +146,11 @@ class LaunchOptions:
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
-    address: str = DEFAULT_ADDRESS        # HTTP, gRPC and metrics alike
-    admin_key: str | None = None          # None: a fresh random key at every start
+    address: str = DEFAULT_ADDRESS  # HTTP, gRPC and metrics alike
+    admin_key: str | None = None  # None: a fresh random key at every start
     work_dir: Path = BUILD_DIR
-    repository_source: Path = REPO_ROOT / "model_repository"   # templates + model.py files
-    log_file: Path | None = None          # default: <work_dir>/tritonserver.log
+    repository_source: Path = REPO_ROOT / "model_repository"  # templates + model.py files
+    log_file: Path | None = None  # default: <work_dir>/tritonserver.log
     ready_timeout_s: float = 600.0
     log_verbose: int = 0
     extra_args: list[str] = field(default_factory=list)
@@ -226,11 +229,18 @@ class TritonServer:
             str(find_triton().binary),
             f"--model-repository={repository}",
             f"--backend-directory={backends}",
-            f"--http-port={o.http_port}", f"--grpc-port={o.grpc_port}", f"--metrics-port={o.metrics_port}",
+            f"--http-port={o.http_port}",
+            f"--grpc-port={o.grpc_port}",
+            f"--metrics-port={o.metrics_port}",
             # metrics follows --http-address by default in 2.51; said explicitly so it never drifts
-            f"--http-address={o.address}", f"--grpc-address={o.address}", f"--metrics-address={o.address}",
-            f"--http-restricted-api={restricted}", f"--grpc-restricted-protocol={restricted}",
-            "--allow-metrics=true", "--allow-cpu-metrics=true", "--metrics-interval-ms=1000",
+            f"--http-address={o.address}",
+            f"--grpc-address={o.address}",
+            f"--metrics-address={o.address}",
+            f"--http-restricted-api={restricted}",
+            f"--grpc-restricted-protocol={restricted}",
+            "--allow-metrics=true",
+            "--allow-cpu-metrics=true",
+            "--metrics-interval-ms=1000",
             f"--log-verbose={o.log_verbose}",
             # Triton 2.51 counts an ensemble request cancelled mid-generation as in
             # flight forever, and waits this long for it at exit (default 30 s)
@@ -251,7 +261,7 @@ class TritonServer:
         repository = render_repository(o.settings, o.work_dir / "model_repository", source=o.repository_source)
         backends = prepare_backends(find_triton(), o.work_dir / "backends")
         env = os.environ.copy()
-        env.pop(ADMIN_KEY_ENV, None)    # the model code has no use for it
+        env.pop(ADMIN_KEY_ENV, None)  # the model code has no use for it
         # The stub embeds CPython and ignores PYTHONPATH; it finds the venv's
         # site-packages through the first python on PATH.
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -264,13 +274,26 @@ class TritonServer:
         self._log_handle = open(self.log_path, "ab" if self.starts else "wb")
         self.starts += 1
         cmd = self.command(repository, backends)
-        log.info("starting tritonserver", extra={"log": str(self.log_path), "http_port": o.http_port,
-                                                 "allocator": str(allocator) if allocator else "system"})
+        log.info(
+            "starting tritonserver",
+            extra={
+                "log": str(self.log_path),
+                "http_port": o.http_port,
+                "allocator": str(allocator) if allocator else "system",
+            },
+        )
         # under serving.reaper, which removes its shm segments however it ends;
         # SIGTERM to the reaper when the launcher dies: the same stop as ours
         reaper = [sys.executable, "-m", "serving.reaper", ",".join(self.shm_files), str(self.stop_timeout_s), "--"]
-        self.process = spawn([*reaper, *cmd], signal.SIGTERM, env=env, stdout=self._log_handle,
-                             stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO_ROOT)
+        self.process = spawn(
+            [*reaper, *cmd],
+            signal.SIGTERM,
+            env=env,
+            stdout=self._log_handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=REPO_ROOT,
+        )
         try:
             self.wait_ready(o.ready_timeout_s)
         except BaseException:
@@ -290,7 +313,8 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise TritonStartError(
-                    self._failure_message(f"tritonserver exited with code {self.process.returncode}"))
+                    self._failure_message(f"tritonserver exited with code {self.process.returncode}")
+                )
             if self.is_ready():
                 return
             fatal = [line for line in self.read_log().splitlines() if any(f in line for f in _FATAL)]
@@ -302,8 +326,9 @@ class TritonServer:
 
     def _failure_message(self, headline: str) -> str:
         lines = self.read_log().splitlines()
-        errors = [m.group(1) for line in lines
-                  if (m := _ERROR_LINE.match(line)) and not any(h in line for h in _HARMLESS)]
+        errors = [
+            m.group(1) for line in lines if (m := _ERROR_LINE.match(line)) and not any(h in line for h in _HARMLESS)
+        ]
         hints = [line for line in lines if any(f in line for f in _FATAL) or "Error:" in line]
         first = errors[0] if errors else (hints[0] if hints else "(no error line in the log)")
         tail = "\n".join(lines[-25:])
@@ -331,16 +356,24 @@ class TritonServer:
         found = find_leftovers(str((self.options.work_dir / "model_repository").resolve()))
         busy = [pid for pid in found.in_use if "tritonserver" in Path(f"/proc/{pid}/comm").read_text(errors="replace")]
         if busy:
-            raise TritonStartError(f"a tritonserver (pid {', '.join(map(str, busy))}) already serves "
-                                   f"{self.options.work_dir}, started by a launcher still running: stop it first")
+            raise TritonStartError(
+                f"a tritonserver (pid {', '.join(map(str, busy))}) already serves "
+                f"{self.options.work_dir}, started by a launcher still running: stop it first"
+            )
         if found.stale:
-            log.warning("an earlier tritonserver of %s outlived its launcher (pids %s): killing it",
-                        self.options.work_dir, ", ".join(map(str, found.stale)))
+            log.warning(
+                "an earlier tritonserver of %s outlived its launcher (pids %s): killing it",
+                self.options.work_dir,
+                ", ".join(map(str, found.stale)),
+            )
             kill_and_wait(found.stale)
         removed = remove_shm(*self.shm_files)
         if removed:
-            log.warning("removed %d shared-memory segments an earlier tritonserver of %s left in /dev/shm",
-                        len(removed), self.options.work_dir)
+            log.warning(
+                "removed %d shared-memory segments an earlier tritonserver of %s left in /dev/shm",
+                len(removed),
+                self.options.work_dir,
+            )
 
     def stop(self, timeout_s: float | None = None) -> int | None:
         """SIGINT (Triton's graceful exit: it waits server.exit_timeout_s for
@@ -357,8 +390,11 @@ class TritonServer:
                 try:
                     proc.wait(bound)
                 except subprocess.TimeoutExpired:
-                    log.warning("tritonserver (reaper %d) still running %.0f s after SIGINT: killed with its stubs",
-                                proc.pid, bound)
+                    log.warning(
+                        "tritonserver (reaper %d) still running %.0f s after SIGINT: killed with its stubs",
+                        proc.pid,
+                        bound,
+                    )
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
             code = proc.returncode
@@ -369,7 +405,7 @@ class TritonServer:
             except ProcessLookupError:
                 pass
             deadline = time.monotonic() + 10.0
-            while group_alive(proc.pid) and time.monotonic() < deadline:    # their maps go with them
+            while group_alive(proc.pid) and time.monotonic() < deadline:  # their maps go with them
                 time.sleep(0.05)
             removed = remove_shm(*self.shm_files)
             if removed:
@@ -386,6 +422,16 @@ class TritonServer:
         self.stop()
 
 
-__all__ = ["ADMIN_KEY_ENV", "ADMIN_KEY_GRPC_METADATA", "ADMIN_KEY_HEADER", "DEFAULT_ADDRESS", "RESTRICTED_APIS",
-           "LaunchOptions", "TritonServer", "TritonStartError", "TritonSetupError", "exposure_warning",
-           "is_loopback"]
+__all__ = [
+    "ADMIN_KEY_ENV",
+    "ADMIN_KEY_GRPC_METADATA",
+    "ADMIN_KEY_HEADER",
+    "DEFAULT_ADDRESS",
+    "RESTRICTED_APIS",
+    "LaunchOptions",
+    "TritonServer",
+    "TritonStartError",
+    "TritonSetupError",
+    "exposure_warning",
+    "is_loopback",
+]

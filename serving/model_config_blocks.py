@@ -3,6 +3,7 @@ the ensemble's wiring of them, rendered from `contract.public_tensors` so the
 list is written once (not in each of `ensemble`, `llm_bls` and `preprocessing`);
 and the tensorrt_llm variant's blocks (`trtllm_blocks`: TensorRT-LLM's backend
 model from serving/trtllm/engine_config.py, the thin step's own parameters)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,8 +27,9 @@ _INDENT = "  "
 
 def _tensor(spec: TensorSpec, optional: bool) -> str:
     dims = ", ".join(str(d) for d in spec.dims)
-    return (f'{{ name: "{spec.name}" data_type: {spec.data_type} dims: [ {dims} ]'
-            f'{" optional: true" if optional else ""} }}')
+    return (
+        f'{{ name: "{spec.name}" data_type: {spec.data_type} dims: [ {dims} ]{" optional: true" if optional else ""} }}'
+    )
 
 
 def tensor_list(specs: Iterable[TensorSpec], optional: bool) -> str:
@@ -57,8 +59,10 @@ def _string_value(value: object) -> str:
 
 def parameters_block(parameters: Mapping[str, object]) -> str:
     """A model's `parameters` entries (Triton passes them as strings)."""
-    return "\n".join(f'parameters: {{ key: "{key}" value: {{ string_value: "{_string_value(value)}" }} }}'
-                     for key, value in parameters.items())
+    return "\n".join(
+        f'parameters: {{ key: "{key}" value: {{ string_value: "{_string_value(value)}" }} }}'
+        for key, value in parameters.items()
+    )
 
 
 def config_blocks() -> dict[str, str]:
@@ -68,13 +72,15 @@ def config_blocks() -> dict[str, str]:
         "public_inputs": tensor_list(PUBLIC_INPUTS, optional=True),
         "public_outputs": tensor_list(PUBLIC_OUTPUTS, optional=False),
         "ensemble_public_outputs": tensor_list(
-            (dataclasses.replace(t, name=ensemble_output_name(t.name)) for t in PUBLIC_OUTPUTS), optional=False),
+            (dataclasses.replace(t, name=ensemble_output_name(t.name)) for t in PUBLIC_OUTPUTS), optional=False
+        ),
         # preprocessing sees every public input, so any request reaches the stage
         # that validates it (a request of only `temperature` would otherwise give
         # the preprocessing step no input at all, a Triton-internal error)
         "preprocessing_input_map": input_map((t.name, t.name) for t in PUBLIC_INPUTS),
         "postprocessing_output_map": output_map(
-            (postprocessing_output_name(t.name), ensemble_output_name(t.name)) for t in PUBLIC_OUTPUTS),
+            (postprocessing_output_name(t.name), ensemble_output_name(t.name)) for t in PUBLIC_OUTPUTS
+        ),
         "llm_public_input_map": input_map((t.llm_input, t.name) for t in PUBLIC_INPUTS if t.llm_input),
     }
 
@@ -91,8 +97,10 @@ def bridge_max_live_requests(engine: EngineConfig, bls_max_concurrent_requests: 
 def trtllm_blocks(engine: EngineConfig, server: ServerConfig, engine_dir: str | Path) -> dict[str, str]:
     """Placeholders of the tensorrt_llm variant's templates (`tensorrt_llm`,
     `tensorrt_llm_engine`)."""
-    bridge = {"engine_model_name": trtllm.ENGINE_MODEL_NAME,
-              "max_live_requests": bridge_max_live_requests(engine, server.bls_max_concurrent_requests)}
+    bridge = {
+        "engine_model_name": trtllm.ENGINE_MODEL_NAME,
+        "max_live_requests": bridge_max_live_requests(engine, server.bls_max_concurrent_requests),
+    }
     return {
         "trtllm_engine_inputs": ",\n".join(trtllm.tensor_line(t) for t in trtllm.ENGINE_INPUTS),
         "trtllm_engine_outputs": ",\n".join(trtllm.tensor_line(t) for t in trtllm.ENGINE_OUTPUTS),

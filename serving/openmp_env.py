@@ -9,6 +9,7 @@ kernel calls wait for its workers to wake: 16% of the offline workload's time
 (16.1 vs 18.7 s, docs/benchmarks.md). 30,000 spins (~1.4 ms) bridge the gaps
 inside a step and let the workers sleep soon after it.
 """
+
 from __future__ import annotations
 
 from collections.abc import MutableMapping
@@ -18,5 +19,5 @@ OPENMP_SPIN_COUNT = 30_000
 
 def apply_openmp_defaults(env: MutableMapping[str, str]) -> None:
     """Set what the caller's environment does not already choose."""
-    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")          # runtimes other than libgomp: no spinning
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # runtimes other than libgomp: no spinning
     env.setdefault("GOMP_SPINCOUNT", str(OPENMP_SPIN_COUNT))  # libgomp: this bound, even when passive

@@ -1,4 +1,5 @@
 """Where the project keeps what it builds and caches."""
+
 from __future__ import annotations
 
 import os

@@ -23,6 +23,7 @@ tokenizer files), the dtype or the probe request itself change; otherwise
 This module is the one source of truth for the probe's request: nothing else
 spells out the prompt or its settings.
 """
+
 from __future__ import annotations
 
 import gc
@@ -50,7 +51,7 @@ from .paths import BUILD_DIR
 # flip a token, while broken weights cannot keep all eight.
 PROBE_PROMPT = "1, 2, 3, 4, 5,"
 PROBE_MAX_TOKENS = 8
-PROBE_MODEL = "ensemble"               # the public entry point the probe goes through
+PROBE_MODEL = "ensemble"  # the public entry point the probe goes through
 # the format of the file; a change forces a recompute
 GOLDEN_VERSION = 1
 # files whose change changes the answer
@@ -72,7 +73,7 @@ class Golden:
     text: str
     model_dir: str
     weights_fingerprint: str
-    dtype: str                            # the engine's, as served: another dtype may pick other tokens
+    dtype: str  # the engine's, as served: another dtype may pick other tokens
     model: str = PROBE_MODEL
     temperature: float = 0.0
     ignore_eos: bool = True
@@ -83,8 +84,12 @@ class Golden:
     def request(self) -> dict[str, Any]:
         """The public inputs besides `text_input` (client.GenerationOptions field
         names): greedy, a fixed length, the ids returned for an exact comparison."""
-        return {"max_tokens": self.max_tokens, "temperature": self.temperature, "ignore_eos": self.ignore_eos,
-                "return_output_ids": True}
+        return {
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "ignore_eos": self.ignore_eos,
+            "return_output_ids": True,
+        }
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -107,8 +112,9 @@ def weights_fingerprint(model_dir: str | os.PathLike[str]) -> str:
     """Size and mtime of every file that decides the answer: cheap (no
     hashing of gigabytes) and changes whenever a file is rewritten."""
     folder = Path(model_dir).expanduser().resolve()
-    files = sorted(p for p in folder.iterdir()
-                   if p.is_file() and (p.suffix in _WEIGHT_SUFFIXES or p.name in _ANSWER_FILES))
+    files = sorted(
+        p for p in folder.iterdir() if p.is_file() and (p.suffix in _WEIGHT_SUFFIXES or p.name in _ANSWER_FILES)
+    )
     if not any(p.suffix in _WEIGHT_SUFFIXES for p in files):
         raise FileNotFoundError(f"{folder}: no weight files ({', '.join(_WEIGHT_SUFFIXES)})")
     digest = hashlib.sha256()
@@ -128,27 +134,39 @@ def load_golden(path: str | os.PathLike[str]) -> Golden:
     if not isinstance(data, dict):
         raise GoldenError(f"{path}: not a JSON object")
     try:
-        golden = Golden(prompt=str(data["prompt"]), max_tokens=int(data["max_tokens"]),
-                        output_ids=tuple(int(i) for i in data["output_ids"]), text=str(data["text"]),
-                        model_dir=str(data["model_dir"]), weights_fingerprint=str(data["weights_fingerprint"]),
-                        dtype=str(data["dtype"]), model=str(data.get("model", PROBE_MODEL)),
-                        temperature=float(data.get("temperature", 0.0)),
-                        ignore_eos=bool(data.get("ignore_eos", True)),
-                        num_input_tokens=int(data.get("num_input_tokens", 0)),
-                        version=int(data.get("version", 0)))
+        golden = Golden(
+            prompt=str(data["prompt"]),
+            max_tokens=int(data["max_tokens"]),
+            output_ids=tuple(int(i) for i in data["output_ids"]),
+            text=str(data["text"]),
+            model_dir=str(data["model_dir"]),
+            weights_fingerprint=str(data["weights_fingerprint"]),
+            dtype=str(data["dtype"]),
+            model=str(data.get("model", PROBE_MODEL)),
+            temperature=float(data.get("temperature", 0.0)),
+            ignore_eos=bool(data.get("ignore_eos", True)),
+            num_input_tokens=int(data.get("num_input_tokens", 0)),
+            version=int(data.get("version", 0)),
+        )
     except (KeyError, TypeError, ValueError) as exc:
         raise GoldenError(f"{path}: missing or malformed field {exc}") from None
     if not golden.prompt or golden.max_tokens < 1 or len(golden.output_ids) != golden.max_tokens:
-        raise GoldenError(f"{path}: expected {golden.max_tokens} output ids for a non-empty prompt, "
-                          f"got {len(golden.output_ids)}")
+        raise GoldenError(
+            f"{path}: expected {golden.max_tokens} output ids for a non-empty prompt, got {len(golden.output_ids)}"
+        )
     return golden
 
 
 def _is_current(golden: Golden, model_dir: Path, dtype: str) -> bool:
     prompt, max_tokens = probe_request()
-    return (golden.version == GOLDEN_VERSION and golden.prompt == prompt and golden.max_tokens == max_tokens
-            and golden.model_dir == str(model_dir) and golden.dtype == dtype
-            and golden.weights_fingerprint == weights_fingerprint(model_dir))
+    return (
+        golden.version == GOLDEN_VERSION
+        and golden.prompt == prompt
+        and golden.max_tokens == max_tokens
+        and golden.model_dir == str(model_dir)
+        and golden.dtype == dtype
+        and golden.weights_fingerprint == weights_fingerprint(model_dir)
+    )
 
 
 def _print(message: str) -> None:
@@ -160,8 +178,9 @@ def _served_dtype(served: EngineConfig | None, folder: Path) -> str:
     return (served or EngineConfig(model_dir=str(folder))).dtype
 
 
-def compute_golden(model_dir: str | os.PathLike[str], served: EngineConfig | None = None,
-                   progress: Progress = _print) -> Golden:
+def compute_golden(
+    model_dir: str | os.PathLike[str], served: EngineConfig | None = None, progress: Progress = _print
+) -> Golden:
     """Run the probe request through the engine offline, in this process,
     and turn its ids into text as the served path does (the same prompt
     builder before, the same output pipeline after). A few seconds on a CPU.
@@ -178,7 +197,7 @@ def compute_golden(model_dir: str | os.PathLike[str], served: EngineConfig | Non
     folder = Path(model_dir).expanduser().resolve()
     dtype = _served_dtype(served, folder)
     prompt, max_tokens = probe_request()
-    fingerprint = weights_fingerprint(folder)      # before loading: a file rewritten meanwhile reads as stale later
+    fingerprint = weights_fingerprint(folder)  # before loading: a file rewritten meanwhile reads as stale later
     info = load_tokenizer_info(folder)
     prompt_ids = PromptBuilder(info).build(prompt, None, max_tokens).input_ids
     t0 = time.monotonic()
@@ -186,26 +205,43 @@ def compute_golden(model_dir: str | os.PathLike[str], served: EngineConfig | Non
     # a KV cache for this one request only (the served default would allocate 16k tokens)
     block_size = EngineConfig(model_dir=str(folder)).block_size
     blocks = -(-(len(prompt_ids) + max_tokens) // block_size) + 1
-    engine = LLMEngine(EngineConfig(model_dir=str(folder), dtype=dtype,
-                                    max_tokens_in_paged_kv_cache=block_size * blocks, max_num_seqs=1,
-                                    max_num_batched_tokens=max(len(prompt_ids), 1), max_queue_size=0))
+    engine = LLMEngine(
+        EngineConfig(
+            model_dir=str(folder),
+            dtype=dtype,
+            max_tokens_in_paged_kv_cache=block_size * blocks,
+            max_num_seqs=1,
+            max_num_batched_tokens=max(len(prompt_ids), 1),
+            max_queue_size=0,
+        )
+    )
     progress(f"probe golden: model loaded in {time.monotonic() - t0:.1f} s; generating {max_tokens} tokens")
     try:
-        (result,) = engine.generate_results([(prompt_ids, SamplingParams(max_tokens=max_tokens, temperature=0.0,
-                                                                          ignore_eos=True))])
+        (result,) = engine.generate_results(
+            [(prompt_ids, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))]
+        )
     finally:
         del engine
-        gc.collect()      # the weights go now, not whenever the serving process next collects
+        gc.collect()  # the weights go now, not whenever the serving process next collects
     if result.error is not None or len(result.token_ids) != max_tokens:
-        raise RuntimeError(f"probe golden: the engine answered {len(result.token_ids)} of {max_tokens} tokens "
-                           f"({result.finish_reason}: {result.error})")
+        raise RuntimeError(
+            f"probe golden: the engine answered {len(result.token_ids)} of {max_tokens} tokens "
+            f"({result.finish_reason}: {result.error})"
+        )
     # token by token, as a streamed answer is detokenized
     pipeline = OutputPipeline(info.tokenizer)
     text = "".join(pipeline.push([token]).text for token in result.token_ids)
     text += pipeline.finish("length").text
-    return Golden(prompt=prompt, max_tokens=max_tokens, output_ids=tuple(result.token_ids), text=text,
-                  model_dir=str(folder), weights_fingerprint=fingerprint, dtype=dtype,
-                  num_input_tokens=len(prompt_ids))
+    return Golden(
+        prompt=prompt,
+        max_tokens=max_tokens,
+        output_ids=tuple(result.token_ids),
+        text=text,
+        model_dir=str(folder),
+        weights_fingerprint=fingerprint,
+        dtype=dtype,
+        num_input_tokens=len(prompt_ids),
+    )
 
 
 def write_golden(golden: Golden, path: Path) -> None:
@@ -216,8 +252,14 @@ def write_golden(golden: Golden, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def ensure_golden(model_dir: str | os.PathLike[str], served: EngineConfig | None = None, *,
-                  build_dir: Path | None = None, progress: Progress = _print, isolated: bool = False) -> Path:
+def ensure_golden(
+    model_dir: str | os.PathLike[str],
+    served: EngineConfig | None = None,
+    *,
+    build_dir: Path | None = None,
+    progress: Progress = _print,
+    isolated: bool = False,
+) -> Path:
     """The golden file of `model_dir` for the engine settings `served` (their
     dtype; None: the defaults), computed when missing or stale (weights, dtype
     or probe request changed); its path.
@@ -237,8 +279,9 @@ def ensure_golden(model_dir: str | os.PathLike[str], served: EngineConfig | None
             progress(f"probe golden: {exc}; recomputing")
     if isolated:
         # spawn, not fork: the caller may hold threads and signal handlers
-        child = multiprocessing.get_context("spawn").Process(target=_compute_and_write, args=(folder, served, path),
-                                                             name="probe-golden")
+        child = multiprocessing.get_context("spawn").Process(
+            target=_compute_and_write, args=(folder, served, path), name="probe-golden"
+        )
         child.start()
         child.join()
         if child.exitcode != 0:
@@ -252,10 +295,23 @@ def _compute_and_write(folder: Path, served: EngineConfig | None, path: Path, pr
     t0 = time.monotonic()
     golden = compute_golden(folder, served, progress)
     write_golden(golden, path)
-    progress(f"probe golden: {golden.text!r} ({len(golden.output_ids)} ids) written to {path} "
-             f"in {time.monotonic() - t0:.1f} s")
+    progress(
+        f"probe golden: {golden.text!r} ({len(golden.output_ids)} ids) written to {path} "
+        f"in {time.monotonic() - t0:.1f} s"
+    )
 
 
-__all__ = ["Golden", "GoldenError", "PROBE_MAX_TOKENS", "PROBE_MODEL", "PROBE_PROMPT",
-           "compute_golden", "ensure_golden", "golden_path", "load_golden", "probe_request", "weights_fingerprint",
-           "write_golden"]
+__all__ = [
+    "Golden",
+    "GoldenError",
+    "PROBE_MAX_TOKENS",
+    "PROBE_MODEL",
+    "PROBE_PROMPT",
+    "compute_golden",
+    "ensure_golden",
+    "golden_path",
+    "load_golden",
+    "probe_request",
+    "weights_fingerprint",
+    "write_golden",
+]

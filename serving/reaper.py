@@ -14,6 +14,7 @@ PREFIXES* (comma-separated), and exits as tritonserver did (its code, or its sig
 
 A SIGKILL to the whole group (a crash test's `kill -9`) takes the reaper
 too; the launcher, alive then, cleans up instead."""
+
 from __future__ import annotations
 
 import os
@@ -69,8 +70,8 @@ def run(prefixes: list[str], grace_s: float, command: list[str]) -> int:
     kill_and_wait(_group_members(os.getpgrp()))
     remove_shm(*prefixes)
     code = child.returncode
-    if code < 0:        # the same death, so the launcher names its cause
-        if -code not in (signal.SIGKILL, signal.SIGSTOP):     # those two take no handler
+    if code < 0:  # the same death, so the launcher names its cause
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # those two take no handler
             signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code

@@ -13,6 +13,7 @@ serving/trtllm/). Models of the other variant are not rendered, except
 `python_llm`, whose config is the engine settings' rendering (tools and tests
 read it); `python -m serving launch-trtllm` loads only its variant's models.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,8 +31,10 @@ TEMPLATE_NAME = "config.pbtxt.template"
 # repository reads the same to TensorRT-LLM's tools
 TRTLLM_CONSTANTS = {"gpt_model_type": "inflight_fused_batching", "batch_scheduler_policy": "max_utilization"}
 # server.llm_model_name -> the models of that variant's LLM step
-LLM_VARIANTS: dict[str, tuple[str, ...]] = {"python_llm": ("python_llm",),
-                                            "tensorrt_llm": ("tensorrt_llm", ENGINE_MODEL_NAME)}
+LLM_VARIANTS: dict[str, tuple[str, ...]] = {
+    "python_llm": ("python_llm",),
+    "tensorrt_llm": ("tensorrt_llm", ENGINE_MODEL_NAME),
+}
 TEXT_MODELS: tuple[str, ...] = ("preprocessing", "ensemble", "llm_bls", "postprocessing")
 # rendered in every variant (see the module's docstring)
 ALWAYS_RENDERED = frozenset({"python_llm"})
@@ -40,8 +43,9 @@ ALWAYS_RENDERED = frozenset({"python_llm"})
 def llm_variant(settings: DeploymentSettings) -> str:
     name = settings.server.llm_model_name
     if name not in LLM_VARIANTS:
-        raise ValueError(f"server.llm_model_name: {name!r} is not an LLM step of this repository; "
-                         f"one of {', '.join(LLM_VARIANTS)}")
+        raise ValueError(
+            f"server.llm_model_name: {name!r} is not an LLM step of this repository; one of {', '.join(LLM_VARIANTS)}"
+        )
     return name
 
 
@@ -66,9 +70,14 @@ def text_stage_parameters(settings: DeploymentSettings) -> dict[str, object]:
     """The text stages' `parameters`: their own section plus the engine and
     server values they must agree with (ensemble/stage_settings.py)."""
     engine, server = settings.engine, settings.server
-    return {"model_dir": engine.model_dir, "llm_model_name": server.llm_model_name,
-            "default_max_tokens": engine.default_max_tokens, "max_tokens_limit": engine.max_tokens_limit,
-            "max_model_len": engine.max_model_len, **dataclasses.asdict(settings.text)}
+    return {
+        "model_dir": engine.model_dir,
+        "llm_model_name": server.llm_model_name,
+        "default_max_tokens": engine.default_max_tokens,
+        "max_tokens_limit": engine.max_tokens_limit,
+        "max_model_len": engine.max_model_len,
+        **dataclasses.asdict(settings.text),
+    }
 
 
 def template_values(settings: DeploymentSettings, trtllm_engine_dir: str | Path | None = None) -> dict[str, str]:
@@ -83,9 +92,12 @@ def template_values(settings: DeploymentSettings, trtllm_engine_dir: str | Path 
     return values
 
 
-def render_repository(settings: DeploymentSettings, target: Path,
-                      source: Path = REPO_ROOT / "model_repository",
-                      trtllm_engine_dir: str | Path | None = None) -> Path:
+def render_repository(
+    settings: DeploymentSettings,
+    target: Path,
+    source: Path = REPO_ROOT / "model_repository",
+    trtllm_engine_dir: str | Path | None = None,
+) -> Path:
     """Copy `source` to `target`, rendering every config template of the
     variant `server.llm_model_name` picks."""
     values = template_values(settings, trtllm_engine_dir)

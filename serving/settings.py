@@ -16,6 +16,7 @@ them all (serving/settings_reference.py).
 The model repository's configs are rendered from the result
 (`serving/repository.py`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,11 +46,11 @@ class SettingsError(ValueError):
 
 @dataclass
 class ServerConfig:
-    max_batch_size: int = 64                 # every model's max_batch_size (TensorRT-LLM's convention)
+    max_batch_size: int = 64  # every model's max_batch_size (TensorRT-LLM's convention)
     # the LLM step the ensemble, llm_bls and the text stages call ("tensorrt_llm" in the GPU container)
     llm_model_name: str = "python_llm"
-    preprocessing_instances: int = 1         # instances of the preprocessing stage (tokenizing)
-    postprocessing_instances: int = 1        # instances of the postprocessing stage (detokenizing)
+    preprocessing_instances: int = 1  # instances of the preprocessing stage (tokenizing)
+    postprocessing_instances: int = 1  # instances of the postprocessing stage (detokenizing)
     # llm_bls serves each request on a thread of its own: the most at once
     bls_max_concurrent_requests: int = 256
     # tritonserver's malloc, preloaded into it and its stubs (serving/allocator.py)
@@ -64,16 +65,20 @@ class ServerConfig:
     # False: serve exits as soon as a replica does (in a container, so the
     # orchestrator sees it, restarts it with its own backoff and counts it)
     restart_replicas: bool = True
-    restart_backoff_s: float = 1.0           # the first restart's delay
-    restart_backoff_max_s: float = 30.0      # the longest delay, however many exits in a row
-    restart_reset_after_s: float = 60.0      # a replica that ran this long starts the next row afresh
+    restart_backoff_s: float = 1.0  # the first restart's delay
+    restart_backoff_max_s: float = 30.0  # the longest delay, however many exits in a row
+    restart_reset_after_s: float = 60.0  # a replica that ran this long starts the next row afresh
     # serve's own Prometheus metrics (serving_replica_restarts_total ...) on
     # 127.0.0.1; 0: none
     supervisor_metrics_port: int = 8003
 
 
-SECTIONS: dict[str, type] = {"engine": EngineConfig, "text": TextStageConfig, "server": ServerConfig,
-                             "gateway": GatewayConfig}
+SECTIONS: dict[str, type] = {
+    "engine": EngineConfig,
+    "text": TextStageConfig,
+    "server": ServerConfig,
+    "gateway": GatewayConfig,
+}
 
 
 @dataclass
@@ -84,9 +89,14 @@ class DeploymentSettings:
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
 
     @classmethod
-    def load(cls, settings_file: str | Path | None = None, assignments: Iterable[str] = (),
-             environ: Mapping[str, str] | None = None, default_model_dir: Callable[[], str] | None = None,
-             **overrides: Any) -> DeploymentSettings:
+    def load(
+        cls,
+        settings_file: str | Path | None = None,
+        assignments: Iterable[str] = (),
+        environ: Mapping[str, str] | None = None,
+        default_model_dir: Callable[[], str] | None = None,
+        **overrides: Any,
+    ) -> DeploymentSettings:
         """Defaults < settings file < environment < `--set` assignments < keyword
         overrides (`section.field` or a field name unique across sections, as
         the tests use them). `default_model_dir` is called only when no source
@@ -110,8 +120,12 @@ class DeploymentSettings:
         return type(self)(**{name: _build(name, SECTIONS[name], values[name]) for name in SECTIONS})
 
 
-def load_section(section: str, settings_file: str | Path | None = None, assignments: Iterable[str] = (),
-                 environ: Mapping[str, str] | None = None) -> Any:
+def load_section(
+    section: str,
+    settings_file: str | Path | None = None,
+    assignments: Iterable[str] = (),
+    environ: Mapping[str, str] | None = None,
+) -> Any:
     """One section alone, from the same sources as `DeploymentSettings.load`
     (the gateway runs without an engine, so without its required model folder);
     settings of other sections in those sources are checked and ignored."""
@@ -161,8 +175,9 @@ def _resolve(name: str) -> tuple[list[str], Any]:
         path.append(part)
         kind = field_types(kind)[part]
     if is_group(kind):
-        raise SettingsError(f"{name}: a group of settings; set its fields: "
-                            f"{', '.join(f'{name}.{n}' for n in setting_names(kind))}")
+        raise SettingsError(
+            f"{name}: a group of settings; set its fields: {', '.join(f'{name}.{n}' for n in setting_names(kind))}"
+        )
     return path, kind
 
 
@@ -198,8 +213,9 @@ def _from_toml(path: Path) -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for section, table in data.items():
         if section not in SECTIONS or not isinstance(table, dict):
-            raise SettingsError(f"settings file {path}: [{section}] is not a section; sections are "
-                                f"{', '.join(SECTIONS)}")
+            raise SettingsError(
+                f"settings file {path}: [{section}] is not a section; sections are {', '.join(SECTIONS)}"
+            )
         flat.update(_flatten(section, SECTIONS[section], table))
     return flat
 
@@ -219,8 +235,11 @@ def _flatten(prefix: str, kind: type, table: dict[str, Any]) -> dict[str, Any]:
 
 def _from_environ(environ: Mapping[str, str]) -> dict[str, str]:
     """`LLM__SECTION__FIELD`, `LLM__SECTION__GROUP__FIELD` in a group."""
-    return {key[len(ENV_PREFIX):].lower().replace("__", "."): value
-            for key, value in environ.items() if key.startswith(ENV_PREFIX)}
+    return {
+        key[len(ENV_PREFIX) :].lower().replace("__", "."): value
+        for key, value in environ.items()
+        if key.startswith(ENV_PREFIX)
+    }
 
 
 _STRUCTURED = (dict, list, tuple)
@@ -240,6 +259,5 @@ def _build(section: str, kind: type, values: dict[str, Any]) -> Any:
     try:
         return TypeAdapter(kind).validate_python(values)
     except ValidationError as exc:
-        problems = "; ".join(f"{section}.{'.'.join(str(p) for p in e['loc']) or '?'}: {e['msg']}"
-                             for e in exc.errors())
+        problems = "; ".join(f"{section}.{'.'.join(str(p) for p in e['loc']) or '?'}: {e['msg']}" for e in exc.errors())
         raise SettingsError(problems) from None

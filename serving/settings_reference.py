@@ -5,6 +5,7 @@ with its fields' types, defaults and comments. A field's documentation is the
 comment block right above it and the comment on its own line (with that
 comment's indented continuation lines), so the models stay the one place where
 a setting is explained."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,8 @@ from .settings import SECTIONS, field_types, is_group
 @dataclass(frozen=True)
 class Table:
     """One heading of the reference: a section, a group, or a table's entries."""
-    heading: str          # as in a settings file: "gateway.degradation", "gateway.tiers.NAME"
+
+    heading: str  # as in a settings file: "gateway.degradation", "gateway.tiers.NAME"
     kind: type
 
 
@@ -60,12 +62,14 @@ def field_docs(kind: type) -> dict[str, str]:
 def _class_comments(cls: type) -> dict[str, str]:
     source = textwrap.dedent(inspect.getsource(cls))
     lines = source.splitlines()
-    comments = {token.start[0]: (token.start[1], token.string.lstrip("#").strip())
-                for token in tokenize.generate_tokens(io.StringIO(source).readline)
-                if token.type == tokenize.COMMENT}
+    comments = {
+        token.start[0]: (token.start[1], token.string.lstrip("#").strip())
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    }
 
     def comment_only(number: int) -> bool:
-        return number in comments and not lines[number - 1][:comments[number][0]].strip()
+        return number in comments and not lines[number - 1][: comments[number][0]].strip()
 
     docs: dict[str, str] = {}
     body = typing.cast(ast.ClassDef, ast.parse(source).body[0]).body
@@ -74,12 +78,12 @@ def _class_comments(cls: type) -> dict[str, str]:
             continue
         column, end = node.col_offset, node.end_lineno or node.lineno
         above: list[str] = []
-        number = node.lineno - 1         # the block right above, at the field's own indentation
+        number = node.lineno - 1  # the block right above, at the field's own indentation
         while comment_only(number) and comments[number][0] == column:
             above.insert(0, comments[number][1])
             number -= 1
         own = [comments[n][1] for n in range(node.lineno, end + 1) if n in comments]
-        number = end + 1                 # its own comment's continuation lines, indented past the field
+        number = end + 1  # its own comment's continuation lines, indented past the field
         while own and comment_only(number) and comments[number][0] > column:
             own.append(comments[number][1])
             number += 1
@@ -109,10 +113,13 @@ def _cell(text: str) -> str:
 
 def render() -> str:
     """The reference as Markdown: a table per heading (groups are headings of their own)."""
-    out = ["# Settings", "",
-           "Sources, each overriding the one before: the defaults below, a TOML file (`--settings`; a group is a",
-           "table: `[gateway.degradation]`), the environment (`LLM__GATEWAY__DEGRADATION__MAX_LEVEL=2`) and",
-           "`--set gateway.degradation.max_level=2`. Table entries (`NAME`) take JSON in the environment and `--set`."]
+    out = [
+        "# Settings",
+        "",
+        "Sources, each overriding the one before: the defaults below, a TOML file (`--settings`; a group is a",
+        "table: `[gateway.degradation]`), the environment (`LLM__GATEWAY__DEGRADATION__MAX_LEVEL=2`) and",
+        "`--set gateway.degradation.max_level=2`. Table entries (`NAME`) take JSON in the environment and `--set`.",
+    ]
     for table in tables():
         types, docs = field_types(table.kind), field_docs(table.kind)
         out += ["", f"## [{table.heading}]", ""]
@@ -121,14 +128,19 @@ def render() -> str:
         out += ["| field | type | default | description |", "|---|---|---|---|"]
         for f in dataclasses.fields(table.kind):
             if not is_group(types[f.name]):
-                out.append(f"| `{f.name}` | `{_cell(str(f.type))}` | `{_cell(_default(f, types[f.name]))}` "
-                           f"| {_cell(docs[f.name])} |")
+                out.append(
+                    f"| `{f.name}` | `{_cell(str(f.type))}` | `{_cell(_default(f, types[f.name]))}` "
+                    f"| {_cell(docs[f.name])} |"
+                )
     return "\n".join(out) + "\n"
 
 
 def add_parser(sub: Any) -> None:
-    parser = sub.add_parser("settings", help="print the settings reference (every section, group and field, "
-                                             "with its type, default and meaning) as Markdown")
+    parser = sub.add_parser(
+        "settings",
+        help="print the settings reference (every section, group and field, "
+        "with its type, default and meaning) as Markdown",
+    )
     parser.set_defaults(func=cmd_settings)
 
 

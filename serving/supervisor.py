@@ -12,6 +12,7 @@ The counts go to Prometheus from the launcher itself, on loopback
 (`server.supervisor_metrics_port`): the supervisor is the one that sees an
 exit and its cause, as the kubelet is for `kube_pod_container_status_restarts_total`;
 the gateway only sees failed probes, and stays out of process management."""
+
 from __future__ import annotations
 
 import logging
@@ -39,7 +40,7 @@ class Backoff:
     initial_s: float
     max_s: float
     reset_after_s: float
-    jitter: float = 0.5        # the random share of each delay: drawn in [(1 - jitter)·d, d]
+    jitter: float = 0.5  # the random share of each delay: drawn in [(1 - jitter)·d, d]
 
     @classmethod
     def from_settings(cls, server: ServerConfig) -> Backoff:
@@ -47,8 +48,10 @@ class Backoff:
 
     def __post_init__(self) -> None:
         if self.initial_s <= 0 or self.max_s < self.initial_s or self.reset_after_s < 0 or not 0 <= self.jitter <= 1:
-            raise ValueError(f"restart backoff: need 0 < initial ({self.initial_s}) <= max ({self.max_s}), "
-                             f"reset_after >= 0 ({self.reset_after_s}) and jitter in [0, 1] ({self.jitter})")
+            raise ValueError(
+                f"restart backoff: need 0 < initial ({self.initial_s}) <= max ({self.max_s}), "
+                f"reset_after >= 0 ({self.reset_after_s}) and jitter in [0, 1] ({self.jitter})"
+            )
 
     def delay(self, in_row: int, draw: float) -> float:
         """The wait before restart number `in_row` (0: the first) of a row of
@@ -72,11 +75,18 @@ def exit_cause(returncode: int | None) -> str:
 class SupervisorMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.restarts = Counter("serving_replica_restarts_total", "Restarts of a replica's tritonserver after it "
-                                "exited on its own, by the cause of the exit", ["replica", "cause"],
-                                registry=self.registry)
-        self.up = Gauge("serving_replica_up", "1 while the replica's tritonserver runs and has been ready",
-                        ["replica"], registry=self.registry)
+        self.restarts = Counter(
+            "serving_replica_restarts_total",
+            "Restarts of a replica's tritonserver after it exited on its own, by the cause of the exit",
+            ["replica", "cause"],
+            registry=self.registry,
+        )
+        self.up = Gauge(
+            "serving_replica_up",
+            "1 while the replica's tritonserver runs and has been ready",
+            ["replica"],
+            registry=self.registry,
+        )
 
     def serve(self, port: int) -> bool:
         """Listen on 127.0.0.1:`port`; False (and a warning) when it cannot:
@@ -104,19 +114,22 @@ def reclaim_stale_gateway(upstream_grpc_url: str) -> None:
     and stale only when its launcher is gone."""
     found = find_leftovers("-m", "gateway", "serve", f"gateway.fleet.upstream_grpc_url={upstream_grpc_url}")
     if found.stale:
-        _say(f"an earlier gateway over {upstream_grpc_url} outlived its launcher (pids "
-             f"{', '.join(map(str, found.stale))}): killing it")
+        _say(
+            f"an earlier gateway over {upstream_grpc_url} outlived its launcher (pids "
+            f"{', '.join(map(str, found.stale))}): killing it"
+        )
         kill_and_wait(found.stale)
 
 
 @dataclass
 class _Watch:
     """One replica as the supervisor follows it."""
+
     ready_at: float
-    in_row: int = 0                          # exits in a row (reset by a long enough run)
-    restart_at: float | None = None          # a restart is due then
+    in_row: int = 0  # exits in a row (reset by a long enough run)
+    restart_at: float | None = None  # a restart is due then
     cause: str = ""
-    thread: threading.Thread | None = None   # a restart under way
+    thread: threading.Thread | None = None  # a restart under way
     error: BaseException | None = None
     began_at: float = 0.0
 
@@ -170,8 +183,10 @@ class Supervisor:
         delay = self.backoff.delay(watch.in_row, self.draw())
         watch.in_row += 1
         watch.restart_at = self.clock() + delay
-        self.say(f"replica {replica.name}: tritonserver exited on its own ({_cause_words(returncode)}); "
-                 f"restarting it in {delay:.1f} s (exit {watch.in_row} in a row); see {replica.server.log_path}")
+        self.say(
+            f"replica {replica.name}: tritonserver exited on its own ({_cause_words(returncode)}); "
+            f"restarting it in {delay:.1f} s (exit {watch.in_row} in a row); see {replica.server.log_path}"
+        )
 
     def _restart(self, replica: ReplicaProcess, watch: _Watch) -> None:
         self.metrics.restarts.labels(replica=replica.name, cause=watch.cause).inc()
@@ -180,10 +195,10 @@ class Supervisor:
 
         def run() -> None:
             try:
-                replica.server.stop()      # reaps the dead one, ends its stubs, removes its shm
+                replica.server.stop()  # reaps the dead one, ends its stubs, removes its shm
                 if not self._stopping:
                     replica.server.start()
-            except BaseException as exc:    # reported by the next poll
+            except BaseException as exc:  # reported by the next poll
                 watch.error = exc
 
         watch.thread = threading.Thread(target=run, name=f"restart-{replica.name}", daemon=True)

@@ -1,5 +1,6 @@
 """Finds the official tritonserver build shipped in the nvidia-pytriton wheel
 and lays out the writable backend directory it needs."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -17,7 +18,7 @@ class TritonSetupError(RuntimeError):
 
 @dataclass(frozen=True)
 class TritonInstall:
-    root: Path          # .../site-packages/pytriton/tritonserver
+    root: Path  # .../site-packages/pytriton/tritonserver
 
     @property
     def binary(self) -> Path:
@@ -40,8 +41,9 @@ class TritonInstall:
 def find_triton() -> TritonInstall:
     spec = importlib.util.find_spec("pytriton")
     if spec is None or not spec.submodule_search_locations:
-        raise TritonSetupError("package nvidia-pytriton is not installed (it ships the tritonserver binary): "
-                               "run `make venv`")
+        raise TritonSetupError(
+            "package nvidia-pytriton is not installed (it ships the tritonserver binary): run `make venv`"
+        )
     install = TritonInstall(Path(list(spec.submodule_search_locations)[0]) / "tritonserver")
     for needed in (install.binary, install.python_backend / "libtriton_python.so"):
         if not needed.exists():
@@ -57,8 +59,9 @@ def prepare_backends(install: TritonInstall, target: Path) -> Path:
     """
     stub = install.stub_for(sys.version_info[:2])
     if not stub.is_file():
-        raise TritonSetupError(f"no Triton Python stub for Python {sys.version_info[0]}.{sys.version_info[1]} "
-                               f"at {stub}")
+        raise TritonSetupError(
+            f"no Triton Python stub for Python {sys.version_info[0]}.{sys.version_info[1]} at {stub}"
+        )
     shutil.rmtree(target, ignore_errors=True)
     python_dir = target / "python"
     shutil.copytree(install.python_backend, python_dir, ignore=shutil.ignore_patterns("__pycache__"))

@@ -3,6 +3,7 @@
 Every server a test starts is stopped by its fixture. Ports are picked free
 so tests never collide with a `make serve` running on 8000-8002.
 """
+
 from __future__ import annotations
 
 import os
@@ -56,9 +57,17 @@ def start_triton(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         settings = DeploymentSettings.load(environ={}, model_dir=str(model_dir), **overrides)
         http, grpc, metrics = free_local_ports(3)
         work = tmp_path_factory.mktemp("triton")
-        server = TritonServer(LaunchOptions(settings=settings, http_port=http, grpc_port=grpc,
-                                            metrics_port=metrics, address="127.0.0.1", work_dir=work,
-                                            ready_timeout_s=300))
+        server = TritonServer(
+            LaunchOptions(
+                settings=settings,
+                http_port=http,
+                grpc_port=grpc,
+                metrics_port=metrics,
+                address="127.0.0.1",
+                work_dir=work,
+                ready_timeout_s=300,
+            )
+        )
         t0 = time.monotonic()
         server.start()
         print(f"\n[tritonserver ready in {time.monotonic() - t0:.1f} s on :{http}; log {server.log_path}]")

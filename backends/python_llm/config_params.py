@@ -1,6 +1,7 @@
 """config.pbtxt `parameters` (strings) → EngineConfig, with clear errors.
 The repository renders every EngineConfig field under its own name
 (serving/repository.py); pydantic converts the strings by the fields' types."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,5 +34,6 @@ def engine_config_from_parameters(parameters: Mapping[str, str]) -> EngineConfig
     try:
         return _ADAPTER.validate_python(values)
     except ValidationError as exc:
-        raise ConfigError("; ".join(f"parameter {'.'.join(map(str, e['loc'])) or 'engine'}: {e['msg']}"
-                                    for e in exc.errors())) from None
+        raise ConfigError(
+            "; ".join(f"parameter {'.'.join(map(str, e['loc'])) or 'engine'}: {e['msg']}" for e in exc.errors())
+        ) from None

@@ -6,6 +6,7 @@ Triton request id, which only names it in logs). A `stop` must name the key:
 request ids are chosen by clients and guessable. Shared by Triton's execute
 thread (register, stop) and the engine loop thread (outputs), hence the lock.
 """
+
 from __future__ import annotations
 
 import threading
@@ -40,21 +41,21 @@ class LiveStream:
     engine_id: str
     key: str
     client_id: str | None
-    sender: Any                      # pb_utils.InferenceResponseSender (duck-typed for tests)
-    assembly: StreamAssembly         # which responses the engine's outputs call for
-    context: bytes = b""             # request_context, echoed on every response
+    sender: Any  # pb_utils.InferenceResponseSender (duck-typed for tests)
+    assembly: StreamAssembly  # which responses the engine's outputs call for
+    context: bytes = b""  # request_context, echoed on every response
     # the outputs the caller asked for: the only ones its responses may carry
     # (ensemble/requested_outputs.py says why)
     requested_outputs: frozenset[str] = field(kw_only=True)
     cancel_requested: bool = False
-    next_cancel_check: float = 0.0   # time.monotonic() of the next is_cancelled() round trip
+    next_cancel_check: float = 0.0  # time.monotonic() of the next is_cancelled() round trip
     # Guards `closed` and the sender: the execute thread sends a rejection,
     # the engine loop thread everything else. Once the final response is sent
     # Triton frees the response factory, and `is_cancelled()` on it then
     # crashes tritonserver (SIGSEGV in TRITONBACKEND_ResponseFactoryIsCancelled,
     # seen at 64 concurrent streams).
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    closed: bool = False             # the final response was sent; never touch the sender again
+    closed: bool = False  # the final response was sent; never touch the sender again
 
     def send(self, response: Any, flags: int, final: bool) -> None:
         with self.lock:
@@ -74,7 +75,7 @@ class LiveStreamTable:
         self._by_engine_id: dict[str, LiveStream] = {}
         self._by_client_id: dict[str, str] = {}
         self._by_key: dict[str, str] = {}
-        self.cancel_check_seconds = 0.0   # running mean of one is_cancelled() round trip
+        self.cancel_check_seconds = 0.0  # running mean of one is_cancelled() round trip
 
     def register(self, stream: LiveStream) -> None:
         with self._lock:
@@ -82,7 +83,7 @@ class LiveStreamTable:
                 raise DuplicateRequestError(f"request id: engine id {stream.engine_id!r} is already running")
             if stream.client_id is not None and stream.client_id in self._by_client_id:
                 raise DuplicateRequestError(f"request id: {stream.client_id!r} is already running")
-            if stream.key in self._by_key:   # never echo a key in an error
+            if stream.key in self._by_key:  # never echo a key in an error
                 raise DuplicateRequestError("request_key: already used by a live request")
             self._by_engine_id[stream.engine_id] = stream
             self._by_key[stream.key] = stream.engine_id
@@ -116,7 +117,7 @@ class LiveStreamTable:
             return False
         try:
             stream.send(error_response, final_flag, final=True)
-        except Exception:      # the sender is what failed: the client is gone
+        except Exception:  # the sender is what failed: the client is gone
             return False
         return True
 
@@ -143,7 +144,7 @@ class LiveStreamTable:
             return True
 
     def _record_check(self, seconds: float) -> None:
-        with self._lock:   # the tensorrt_llm adapter checks from several threads
+        with self._lock:  # the tensorrt_llm adapter checks from several threads
             self.cancel_check_seconds = running_mean(self.cancel_check_seconds, seconds)
 
     def __len__(self) -> int:

@@ -2,6 +2,7 @@
 tensors out. Decoupled: execute() returns at once; the engine loop thread
 answers through each request's response sender. All logic lives in the
 importable `python_llm` package."""
+
 from __future__ import annotations
 
 import json
@@ -46,14 +47,26 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
         self.config = engine_config_from_parameters(params)
         self.input_names = [i["name"] for i in model_config["input"]]
-        self.metrics = TritonMetrics(pb_utils, args["model_name"], args["model_version"],
-                                     max_num_seqs=self.config.max_num_seqs, tokens_per_block=self.config.block_size)
+        self.metrics = TritonMetrics(
+            pb_utils,
+            args["model_name"],
+            args["model_version"],
+            max_num_seqs=self.config.max_num_seqs,
+            tokens_per_block=self.config.block_size,
+        )
         self.registry = LiveStreamTable()
         self.pacing = ResponsePacing(self.config.stream_response_share, self.config.stream_max_hold_ms / 1000)
         # built on its own loop thread: one OpenMP team in this process (see launch)
         self.engine = LLMEngine.launch(self.config, metrics=self.metrics, on_dead=self._on_engine_dead)
-        log.info("python_llm ready: %s", {"model_dir": self.config.model_dir, "device": self.config.device,
-                                           "dtype": self.config.dtype, "kv_blocks": self.engine.stats()})
+        log.info(
+            "python_llm ready: %s",
+            {
+                "model_dir": self.config.model_dir,
+                "device": self.config.device,
+                "dtype": self.config.dtype,
+                "kv_blocks": self.engine.stats(),
+            },
+        )
 
     # -- requests ------------------------------------------------------------
     def execute(self, requests: list) -> None:
@@ -79,18 +92,29 @@ class TritonPythonModel:
             engine_id = uuid.uuid4().hex
             # the echo (exclude_input_in_output false) repeats the ids as sent, continuation included
             assembly = StreamAssembly(parsed.streaming, parsed.input_ids, parsed.exclude_input_in_output)
-            stream = LiveStream(engine_id, parsed.request_key or mint_request_key(), client_id, sender,
-                                assembly, parsed.context,
-                                requested_outputs=frozenset(request.requested_output_names()))
+            stream = LiveStream(
+                engine_id,
+                parsed.request_key or mint_request_key(),
+                client_id,
+                sender,
+                assembly,
+                parsed.context,
+                requested_outputs=frozenset(request.requested_output_names()),
+            )
             self.registry.register(stream)
-            self.engine.add_request(engine_id, parsed.prompt_token_ids, parsed.sampling,
-                                    priority=parsed.priority, on_output=self._on_output,
-                                    continuation_ids=parsed.continuation_ids)
+            self.engine.add_request(
+                engine_id,
+                parsed.prompt_token_ids,
+                parsed.sampling,
+                priority=parsed.priority,
+                on_output=self._on_output,
+                continuation_ids=parsed.continuation_ids,
+            )
         except _REJECTIONS as exc:
             error = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
             if stream is not None and not isinstance(exc, DuplicateRequestError):
                 self.registry.remove(stream.engine_id)
-                stream.send(error, FINAL, final=True)   # closes the stream: nothing sends after it
+                stream.send(error, FINAL, final=True)  # closes the stream: nothing sends after it
             else:
                 sender.send(error, flags=FINAL)
 
@@ -106,8 +130,10 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=FINAL)
             return
         log.info("stop refused: %s", {"request_id": client_id, "reason": refusal})
-        sender.send(pb_utils.InferenceResponse(
-            error=pb_utils.TritonError(refusal, pb_utils.TritonError.INVALID_ARG)), flags=FINAL)
+        sender.send(
+            pb_utils.InferenceResponse(error=pb_utils.TritonError(refusal, pb_utils.TritonError.INVALID_ARG)),
+            flags=FINAL,
+        )
 
     # -- engine thread -------------------------------------------------------
     def _on_output(self, out: RequestOutput) -> None:
@@ -116,8 +142,13 @@ class TritonPythonModel:
         except Exception as exc:
             # the engine ends the request and calls this no more for it
             log.error("answering request failed: %s", {"engine_id": out.request_id, "error": repr(exc)})
-            self.registry.end_failed(out.request_id, pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                f"internal error answering the request ({type(exc).__name__})")), FINAL)
+            self.registry.end_failed(
+                out.request_id,
+                pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(f"internal error answering the request ({type(exc).__name__})")
+                ),
+                FINAL,
+            )
             raise
 
     def _answer(self, out: RequestOutput) -> None:
@@ -147,16 +178,19 @@ class TritonPythonModel:
     def _response(stream: LiveStream, out: RequestOutput, reply: Reply):
         if reply.error is not None:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(reply.error))
-        arrays = requested_only(output_arrays(out, reply.token_ids, reply.logprobs, stream.context, stream.key),
-                                stream.requested_outputs)
+        arrays = requested_only(
+            output_arrays(out, reply.token_ids, reply.logprobs, stream.context, stream.key), stream.requested_outputs
+        )
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()])
 
     def _send(self, stream: LiveStream, response, flags: int) -> None:
         try:
             stream.send(response, flags, final=bool(flags & FINAL))
         except Exception as exc:  # the client is gone: stop spending work on it
-            log.info("send failed, aborting request: %s", {"request_id": stream.client_id,
-                                                           "engine_id": stream.engine_id, "error": str(exc)})
+            log.info(
+                "send failed, aborting request: %s",
+                {"request_id": stream.client_id, "engine_id": stream.engine_id, "error": str(exc)},
+            )
             self.registry.remove(stream.engine_id)
             self.engine.abort(stream.engine_id, "cancelled")
 
@@ -166,8 +200,11 @@ class TritonPythonModel:
         ready (server #8604), so the failure is made visible the one way a
         supervisor cannot miss: the server exits non-zero."""
         grace = self.config.exit_on_engine_failure_s
-        log.error("python_llm engine loop failed: %s; %s", exc,
-                  f"killing tritonserver in {grace} s" if grace >= 0 else "serving errors only")
+        log.error(
+            "python_llm engine loop failed: %s; %s",
+            exc,
+            f"killing tritonserver in {grace} s" if grace >= 0 else "serving errors only",
+        )
         if grace >= 0:
             threading.Thread(target=_kill_server_after, args=(grace,), name="python_llm-exit", daemon=True).start()
 

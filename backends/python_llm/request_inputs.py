@@ -3,6 +3,7 @@ docs/interface.md) into an engine request. Importable and testable without Trito
 the adapter hands over a plain dict of numpy arrays. It only converts: the
 values are validated once, by the engine at intake (`SamplingParams.validate`
 and what depends on the engine), with errors that name the field."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -129,9 +130,12 @@ def parse_llm_request(tensors: Mapping[str, np.ndarray]) -> LLMRequest:
     prompt = prompt[:length]
     continued = _int(tensors, "continuation_length", 0)
     if not 0 <= continued < len(prompt):
-        raise InvalidRequestError("continuation_length", f"{continued} must be in [0, {len(prompt)}): input_ids "
-                                                         f"of {len(prompt)} tokens must keep at least one prompt token")
-    prompt, continuation = prompt[:len(prompt) - continued], prompt[len(prompt) - continued:]
+        raise InvalidRequestError(
+            "continuation_length",
+            f"{continued} must be in [0, {len(prompt)}): input_ids "
+            f"of {len(prompt)} tokens must keep at least one prompt token",
+        )
+    prompt, continuation = prompt[: len(prompt) - continued], prompt[len(prompt) - continued :]
 
     # public_bounds: anything but the neutral value would be ignored (no beam search)
     length_penalty = _float(tensors, "len_penalty", 1.0)
@@ -145,10 +149,10 @@ def parse_llm_request(tensors: Mapping[str, np.ndarray]) -> LLMRequest:
     # an absent setting takes SamplingParams' own default: one default per setting
     default = SamplingParams()
     sampling = SamplingParams(
-        max_tokens=_optional_int(tensors, "request_output_len"),   # None: the engine's default_max_tokens
+        max_tokens=_optional_int(tensors, "request_output_len"),  # None: the engine's default_max_tokens
         temperature=_float(tensors, "temperature", default.temperature),
         top_k=_int(tensors, "runtime_top_k", default.top_k),
-        top_p=_float(tensors, "runtime_top_p", default.top_p) or 1.0,   # 0 (TensorRT-LLM's "unset"): no cut
+        top_p=_float(tensors, "runtime_top_p", default.top_p) or 1.0,  # 0 (TensorRT-LLM's "unset"): no cut
         repetition_penalty=_float(tensors, "repetition_penalty", default.repetition_penalty),
         presence_penalty=_float(tensors, "presence_penalty", default.presence_penalty),
         frequency_penalty=_float(tensors, "frequency_penalty", default.frequency_penalty),

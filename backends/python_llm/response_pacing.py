@@ -20,6 +20,7 @@ and an end are never held. (Sending from a thread of its own instead was
 tried: python_backend 2.51's stub crashed in libpython's allocator when it
 sent while another thread ran Python.)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,7 +32,8 @@ from .running_mean import running_mean
 @dataclass
 class ResponsePacing:
     """Called on the engine loop thread only."""
-    share: float                   # 0 = a response at every step, always
+
+    share: float  # 0 = a response at every step, always
     # the longest a token waits for its stream's next response, whatever the
     # answers cost (EngineConfig.stream_max_hold_ms): well inside any
     # client's per-token timeout

@@ -1,5 +1,6 @@
 """The adapter's running means of a round trip's time (a response's send, a
 cancel check), which its budgets divide by a share of the engine thread."""
+
 from __future__ import annotations
 
 # weight of the newest sample: a few steps' worth of 64 streams

@@ -12,6 +12,7 @@ Importable and testable without Triton: `StreamAssembly.respond` returns a
 plain decision (`Reply`), and the adapter (`model.py`) only turns it into a
 Triton response (`response_tensors.output_arrays` for the tensors).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from .engine.core.outputs import RequestOutput
 class Reply:
     """One response to send. With `error` set it is an error response (and
     final); otherwise it carries `token_ids` and their `logprobs`."""
+
     token_ids: list[int]
     logprobs: list[float] | None
     final: bool
@@ -38,11 +40,11 @@ class StreamAssembly:
     def __init__(self, streaming: bool, prompt_ids: list[int], exclude_input: bool) -> None:
         self.streaming = streaming
         self.exclude_input = exclude_input
-        self.prompt_ids = prompt_ids          # echoed when exclude_input_in_output is false
-        self.replied = False                  # a Reply was returned (the prompt echo went out)
-        self._ids: list[int] = []             # not answered yet: stream=false everything, else held tokens
+        self.prompt_ids = prompt_ids  # echoed when exclude_input_in_output is false
+        self.replied = False  # a Reply was returned (the prompt echo went out)
+        self._ids: list[int] = []  # not answered yet: stream=false everything, else held tokens
         self._logprobs: list[float] = []
-        self._last_sent_ns = 0                # streaming: the last response's last_token_time_ns
+        self._last_sent_ns = 0  # streaming: the last response's last_token_time_ns
 
     def respond(self, out: RequestOutput, hold_ns: int = 0) -> Reply | None:
         """The response this output calls for; None when it calls for none (a
@@ -63,7 +65,7 @@ class StreamAssembly:
                     self._ids.extend(ids)
                     self._logprobs.extend(logprobs or ())
                     return None
-            if self._ids:                     # held tokens lead
+            if self._ids:  # held tokens lead
                 ids = self._ids + ids
                 logprobs = self._logprobs + (logprobs or []) if self._logprobs else logprobs
                 self._ids, self._logprobs = [], []

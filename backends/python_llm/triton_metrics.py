@@ -15,6 +15,7 @@ Names, labels and meaning follow TensorRT-LLM's Triton backend,
 (label values) and `model_instance_state.cc` `WaitForStats` (what each value
 is) in triton-inference-server/tensorrtllm_backend; `waiting` and `fraction`
 exist there from v0.18.0 on (tests/data/trtllm/custom_metrics.json)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -46,7 +47,7 @@ KV_BLOCK_TYPES: dict[str, str] = {
     "used": "KV blocks in use, llm_kv_cache_blocks_used [usedNumBlocks]",
     "tokens_per": "tokens per KV block, block_size [tokensPerBlock]",
     "reused": "blocks served from the prefix cache so far, llm_prefix_cache_hit_tokens_total / block_size "
-              "[reusedBlocks]",
+    "[reusedBlocks]",
     "fraction": "used / max, 0 when max is 0 [Fraction used KV cache blocks]",
 }
 
@@ -56,8 +57,7 @@ class RouterMetrics:
     reports: `on_gauge` / `on_counter` are called with every `llm_*` update and
     set the derived values through `set_value(family, label_value, value)`."""
 
-    def __init__(self, set_value: Callable[[str, str, float], None], max_num_seqs: int,
-                 tokens_per_block: int) -> None:
+    def __init__(self, set_value: Callable[[str, str, float], None], max_num_seqs: int, tokens_per_block: int) -> None:
         self._set = set_value
         self._tokens_per_block = tokens_per_block
         self._running = 0.0
@@ -99,11 +99,15 @@ class RouterMetrics:
 
 
 class TritonMetrics(MetricsSink):
-    def __init__(self, pb_utils: Any, model_name: str, model_version: str, *, max_num_seqs: int,
-                 tokens_per_block: int) -> None:
+    def __init__(
+        self, pb_utils: Any, model_name: str, model_version: str, *, max_num_seqs: int, tokens_per_block: int
+    ) -> None:
         labels = {"model": model_name, "version": model_version}
-        kinds = {"counter": pb_utils.MetricFamily.COUNTER, "gauge": pb_utils.MetricFamily.GAUGE,
-                 "histogram": pb_utils.MetricFamily.HISTOGRAM}
+        kinds = {
+            "counter": pb_utils.MetricFamily.COUNTER,
+            "gauge": pb_utils.MetricFamily.GAUGE,
+            "histogram": pb_utils.MetricFamily.HISTOGRAM,
+        }
         self._metrics: dict[str, Any] = {}
         # Triton requires a family to outlive its metrics: keep both
         self._family_objects: list[Any] = []
@@ -118,8 +122,7 @@ class TritonMetrics(MetricsSink):
         # TensorRT-LLM's families: gauges, one metric per label value
         self._router_metrics: dict[tuple[str, str], Any] = {}
         for router_family, (label, description) in ROUTER_FAMILIES.items():
-            fam = pb_utils.MetricFamily(name=router_family, description=description,
-                                        kind=pb_utils.MetricFamily.GAUGE)
+            fam = pb_utils.MetricFamily(name=router_family, description=description, kind=pb_utils.MetricFamily.GAUGE)
             self._family_objects.append(fam)
             values = REQUEST_TYPES if router_family == REQUEST_FAMILY else KV_BLOCK_TYPES
             for value in values:

@@ -6,6 +6,7 @@ run in Jinja's immutable sandbox with the same small set of helpers HF offers
 (``raise_exception``, ``tojson``, ``strftime_now``, loop controls), so templates
 written for HF render identically here.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,13 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     # Jinja's own tojson escapes HTML characters, which changes the prompt text.
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -54,7 +60,8 @@ class ChatTemplate:
         if not source.strip():
             raise ValueError("the chat template is empty")
         env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+            trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+        )
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
@@ -66,7 +73,11 @@ class ChatTemplate:
         alternate) is the client's error, reported against ``messages``."""
         try:
             return self._template.render(
-                messages=messages, tools=None, documents=None,
-                add_generation_prompt=add_generation_prompt, **self._special_tokens)
+                messages=messages,
+                tools=None,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **self._special_tokens,
+            )
         except jinja2.exceptions.TemplateError as exc:
             raise InvalidInputError("messages", f"rejected by the model's chat template: {exc}") from None

@@ -1,6 +1,7 @@
 """Public request fields → the LLM step's input arrays (TensorRT-LLM names).
 Shared by the `preprocessing` adapter and `llm_bls`, so both entry points
 validate and build requests the same way."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -26,6 +27,7 @@ class EngineMaxTokens:
     """The engine's own `default_max_tokens` and `max_tokens_limit` (rendered
     into the text stages' configs from the engine settings): the text stages
     must agree with the engine, so they hold no defaults of their own."""
+
     default_max_tokens: int
     max_tokens_limit: int
 
@@ -69,11 +71,16 @@ class LLMRequestBuilder:
         bad = encode_word_list("bad_words", strings(get, "bad_words"), self.info.tokenizer)
         end_id, pad_id = scalar(get, "end_id"), scalar(get, "pad_id")
         context = RequestContext(
-            key=key, stream=bool(scalar(get, "stream")), stop_words=strings(get, "stop_words") or [],
-            segment=scalar(get, "segment") or "token", return_log_probs=bool(scalar(get, "return_log_probs")),
+            key=key,
+            stream=bool(scalar(get, "stream")),
+            stop_words=strings(get, "stop_words") or [],
+            segment=scalar(get, "segment") or "token",
+            return_log_probs=bool(scalar(get, "return_log_probs")),
             return_perf_metrics=bool(scalar(get, "return_perf_metrics")),
-            return_output_ids=bool(scalar(get, "return_output_ids")), continuation_ids=continuation,
-            echo_input=scalar(get, "exclude_input_in_output") is False)
+            return_output_ids=bool(scalar(get, "return_output_ids")),
+            continuation_ids=continuation,
+            echo_input=scalar(get, "exclude_input_in_output") is False,
+        )
         return {
             "input_ids": np.asarray([input_ids], dtype=np.int32),
             "input_lengths": np.asarray([[len(input_ids)]], dtype=np.int32),
@@ -112,8 +119,10 @@ def _checked_continuation(array: np.ndarray | None, max_tokens: int) -> list[int
     if not np.issubdtype(values.dtype, np.integer):
         raise InvalidInputError("continuation_ids", f"must be integer token ids, got {values.dtype}")
     if values.size >= max_tokens:
-        raise InvalidInputError("continuation_ids", f"{values.size} ids leave nothing to generate within "
-                                                    f"max_tokens {max_tokens} (they count as output)")
+        raise InvalidInputError(
+            "continuation_ids",
+            f"{values.size} ids leave nothing to generate within max_tokens {max_tokens} (they count as output)",
+        )
     if values.min() < 0:
         raise InvalidInputError("continuation_ids", f"token ids must be >= 0, got {int(values.min())}")
     return [int(v) for v in values.tolist()]
@@ -122,9 +131,18 @@ def _checked_continuation(array: np.ndarray | None, max_tokens: int) -> list[int
 def llm_inputs(preprocessed: dict[str, np.ndarray], get: Getter) -> dict[str, np.ndarray]:
     """What `ensemble`'s wiring does, in Python (for llm_bls): preprocessing
     outputs plus the sampling inputs under the LLM step's names."""
-    inputs = {name: preprocessed[name] for name in
-              ("input_ids", "input_lengths", "request_output_len", "stop_words_list", "bad_words_list",
-               "continuation_length", "request_key")}
+    inputs = {
+        name: preprocessed[name]
+        for name in (
+            "input_ids",
+            "input_lengths",
+            "request_output_len",
+            "stop_words_list",
+            "bad_words_list",
+            "continuation_length",
+            "request_key",
+        )
+    }
     inputs["end_id"] = preprocessed["out_end_id"]
     inputs["pad_id"] = preprocessed["out_pad_id"]
     for public, llm in PUBLIC_TO_LLM.items():

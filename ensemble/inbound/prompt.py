@@ -6,6 +6,7 @@ Context policy for chats: when prompt + ``max_tokens`` do not fit, whole turns
 messages and everything from the last user message on are always kept. Plain
 text is never cut: silently losing the start of a prompt is worse than a 400.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,7 @@ class PromptConfig:
     # Added as the first message when a conversation brings no system message;
     # empty leaves that to the chat template (many add their own).
     default_system_prompt: str = ""
-    max_messages: int = 1024                # messages in one conversation; more are refused (invalid input)
+    max_messages: int = 1024  # messages in one conversation; more are refused (invalid input)
     # [ {"role", "content"} ] is 2 deep; the margin leaves room for content parts
     max_messages_depth: int = 8
     # Byte bounds checked before any parsing or tokenizing (a megabyte takes
@@ -36,7 +37,7 @@ class PromptConfig:
     # bytes per context token for `text_input` (plain text is never cut), and
     # MESSAGES_BYTES_FACTOR times that for `messages` (old turns may be dropped).
     max_text_input_bytes: int = 0
-    max_messages_bytes: int = 0             # the bound for `messages` (0: derived, as above)
+    max_messages_bytes: int = 0  # the bound for `messages` (0: derived, as above)
 
     def __post_init__(self) -> None:
         for name in ("max_messages", "max_messages_depth"):
@@ -83,12 +84,12 @@ def parse_messages(messages_json: str, max_depth: int = PromptConfig.max_message
         messages = json.loads(messages_json)
     except json.JSONDecodeError as exc:
         raise InvalidInputError("messages", f"not valid JSON ({exc.msg} at position {exc.pos})") from None
-    except RecursionError:   # the C decoder's own guard, far past any bound we allow
+    except RecursionError:  # the C decoder's own guard, far past any bound we allow
         raise InvalidInputError("messages", too_deep) from None
     if _depth(messages) > max_depth:
         raise InvalidInputError("messages", too_deep)
     if not isinstance(messages, list):
-        raise InvalidInputError("messages", "must be a JSON array of {\"role\", \"content\"} objects")
+        raise InvalidInputError("messages", 'must be a JSON array of {"role", "content"} objects')
     if not messages:
         raise InvalidInputError("messages", "must not be empty")
     for index, message in enumerate(messages):
@@ -136,8 +137,7 @@ def _check_size(field: str, text: str, limit: int) -> None:
 class PromptBuilder:
     """Turns one request's text inputs into prompt ids; shared by all requests."""
 
-    def __init__(self, info: TokenizerInfo, config: PromptConfig | None = None,
-                 max_context: int | None = None) -> None:
+    def __init__(self, info: TokenizerInfo, config: PromptConfig | None = None, max_context: int | None = None) -> None:
         """`max_context`: the engine's limit (its `max_model_len`) when smaller
         than the model's own."""
         self._info = info
@@ -150,18 +150,19 @@ class PromptBuilder:
         if info.max_context is not None:
             max_context = min(max_context, info.max_context)
         self.max_context = max_context
-        self._template = (ChatTemplate(info.chat_template, info.special_tokens)
-                          if info.chat_template is not None else None)
+        self._template = (
+            ChatTemplate(info.chat_template, info.special_tokens) if info.chat_template is not None else None
+        )
         self.max_text_input_bytes = self._config.max_text_input_bytes or BYTES_PER_TOKEN * max_context
-        self.max_messages_bytes = (self._config.max_messages_bytes
-                                   or MESSAGES_BYTES_FACTOR * self.max_text_input_bytes)
+        self.max_messages_bytes = self._config.max_messages_bytes or MESSAGES_BYTES_FACTOR * self.max_text_input_bytes
 
     def build(self, text_input: str | None, messages_json: str | None, max_tokens: int) -> BuiltPrompt:
         """`max_tokens` was validated where it entered (`llm_request.py`); here
         it only has to leave room for a prompt."""
         if max_tokens >= self.max_context:
-            raise InvalidInputError("max_tokens", f"{max_tokens} leaves no room for a prompt in the context of "
-                                                  f"{self.max_context}")
+            raise InvalidInputError(
+                "max_tokens", f"{max_tokens} leaves no room for a prompt in the context of {self.max_context}"
+            )
         if messages_json:
             if text_input:
                 raise InvalidInputError("text_input", "must be empty when messages is given")
@@ -171,11 +172,13 @@ class PromptBuilder:
             raise InvalidInputError("text_input", "must not be empty (or give messages)")
         _check_size("text_input", text_input, self.max_text_input_bytes)
         ids = self._info.tokenizer.encode(text_input, add_special_tokens=True).ids
-        if not ids:   # e.g. only control characters the tokenizer drops: nothing to continue
+        if not ids:  # e.g. only control characters the tokenizer drops: nothing to continue
             raise InvalidInputError("text_input", "tokenizes to no tokens at all")
         if len(ids) + max_tokens > self.max_context:
-            raise InvalidInputError("text_input", f"prompt of {len(ids)} tokens + max_tokens {max_tokens} "
-                                                  f"exceeds the context of {self.max_context}")
+            raise InvalidInputError(
+                "text_input",
+                f"prompt of {len(ids)} tokens + max_tokens {max_tokens} exceeds the context of {self.max_context}",
+            )
         return BuiltPrompt(input_ids=ids)
 
     def render(self, messages: list[dict[str, Any]]) -> str:
@@ -213,9 +216,12 @@ class PromptBuilder:
                 low = mid + 1
         if best is None:
             shortest = ids if not starts else self._encode_chat(_drop_turns(messages, starts, len(starts)))
-            raise InvalidInputError("messages", f"prompt of {len(shortest)} tokens (after dropping {len(starts)} "
-                                                f"earlier turns) + max_tokens {max_tokens} exceeds the context "
-                                                f"of {self.max_context}")
+            raise InvalidInputError(
+                "messages",
+                f"prompt of {len(shortest)} tokens (after dropping {len(starts)} "
+                f"earlier turns) + max_tokens {max_tokens} exceeds the context "
+                f"of {self.max_context}",
+            )
         dropped, ids = best
         log.info("dropped turns to fit the context", extra={"dropped_turns": dropped, "prompt_tokens": len(ids)})
         return BuiltPrompt(input_ids=ids, dropped_turns=dropped, from_messages=True)

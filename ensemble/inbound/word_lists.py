@@ -8,6 +8,7 @@ and after a newline as another ("User"). Each word therefore contributes every
 distinct spelling it can have mid-text; the text stages still catch any
 spelling missed here by matching the decoded text.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -28,8 +29,8 @@ def word_spellings(word: str, tokenizer: Tokenizer) -> list[list[int]]:
     for context in _CONTEXTS:
         context_ids = tokenizer.encode(context, add_special_tokens=False).ids if context else []
         ids = tokenizer.encode(context + word, add_special_tokens=False).ids
-        if context and context_ids and ids[:len(context_ids)] == context_ids:
-            ids = ids[len(context_ids):]  # the word's own tokens after the context
+        if context and context_ids and ids[: len(context_ids)] == context_ids:
+            ids = ids[len(context_ids) :]  # the word's own tokens after the context
         elif context and context != " ":
             continue  # context merged with the word's first token: no clean spelling to take
         if ids and ids not in spellings:
@@ -49,8 +50,8 @@ def to_word_list(token_sequences: Sequence[Sequence[int]]) -> np.ndarray:
     width = max(1, len(flat), len(offsets))
     out = np.zeros((2, width), dtype=np.int32)
     out[1, :] = -1
-    out[0, :len(flat)] = flat
-    out[1, :len(offsets)] = offsets
+    out[0, : len(flat)] = flat
+    out[1, : len(offsets)] = offsets
     return out
 
 
@@ -76,7 +77,7 @@ def parse_word_list(field: str, array: np.ndarray | None) -> list[list[int]]:
     values = np.asarray(array)
     if values.size == 0:
         return []
-    if values.ndim == 3 and values.shape[0] == 1:     # the batch dimension of max_batch_size
+    if values.ndim == 3 and values.shape[0] == 1:  # the batch dimension of max_batch_size
         values = values[0]
     if values.ndim != 2 or values.shape[0] != 2:
         raise InvalidInputError(field, f"must have shape [2, N] (ids, offsets), got {list(values.shape)}")

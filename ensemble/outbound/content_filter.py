@@ -11,6 +11,7 @@ Rule file format (JSON): a list of objects, or ``{"rules": [...]}``, each
 ``{"pattern": str, "action": "mask"|"stop", "regex": bool, "ignore_case": bool,
 "name": str}``; only ``pattern`` is required.
 """
+
 from __future__ import annotations
 
 import enum
@@ -71,9 +72,13 @@ class FilterRule:
         pattern = item.get("pattern")
         if not isinstance(pattern, str):
             raise ValueError(f"content filter rule needs a string pattern, got {pattern!r}")
-        return cls(pattern=pattern, action=FilterAction(item.get("action", "mask")),
-                   is_regex=bool(item.get("regex", False)), ignore_case=bool(item.get("ignore_case", True)),
-                   name=str(item.get("name", "")))
+        return cls(
+            pattern=pattern,
+            action=FilterAction(item.get("action", "mask")),
+            is_regex=bool(item.get("regex", False)),
+            ignore_case=bool(item.get("ignore_case", True)),
+            name=str(item.get("name", "")),
+        )
 
 
 @dataclass(frozen=True)
@@ -112,7 +117,7 @@ class ContentFilterRules:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         items = data.get("rules") if isinstance(data, dict) else data
         if not isinstance(items, list):
-            raise ValueError(f"{path}: expected a list of rules or {{\"rules\": [...]}}")
+            raise ValueError(f'{path}: expected a list of rules or {{"rules": [...]}}')
         rules = cls.from_dicts(items, max_hold_chars=max_hold_chars)
         log.info("content filter rules loaded", extra={"path": str(path), "rules": len(rules.rules)})
         return rules
@@ -197,7 +202,7 @@ class ContentFilter:
         self._held = ""
         rule = self._rules.rule_for(match.group())
         log.info("content filter stopped a response", extra={"rule": rule})
-        return FilterResult(self._mask_complete(buffer[:match.start()]), stopped=True, rule=rule)
+        return FilterResult(self._mask_complete(buffer[: match.start()]), stopped=True, rule=rule)
 
     def _mask_complete(self, text: str) -> str:
         if self._rules.mask_pattern is None:

@@ -16,6 +16,7 @@ is bounded by the window, never the whole output.
 ``tokenizers.decoders.DecodeStream`` does the same, but it cannot flush what it
 holds back at the end of a stream, so the window is kept here.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -39,7 +40,9 @@ class IncrementalDetokenizer:
         self._tokenizer = tokenizer
         self._special_ids: frozenset[int] = (
             frozenset(i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special)
-            if skip_special_tokens else frozenset())
+            if skip_special_tokens
+            else frozenset()
+        )
         # The window: ids[:read] end on a whole character and give context;
         # ids[read:] came after. The first `emitted` characters of the
         # window's text were already returned.
@@ -78,7 +81,7 @@ class IncrementalDetokenizer:
         return delta
 
     def _take(self, text: str) -> str:
-        delta = text[self._emitted:]
+        delta = text[self._emitted :]
         self._emitted = max(self._emitted, len(text))
         return delta
 
@@ -86,9 +89,9 @@ class IncrementalDetokenizer:
         """Emit ``text`` (the window's text up to ``boundary``) and start the
         next window at the previous boundary, so it has context."""
         delta = self._take(text)
-        self._ids = self._ids[self._read:]
+        self._ids = self._ids[self._read :]
         self._read = boundary - self._read
-        self._emitted = len(self._decode(self._ids[:self._read]))
+        self._emitted = len(self._decode(self._ids[: self._read]))
         return delta
 
     def _decode(self, ids: list[int]) -> str:

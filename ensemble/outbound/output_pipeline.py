@@ -5,6 +5,7 @@ A text stage that ends the response (a stop string, a ``stop`` filter rule)
 flushes everything before it at once, and its reason wins over the engine's;
 the adapter then stops the engine request so its KV is freed.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence

@@ -1,6 +1,7 @@
 """One response of the LLM step read into plain values, and the public output
 tensors (docs/interface.md) built from it; shared by the `postprocessing`
 adapter and `llm_bls`, so both read and answer a response the same way."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -19,21 +20,30 @@ ArrayGetter = Callable[[str], "np.ndarray | None"]
 # The LLM step's outputs the text stages read: what `llm_bls` asks for, and
 # what `llm_response_from` parses.
 LLM_RESPONSE_OUTPUTS: tuple[str, ...] = (
-    "output_ids", "sequence_length", "finish_reason", "num_input_tokens", "cum_log_probs", "output_log_probs",
-    "arrival_time_ns", "first_token_time_ns", "last_token_time_ns")
+    "output_ids",
+    "sequence_length",
+    "finish_reason",
+    "num_input_tokens",
+    "cum_log_probs",
+    "output_log_probs",
+    "arrival_time_ns",
+    "first_token_time_ns",
+    "last_token_time_ns",
+)
 _TIMES = ("arrival_time_ns", "first_token_time_ns", "last_token_time_ns")
 
 
 @dataclass
 class LLMResponse:
     """One response of the LLM step, as plain values."""
+
     token_ids: list[int]
     sequence_length: int
     finish_reason: str | None
     num_input_tokens: int = 0
     cum_log_probs: np.ndarray | None = None
     output_log_probs: np.ndarray | None = None
-    times_ns: tuple[int, int, int] | None = None   # arrival, first token, last token
+    times_ns: tuple[int, int, int] | None = None  # arrival, first token, last token
 
 
 def llm_response_from(get: ArrayGetter) -> LLMResponse:
@@ -50,8 +60,10 @@ def llm_response_from(get: ArrayGetter) -> LLMResponse:
         sequence_length=int(_first(get, "sequence_length") or 0),
         finish_reason=_finish_reason(_first(get, "finish_reason")),
         num_input_tokens=int(_first(get, "num_input_tokens") or 0),
-        cum_log_probs=get("cum_log_probs"), output_log_probs=get("output_log_probs"),
-        times_ns=(arrival, first_token, last_token))
+        cum_log_probs=get("cum_log_probs"),
+        output_log_probs=get("output_log_probs"),
+        times_ns=(arrival, first_token, last_token),
+    )
 
 
 def _first(get: ArrayGetter, name: str) -> Any:
@@ -89,12 +101,16 @@ class ReturnFlags:
     @classmethod
     def of(cls, context: RequestContext) -> ReturnFlags:
         """The request's `return_*` inputs, as preprocessing packed them."""
-        return cls(log_probs=context.return_log_probs, perf_metrics=context.return_perf_metrics,
-                   output_ids=context.return_output_ids)
+        return cls(
+            log_probs=context.return_log_probs,
+            perf_metrics=context.return_perf_metrics,
+            output_ids=context.return_output_ids,
+        )
 
 
-def public_output_arrays(text: str, finish_reason: str | None, llm: LLMResponse,
-                         flags: ReturnFlags, request_key: str) -> dict[str, np.ndarray]:
+def public_output_arrays(
+    text: str, finish_reason: str | None, llm: LLMResponse, flags: ReturnFlags, request_key: str
+) -> dict[str, np.ndarray]:
     """Arrays with the batch dimension; what is not asked for is empty/zero.
     Every response carries the request key, so a caller that let the server
     mint it can still stop the request."""
@@ -107,11 +123,16 @@ def public_output_arrays(text: str, finish_reason: str | None, llm: LLMResponse,
         "num_input_tokens": np.asarray([[llm.num_input_tokens]], dtype=np.int32),
         "num_output_tokens": np.asarray([[len(llm.token_ids)]], dtype=np.int32),
         "output_ids": np.asarray([llm.token_ids if flags.output_ids else []], dtype=np.int32),
-        "cum_log_probs": (np.asarray(llm.cum_log_probs, dtype=np.float32).reshape(1, -1) if want_lp
-                          else np.zeros((1, 0), dtype=np.float32)),
-        "output_log_probs": (np.asarray(llm.output_log_probs, dtype=np.float32).reshape(1, 1, -1)
-                             if want_lp and llm.output_log_probs is not None
-                             else np.zeros((1, 0, 0), dtype=np.float32)),
+        "cum_log_probs": (
+            np.asarray(llm.cum_log_probs, dtype=np.float32).reshape(1, -1)
+            if want_lp
+            else np.zeros((1, 0), dtype=np.float32)
+        ),
+        "output_log_probs": (
+            np.asarray(llm.output_log_probs, dtype=np.float32).reshape(1, 1, -1)
+            if want_lp and llm.output_log_probs is not None
+            else np.zeros((1, 0, 0), dtype=np.float32)
+        ),
         "arrival_time_ns": np.asarray([[times[0]]], dtype=np.int64),
         "first_token_time_ns": np.asarray([[times[1]]], dtype=np.int64),
         "last_token_time_ns": np.asarray([[times[2]]], dtype=np.int64),

@@ -7,6 +7,7 @@ kept in that sentence; ".5" or "e.g.x" never split. A paragraph ends at a blank
 line. Sentence mode also ends a sentence at a blank line, so a heading or list
 without punctuation is never held to the end.
 """
+
 from __future__ import annotations
 
 import enum

@@ -14,6 +14,7 @@ preserve_ordering: true }` then releases the responses in arrival order.
 A single instance keeps state in process (`InProcessStateStore`) and skips all
 of this.
 """
+
 from __future__ import annotations
 
 import sqlite3
@@ -57,8 +58,7 @@ class SqliteStateStore:
     OPEN_TIMEOUT_S = 30.0
 
     def __init__(self, path: str) -> None:
-        self._conn = sqlite3.connect(path, timeout=self.OPEN_TIMEOUT_S, isolation_level=None,
-                                     check_same_thread=False)
+        self._conn = sqlite3.connect(path, timeout=self.OPEN_TIMEOUT_S, isolation_level=None, check_same_thread=False)
         self._lock = threading.Lock()
         # The instances start together. Switching a new file to WAL while
         # another connection does the same is answered "database is locked"
@@ -70,8 +70,9 @@ class SqliteStateStore:
                 with self._lock:
                     self._conn.execute("PRAGMA journal_mode=WAL")
                     self._conn.execute("PRAGMA synchronous=OFF")
-                    self._conn.execute("CREATE TABLE IF NOT EXISTS stream_state ("
-                                       "key TEXT PRIMARY KEY, next_start INTEGER, blob BLOB)")
+                    self._conn.execute(
+                        "CREATE TABLE IF NOT EXISTS stream_state (key TEXT PRIMARY KEY, next_start INTEGER, blob BLOB)"
+                    )
                 return
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) or time.monotonic() > deadline:
@@ -82,8 +83,7 @@ class SqliteStateStore:
         deadline = time.monotonic() + timeout_s
         while True:
             with self._lock:
-                row = self._conn.execute("SELECT next_start, blob FROM stream_state WHERE key = ?",
-                                         (key,)).fetchone()
+                row = self._conn.execute("SELECT next_start, blob FROM stream_state WHERE key = ?", (key,)).fetchone()
             if row is None and start == 0:
                 return None
             if row is not None and row[0] == start:
@@ -91,16 +91,18 @@ class SqliteStateStore:
             if time.monotonic() > deadline:
                 have = None if row is None else row[0]
                 # the key is the request's secret: never in a message that may be logged
-                raise StreamOrderError(f"stream state: waited {timeout_s} s for position {start}, "
-                                       f"the stream is at {have}")
+                raise StreamOrderError(
+                    f"stream state: waited {timeout_s} s for position {start}, the stream is at {have}"
+                )
             time.sleep(self.POLL_S)
 
     def save(self, key: str, next_start: int, blob: bytes) -> None:
         with self._lock:
             # columns named: a file left in /dev/shm by an earlier version has a
             # fourth column (`updated`), which then stays NULL
-            self._conn.execute("INSERT OR REPLACE INTO stream_state (key, next_start, blob) VALUES (?, ?, ?)",
-                               (key, next_start, blob))
+            self._conn.execute(
+                "INSERT OR REPLACE INTO stream_state (key, next_start, blob) VALUES (?, ?, ?)", (key, next_start, blob)
+            )
 
     def delete(self, key: str) -> None:
         with self._lock:

@@ -9,6 +9,7 @@ so the tail of the text that could still grow into one is held back; it is
 released as soon as it no longer can. On a match the text before it is
 emitted and the stop string itself never is.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -48,8 +49,8 @@ class StopStringMatcher:
             self._stopped = True
             return StopResult(buffer[:match], stopped=True)
         hold = self._holdable_tail(buffer)
-        self._held = buffer[len(buffer) - hold:] if hold else ""
-        return StopResult(buffer[:len(buffer) - hold])
+        self._held = buffer[len(buffer) - hold :] if hold else ""
+        return StopResult(buffer[: len(buffer) - hold])
 
     def flush(self) -> StopResult:
         """End of stream: a held partial match was not a stop after all."""

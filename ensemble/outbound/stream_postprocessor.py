@@ -1,6 +1,7 @@
 """The `postprocessing` step's logic, without Triton: one LLM response in,
 one text delta out, with the stream's OutputPipeline carried between calls
 through a StateStore (see shared_state.py for why and how)."""
+
 from __future__ import annotations
 
 import io
@@ -25,7 +26,7 @@ _FILTER_REF = "content_filter_rules"
 class LLMDelta:
     key: str
     token_ids: Sequence[int]
-    sequence_length: int            # tokens generated so far, this delta included
+    sequence_length: int  # tokens generated so far, this delta included
     engine_finish_reason: str | None
     streaming: bool
 
@@ -33,31 +34,45 @@ class LLMDelta:
 @dataclass(frozen=True)
 class StepResult:
     text: str
-    finish_reason: str | None       # set on the stream's last response only
-    stop_engine: bool               # a text stage ended the stream: free the engine request
+    finish_reason: str | None  # set on the stream's last response only
+    stop_engine: bool  # a text stage ended the stream: free the engine request
 
 
 class StreamPostprocessor:
-    def __init__(self, tokenizer: Tokenizer, store: StateStore,
-                 content_filter: ContentFilterRules | None = None, order_wait_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        store: StateStore,
+        content_filter: ContentFilterRules | None = None,
+        order_wait_s: float = 30.0,
+    ) -> None:
         self._tokenizer = tokenizer
         self._store = store
         self._filter = content_filter
         self._order_wait_s = order_wait_s
 
-    def new_pipeline(self, stop_strings: Sequence[str], segment: str | None,
-                     primed_ids: Sequence[int] = ()) -> OutputPipeline:
+    def new_pipeline(
+        self, stop_strings: Sequence[str], segment: str | None, primed_ids: Sequence[int] = ()
+    ) -> OutputPipeline:
         """A stream's pipeline; `primed_ids`: a continuation's ids, replayed
         first (OutputPipeline.prime; RequestContext.primed_ids)."""
-        pipeline = OutputPipeline(self._tokenizer, OutputConfig(stop_strings=tuple(stop_strings),
-                                                                segment=SegmentMode.parse(segment),
-                                                                content_filter=self._filter))
+        pipeline = OutputPipeline(
+            self._tokenizer,
+            OutputConfig(
+                stop_strings=tuple(stop_strings), segment=SegmentMode.parse(segment), content_filter=self._filter
+            ),
+        )
         if primed_ids:
             pipeline.prime(primed_ids)
         return pipeline
 
-    def process(self, delta: LLMDelta, stop_strings: Sequence[str] = (), segment: str | None = None,
-                primed_ids: Sequence[int] = ()) -> StepResult:
+    def process(
+        self,
+        delta: LLMDelta,
+        stop_strings: Sequence[str] = (),
+        segment: str | None = None,
+        primed_ids: Sequence[int] = (),
+    ) -> StepResult:
         if not delta.streaming:
             pipeline = self.new_pipeline(stop_strings, segment, primed_ids)
             first = pipeline.push(delta.token_ids)

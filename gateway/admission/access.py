@@ -19,6 +19,7 @@ the rate-limit storage (Redis) is unreachable, admission fails closed with 503:
 every request costs accelerator time, and an unmetered fleet is the worse
 failure. A running stream is never cut: add_tokens and release only log.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -62,24 +63,27 @@ _rejections: weakref.WeakKeyDictionary[CollectorRegistry, Counter] = weakref.Wea
 
 def _rejection_counter(registry: CollectorRegistry) -> Counter:
     if registry not in _rejections:
-        _rejections[registry] = Counter("gateway_rate_limited_total",
-                                        "Requests refused by a rate or concurrency limit, by tier and kind "
-                                        "(qps, tps, concurrency, global)",
-                                        ["tier", "kind"], registry=registry)
+        _rejections[registry] = Counter(
+            "gateway_rate_limited_total",
+            "Requests refused by a rate or concurrency limit, by tier and kind (qps, tps, concurrency, global)",
+            ["tier", "kind"],
+            registry=registry,
+        )
     return _rejections[registry]
 
 
 class LimitedAdmission:
     """One admitted request's hold (policy.Admission)."""
 
-    def __init__(self, policy: AccessPolicy, caller: Caller, slot: Slot, tokens: RateWindow | None,
-                 headers: dict[str, str]) -> None:
+    def __init__(
+        self, policy: AccessPolicy, caller: Caller, slot: Slot, tokens: RateWindow | None, headers: dict[str, str]
+    ) -> None:
         self.headers = headers
         self.caller = caller
         self._policy = policy
         self._slot = slot
         self._tokens = tokens
-        self._pending = 0                  # tokens not yet written to the window
+        self._pending = 0  # tokens not yet written to the window
         self._last_flush = time.monotonic()
         self._released = False
 
@@ -90,8 +94,10 @@ class LimitedAdmission:
         # with Redis, one round trip per streamed token would tax every stream:
         # tokens are written in batches, at the latest every flush_interval_s
         # and always at release, before the next request of a finished stream
-        if (self._pending >= self._policy.flush_tokens
-                or time.monotonic() - self._last_flush >= self._policy.flush_interval_s):
+        if (
+            self._pending >= self._policy.flush_tokens
+            or time.monotonic() - self._last_flush >= self._policy.flush_interval_s
+        ):
             await self._flush()
 
     async def _flush(self) -> None:
@@ -107,19 +113,26 @@ class LimitedAdmission:
     async def release(self) -> None:
         if self._released:
             return
-        self._released = True              # first, so a concurrent second call returns at once
+        self._released = True  # first, so a concurrent second call returns at once
         await self._flush()
         try:
             await self._policy.slots.release(self._slot)
-        except Exception:                  # the slot's TTL frees it in Redis
+        except Exception:  # the slot's TTL frees it in Redis
             log.warning("releasing a slot of key %s failed", self.caller.key_id, exc_info=True)
 
 
 class AccessPolicy:
-    def __init__(self, config: GatewayConfig, *, registry: CollectorRegistry | None = None,
-                 store: KeyStore | None = None, tokens_window_s: int = DEFAULT_TOKENS_WINDOW_S,
-                 redis_prefix: str = "gateway", slot_ttl_s: float = 30.0,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        registry: CollectorRegistry | None = None,
+        store: KeyStore | None = None,
+        tokens_window_s: int = DEFAULT_TOKENS_WINDOW_S,
+        redis_prefix: str = "gateway",
+        slot_ttl_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.config = config
         self.store = store or KeyStore(resolve_keys_file(config.keys_file))
         self.tokens_window_s = tokens_window_s
@@ -127,12 +140,15 @@ class AccessPolicy:
         self.slots: Slots = MemorySlots()
         if config.redis_url:
             import redis.asyncio as aioredis  # late: the memory path never needs it
+
             # one pool for the windows and the slots; connections open on first use
             self._redis_pool = aioredis.ConnectionPool.from_url(config.redis_url)
-            self.slots = RedisSlots(aioredis.Redis(connection_pool=self._redis_pool), prefix=redis_prefix,
-                                    ttl_s=slot_ttl_s)
-        self.windows = RateWindows(storage_for(config.redis_url, key_prefix=redis_prefix,
-                                               connection_pool=self._redis_pool), clock=clock)
+            self.slots = RedisSlots(
+                aioredis.Redis(connection_pool=self._redis_pool), prefix=redis_prefix, ttl_s=slot_ttl_s
+            )
+        self.windows = RateWindows(
+            storage_for(config.redis_url, key_prefix=redis_prefix, connection_pool=self._redis_pool), clock=clock
+        )
         # memory: every token at once (cheap, exact); Redis: batches
         self.flush_tokens = 32 if config.redis_url else 1
         self.flush_interval_s = 0.25
@@ -165,14 +181,17 @@ class AccessPolicy:
     def check_model(self, caller: Caller, model: str) -> None:
         allowed = caller.tier.allowed_models
         if allowed and model not in allowed:
-            raise GatewayError(403, f"Your API key's tier '{caller.tier_name}' may not use model '{model}'.",
-                               param="model", code="model_not_allowed")
+            raise GatewayError(
+                403,
+                f"Your API key's tier '{caller.tier_name}' may not use model '{model}'.",
+                param="model",
+                code="model_not_allowed",
+            )
 
     # admission
 
     def _windows_of(self, tier: TierConfig) -> tuple[RateWindow | None, RateWindow | None]:
-        return request_window(tier.requests_per_second), token_window(tier.tokens_per_second,
-                                                                      self.tokens_window_s)
+        return request_window(tier.requests_per_second), token_window(tier.tokens_per_second, self.tokens_window_s)
 
     async def admit(self, caller: Caller, prompt_tokens: int) -> LimitedAdmission:
         try:
@@ -181,8 +200,12 @@ class AccessPolicy:
             raise
         except Exception:
             log.exception("rate-limit storage failed; refusing key %s's request", caller.key_id)
-            raise GatewayError(503, "The gateway cannot check rate limits right now; retry shortly.",
-                               code="rate_limiter_unavailable", headers=retry_headers(1.0)) from None
+            raise GatewayError(
+                503,
+                "The gateway cannot check rate limits right now; retry shortly.",
+                code="rate_limiter_unavailable",
+                headers=retry_headers(1.0),
+            ) from None
 
     async def _admit(self, caller: Caller, prompt_tokens: int) -> LimitedAdmission:
         key_id, tier = caller.key_id, caller.tier
@@ -195,32 +218,59 @@ class AccessPolicy:
             need = max(1, min(prompt_tokens, tokens.amount))
             if not token_state.fits(need):
                 request_state = await self.windows.request_state(key_id, requests) if requests else None
-                raise self._refuse(caller, "tps", token_state.wait_for(need), request_state, token_state,
-                                   f"Rate limit reached for tokens: {tokens.amount} per {tokens.seconds} s "
-                                   f"(used {math.floor(token_state.used)}, this request needs {need}).")
+                raise self._refuse(
+                    caller,
+                    "tps",
+                    token_state.wait_for(need),
+                    request_state,
+                    token_state,
+                    f"Rate limit reached for tokens: {tokens.amount} per {tokens.seconds} s "
+                    f"(used {math.floor(token_state.used)}, this request needs {need}).",
+                )
 
-        slot = await self.slots.acquire(key_id, tier.max_concurrent_requests,
-                                        self.config.limits.max_concurrent_requests)
+        slot = await self.slots.acquire(
+            key_id, tier.max_concurrent_requests, self.config.limits.max_concurrent_requests
+        )
         if not isinstance(slot, Slot):
             if slot == "global":
-                raise self._refuse(caller, "global", 1.0, None, None,
-                                   "The gateway is at its concurrent-request capacity; retry shortly.")
-            raise self._refuse(caller, "concurrency", 1.0, None, None,
-                               f"Too many concurrent requests: this key's tier allows "
-                               f"{tier.max_concurrent_requests} at a time.")
+                raise self._refuse(
+                    caller,
+                    "global",
+                    1.0,
+                    None,
+                    None,
+                    "The gateway is at its concurrent-request capacity; retry shortly.",
+                )
+            raise self._refuse(
+                caller,
+                "concurrency",
+                1.0,
+                None,
+                None,
+                f"Too many concurrent requests: this key's tier allows {tier.max_concurrent_requests} at a time.",
+            )
 
         try:
             request_state = None
             if requests is not None:
                 if not await self.windows.hit_request(key_id, requests):
                     state = await self.windows.request_state(key_id, requests)
-                    raise self._refuse(caller, "qps", state.reset_s, state, token_state,
-                                       f"Rate limit reached for requests: {requests.amount} per "
-                                       f"{requests.seconds} s.")
+                    raise self._refuse(
+                        caller,
+                        "qps",
+                        state.reset_s,
+                        state,
+                        token_state,
+                        f"Rate limit reached for requests: {requests.amount} per {requests.seconds} s.",
+                    )
             if tokens is not None and token_state is not None:
-                token_state = TokenState(limit=token_state.limit, seconds=token_state.seconds,
-                                         previous=token_state.previous,
-                                         current=token_state.current + prompt_tokens, ends_in=token_state.ends_in)
+                token_state = TokenState(
+                    limit=token_state.limit,
+                    seconds=token_state.seconds,
+                    previous=token_state.previous,
+                    current=token_state.current + prompt_tokens,
+                    ends_in=token_state.ends_in,
+                )
             # the prompt's charge and the headers' read are independent: one
             # round trip of waiting instead of two when Redis holds them
             jobs: list[Awaitable[Any]] = []
@@ -235,11 +285,17 @@ class AccessPolicy:
             raise
         return LimitedAdmission(self, caller, slot, tokens, rate_limit_headers(request_state, token_state))
 
-    def _refuse(self, caller: Caller, kind: str, wait_s: float, requests: RequestState | None,
-                tokens: TokenState | None, message: str) -> GatewayError:
+    def _refuse(
+        self,
+        caller: Caller,
+        kind: str,
+        wait_s: float,
+        requests: RequestState | None,
+        tokens: TokenState | None,
+        message: str,
+    ) -> GatewayError:
         self.rejections.labels(tier=caller.tier_name, kind=kind).inc()
-        log.info("rate limited: key %s tier %s kind %s retry in %.3f s", caller.key_id, caller.tier_name,
-                 kind, wait_s)
+        log.info("rate limited: key %s tier %s kind %s retry in %.3f s", caller.key_id, caller.tier_name, kind, wait_s)
         headers = {**retry_headers(wait_s), **rate_limit_headers(requests, tokens)}
         if kind == "global":
             return GatewayError(503, message, code="overloaded", headers=headers)

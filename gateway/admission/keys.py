@@ -11,6 +11,7 @@ rename) with mode 0600, under an exclusive lock so two `keys create` never lose
 each other's key. Readers (the gateway) reload it when its stat changes, so a
 revocation holds from the next request without a restart.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -33,10 +34,10 @@ from ..lifecycle.state_dir import state_dir
 log = logging.getLogger(__name__)
 
 KEY_PREFIX = "sk-"
-KEY_ID_HEX_CHARS = 12          # 48 random bits: a handle, not a secret; collisions are re-drawn
-SECRET_BYTES = 32              # 256 bits (≥ 128 asked); token_urlsafe → 43 characters
+KEY_ID_HEX_CHARS = 12  # 48 random bits: a handle, not a secret; collisions are re-drawn
+SECRET_BYTES = 32  # 256 bits (≥ 128 asked); token_urlsafe → 43 characters
 STORE_VERSION = 1
-LOCAL_KEY_FILE = "gateway_local_key"   # next to the store: the key `make serve` prints
+LOCAL_KEY_FILE = "gateway_local_key"  # next to the store: the key `make serve` prints
 
 # generous on lengths so a key made by an older or newer version still parses;
 # '.' separates id and secret and appears in neither
@@ -74,9 +75,9 @@ def _now_iso() -> str:
 @dataclass(frozen=True)
 class KeyRecord:
     key_id: str
-    key_hash: str              # sha256 hex of the whole key
+    key_hash: str  # sha256 hex of the whole key
     tier: str
-    created: str               # ISO 8601, UTC
+    created: str  # ISO 8601, UTC
     label: str = ""
     revoked: bool = False
 
@@ -86,7 +87,7 @@ class KeyRecord:
 
 @dataclass(frozen=True)
 class NewKey:
-    key: str                   # shown once, then only its hash exists
+    key: str  # shown once, then only its hash exists
     record: KeyRecord
 
 
@@ -144,8 +145,7 @@ class KeyStore:
                 raise
             # a damaged edit must not lock every caller out: keep the last good
             # records, say so once (the signature is taken below)
-            log.error("key store %s unreadable; keeping the %d keys read before", self.path,
-                      len(self._records))
+            log.error("key store %s unreadable; keeping the %d keys read before", self.path, len(self._records))
         self._signature = signature
 
     def _read(self) -> dict[str, KeyRecord]:
@@ -175,8 +175,7 @@ class KeyStore:
             while key_id in records:
                 key_id = secrets.token_hex(KEY_ID_HEX_CHARS // 2)
             key = f"{KEY_PREFIX}{key_id}.{secrets.token_urlsafe(SECRET_BYTES)}"
-            record = KeyRecord(key_id=key_id, key_hash=hash_key(key), tier=tier, created=_now_iso(),
-                               label=label)
+            record = KeyRecord(key_id=key_id, key_hash=hash_key(key), tier=tier, created=_now_iso(), label=label)
             records[key_id] = record
             self._write(records)
         return NewKey(key=key, record=record)
@@ -200,13 +199,15 @@ class KeyStore:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
-            os.close(fd)   # closing drops the lock
+            os.close(fd)  # closing drops the lock
 
     def _write(self, records: dict[str, KeyRecord]) -> None:
-        body = {"version": STORE_VERSION,
-                "keys": [asdict(r) for r in sorted(records.values(), key=lambda r: (r.created, r.key_id))]}
+        body = {
+            "version": STORE_VERSION,
+            "keys": [asdict(r) for r in sorted(records.values(), key=lambda r: (r.created, r.key_id))],
+        }
         write_private(self.path, json.dumps(body, indent=2) + "\n")
-        self._signature = None   # our own write: reload on next read
+        self._signature = None  # our own write: reload on next read
 
 
 def write_private(path: Path, text: str) -> None:

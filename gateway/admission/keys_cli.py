@@ -4,6 +4,7 @@
 --tier free)` works); what it says about it goes to stderr. `list` shows key
 ids, tiers, labels, creation times and revocations, never a key or a hash.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,9 +20,11 @@ from .keys import KeyStore, KeyStoreError, resolve_keys_file
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m gateway keys", description="Manage the gateway's API keys.")
-    parser.add_argument("--keys-file", default=None,
-                        help="the key store (default: the gateway settings' keys_file, "
-                             "else <build dir>/gateway_keys.json)")
+    parser.add_argument(
+        "--keys-file",
+        default=None,
+        help="the key store (default: the gateway settings' keys_file, else <build dir>/gateway_keys.json)",
+    )
     # also accepted after the subcommand (`keys list --keys-file F`)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--keys-file", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -31,20 +34,25 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--label", default="", help="a note for humans: owner, purpose")
     listing = sub.add_parser("list", parents=[common], help="list keys (ids, tiers, labels, created, revoked)")
     listing.add_argument("--json", action="store_true", help="one JSON array instead of a table")
-    revoke = sub.add_parser("revoke", parents=[common],
-                            help="revoke a key by its id (holds from the gateway's next request)")
+    revoke = sub.add_parser(
+        "revoke", parents=[common], help="revoke a key by its id (holds from the gateway's next request)"
+    )
     revoke.add_argument("key_id", help="the id shown by `list` (sk-<key_id>.…)")
     return parser
 
 
-def main(argv: Sequence[str] | None = None, config: GatewayConfig | None = None,
-         stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    config: GatewayConfig | None = None,
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
     """Exit status: 0 done, 1 refused (unknown tier or key id, bad store), 2 usage."""
     out, err = stdout or sys.stdout, stderr or sys.stderr
     config = config or GatewayConfig()
     try:
         args = _parser().parse_args(argv)
-    except SystemExit as exc:      # argparse's usage errors: a status, not an exit
+    except SystemExit as exc:  # argparse's usage errors: a status, not an exit
         return int(exc.code or 0)
     store = KeyStore(resolve_keys_file(args.keys_file if args.keys_file is not None else config.keys_file))
     try:
@@ -64,8 +72,11 @@ def _create(store: KeyStore, config: GatewayConfig, tier: str, label: str, out: 
         return 1
     new = store.create(tier, label)
     print(new.key, file=out)
-    print(f"created key {new.record.key_id} (tier {tier}) in {store.path}; "
-          "the key above is shown only now: store it safely", file=err)
+    print(
+        f"created key {new.record.key_id} (tier {tier}) in {store.path}; "
+        "the key above is shown only now: store it safely",
+        file=err,
+    )
     return 0
 
 

@@ -31,6 +31,7 @@ on the gateways' clocks (hosts keep NTP time).
 
 0 in a limit means unlimited: no window, no header for it.
 """
+
 from __future__ import annotations
 
 import math
@@ -45,14 +46,14 @@ from limits.aio.strategies import MovingWindowRateLimiter
 
 # passed as the limit to record tokens past the budget: the storage's own
 # check (count + amount > limit) can then never refuse
-_UNBOUNDED = 2 ** 52
+_UNBOUNDED = 2**52
 DEFAULT_TOKENS_WINDOW_S = 60
 
 
 @dataclass(frozen=True)
 class RateWindow:
-    amount: int                # the budget
-    seconds: int               # over this many seconds
+    amount: int  # the budget
+    seconds: int  # over this many seconds
 
 
 def request_window(requests_per_second: float) -> RateWindow | None:
@@ -79,13 +80,14 @@ def token_window(tokens_per_second: float, seconds: int = DEFAULT_TOKENS_WINDOW_
 class RequestState:
     limit: int
     remaining: int
-    reset_s: float             # until the oldest admission leaves the window (one more may enter)
+    reset_s: float  # until the oldest admission leaves the window (one more may enter)
 
 
 @dataclass(frozen=True)
 class TokenState:
     """A sliding window counter as read: the previous window's count, this
     window's, and `ends_in`, the seconds until this window becomes the previous."""
+
     limit: int
     seconds: int
     previous: int
@@ -119,7 +121,7 @@ class TokenState:
         returned time, floor(used) + need ≤ limit holds."""
         if self.fits(need):
             return 0.0
-        target = self.limit - need + 1          # fits once used_after(t) < target
+        target = self.limit - need + 1  # fits once used_after(t) < target
         w = self.seconds
         if self.current < target and self.previous > 0:
             # the previous window's weight runs out first, within ends_in
@@ -180,19 +182,22 @@ class RateWindows:
 
     async def token_state(self, key_id: str, window: RateWindow) -> TokenState:
         previous, previous_ttl, current, current_ttl = await self.storage.get_sliding_window(  # type: ignore[attr-defined]
-            self._token_key(key_id, window), window.seconds)
+            self._token_key(key_id, window), window.seconds
+        )
         # both storages report this window's TTL as (time left in it) + W,
         # and the previous one's as the time left in this one
         ends_in = current_ttl - window.seconds if current_ttl > 0 else previous_ttl
         ends_in = min(max(0.0, ends_in), float(window.seconds))
-        return TokenState(limit=window.amount, seconds=window.seconds, previous=int(previous),
-                          current=int(current), ends_in=ends_in)
+        return TokenState(
+            limit=window.amount, seconds=window.seconds, previous=int(previous), current=int(current), ends_in=ends_in
+        )
 
     async def charge_tokens(self, key_id: str, window: RateWindow, amount: int) -> None:
         """Record tokens, past the budget too (the surplus is debt)."""
         if amount > 0:
             await self.storage.acquire_sliding_window_entry(  # type: ignore[attr-defined]
-                self._token_key(key_id, window), _UNBOUNDED, window.seconds, amount)
+                self._token_key(key_id, window), _UNBOUNDED, window.seconds, amount
+            )
 
 
 def format_reset(seconds: float) -> str:

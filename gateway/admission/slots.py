@@ -9,6 +9,7 @@ lives `ttl_s` unless renewed; each process renews its live slots every
 ttl_s / 3 from one background task, so a crashed gateway's slots expire within
 ttl_s instead of blocking the key (or the fleet) forever.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -103,7 +104,7 @@ return 0
 
 class RedisSlots:
     def __init__(self, client: Any, *, prefix: str = "gateway", ttl_s: float = 30.0) -> None:
-        self.client = client               # a redis.asyncio.Redis; its owner closes it
+        self.client = client  # a redis.asyncio.Redis; its owner closes it
         self.prefix = prefix
         self.ttl_ms = max(1, round(ttl_s * 1000))
         self._acquire = self.client.register_script(_ACQUIRE)
@@ -120,8 +121,12 @@ class RedisSlots:
 
     async def acquire(self, key_id: str, key_limit: int, global_limit: int) -> Slot | Refusal:
         slot = Slot(key_id, uuid.uuid4().hex)
-        status = int(await self._acquire(keys=[self._key_set(key_id), self._global_set],
-                                         args=[slot.slot_id, self.ttl_ms, key_limit, global_limit]))
+        status = int(
+            await self._acquire(
+                keys=[self._key_set(key_id), self._global_set],
+                args=[slot.slot_id, self.ttl_ms, key_limit, global_limit],
+            )
+        )
         if status == 1:
             return "concurrency"
         if status == 2:
@@ -151,7 +156,7 @@ class RedisSlots:
             await asyncio.sleep(self.ttl_ms / 3000)
             try:
                 await self.renew()
-            except Exception:    # Redis away for a moment: the next round retries
+            except Exception:  # Redis away for a moment: the next round retries
                 log.warning("renewing %d concurrency slots in Redis failed", len(self._live), exc_info=True)
 
     async def aclose(self) -> None:

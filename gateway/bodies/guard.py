@@ -7,6 +7,7 @@ refused before reading a byte; a chunked body is read only up to the bound),
 and its JSON may not nest deeper than `max_json_depth` (400; checked on the
 raw bytes, so a deeply nested document never reaches a recursive parser).
 The accepted body is handed on to the application as one message."""
+
 from __future__ import annotations
 
 import json
@@ -61,7 +62,7 @@ def _json_part(body: bytes, headers: dict[bytes, bytes]) -> bytes:
     (whose bytes may hold anything, brackets included)."""
     declared = headers.get(b"inference-header-content-length")
     if declared is not None and declared.isdigit():
-        return body[:int(declared)]
+        return body[: int(declared)]
     return body
 
 
@@ -95,7 +96,7 @@ class BodyGuard:
 
     async def _read(self, scope: Scope, receive: Receive) -> bytes:
         headers = {k.lower(): v for k, v in scope["headers"]}
-        empty = headers.get(b"content-length") == b"0"      # an action without a body (POST .../drain)
+        empty = headers.get(b"content-length") == b"0"  # an action without a body (POST .../drain)
         if not empty and not _media_type_ok(headers.get(b"content-type", b"").decode("latin-1"), scope["path"]):
             raise GatewayError(415, "Content-Type must be application/json.", code="unsupported_media_type")
         declared = headers.get(b"content-length")
@@ -121,13 +122,11 @@ class BodyGuard:
                 break
         body = b"".join(chunks)
         if json_depth(_json_part(body, headers), self.max_json_depth) > self.max_json_depth:
-            raise GatewayError(400, f"JSON nesting deeper than {self.max_json_depth} levels.",
-                               code="json_too_deep")
+            raise GatewayError(400, f"JSON nesting deeper than {self.max_json_depth} levels.", code="json_too_deep")
         return body
 
     def _too_large(self) -> GatewayError:
-        return GatewayError(413, f"The request body exceeds {self.max_body_bytes} bytes.",
-                            code="request_too_large")
+        return GatewayError(413, f"The request body exceeds {self.max_body_bytes} bytes.", code="request_too_large")
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

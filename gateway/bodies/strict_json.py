@@ -19,6 +19,7 @@ walked once: the first problem comes back as `Unfit(path, what)`. The OpenAI
 routes (`gateway/openai/body.py`) and Triton's HTTP routes
 (`gateway/triton/body_json.py`) each turn it into their own error, naming the
 field as their callers know it."""
+
 from __future__ import annotations
 
 import json
@@ -60,6 +61,7 @@ class Unfit(Exception):
 class _Refused:
     """A value JSON does not allow, kept in place until the walk can say
     where it is (the parser's hooks do not know)."""
+
     what: str
 
 
@@ -73,8 +75,9 @@ def parse(raw: bytes, *, integral_as_int: bool = False) -> Any:
     text = raw.decode("utf-8", "surrogateescape")
     number = _integral_number if integral_as_int else _number
     try:
-        document = json.loads(text, object_pairs_hook=_pairs, parse_constant=_constant, parse_int=_int,
-                              parse_float=number)
+        document = json.loads(
+            text, object_pairs_hook=_pairs, parse_constant=_constant, parse_int=_int, parse_float=number
+        )
     except json.JSONDecodeError as exc:
         raise NotJSON(f"{exc.msg} at position {exc.pos}") from None
     except RecursionError:
@@ -111,15 +114,15 @@ def _int(literal: str) -> int | _Refused:
 
 def _number(literal: str) -> float | _Refused:
     value = float(literal)
-    if value in (float("inf"), float("-inf")):        # a literal is never NaN: that is _constant's
+    if value in (float("inf"), float("-inf")):  # a literal is never NaN: that is _constant's
         return _Refused(f"{shown(literal)} is out of range (only finite numbers are accepted)")
     return value
 
 
 def _integral_number(literal: str) -> float | int | _Refused:
     value = _number(literal)
-    if isinstance(value, float) and value.is_integer() and abs(value) <= 2 ** 64:
-        exact = Decimal(literal)          # the float may have rounded a fraction away
+    if isinstance(value, float) and value.is_integer() and abs(value) <= 2**64:
+        exact = Decimal(literal)  # the float may have rounded a fraction away
         if exact == exact.to_integral_value():
             return int(exact)
     return value

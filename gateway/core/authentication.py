@@ -2,6 +2,7 @@
 streams): the API key in `Authorization` through the app's access policy,
 recorded in the request's log context. (The gRPC door reads its metadata
 itself: gateway/triton/grpc_door.py.)"""
+
 from __future__ import annotations
 
 from fastapi import Request

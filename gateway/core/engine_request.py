@@ -2,6 +2,7 @@
 each engine request's text and options (the client library's
 `GenerationOptions`), the tier's cap on `max_tokens`, and the lower bound of
 the prompt's tokens the admission is charged before the engine counts them."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,10 +20,11 @@ BYTES_PER_TOKEN_BOUND = 8
 @dataclass(frozen=True)
 class UpstreamRequest:
     """One engine request: one choice of the answer."""
+
     index: int
     text_input: str
     options: GenerationOptions
-    prompt_index: int = 0       # the n choices of one prompt share its prompt tokens in `usage`
+    prompt_index: int = 0  # the n choices of one prompt share its prompt tokens in `usage`
 
 
 def capped_max_tokens(requested: int | None, tier: TierConfig) -> int | None:

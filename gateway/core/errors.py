@@ -1,15 +1,23 @@
 """The gateway's one error type, answered in OpenAI's shape
 `{"error": {"message", "type", "param", "code"}}` so OpenAI SDKs raise the
 right exception class (400 BadRequestError, 401 AuthenticationError, ...)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
 # OpenAI's `type` per status
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 413: "invalid_request_error", 415: "invalid_request_error",
-          429: "rate_limit_error", 503: "service_unavailable_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+}
 
 
 @dataclass
@@ -28,8 +36,14 @@ class GatewayError(Exception):
         super().__init__(self.message)
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": _TYPES.get(self.status, "api_error"),
-                          "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": _TYPES.get(self.status, "api_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 def encodable(text: str) -> str:

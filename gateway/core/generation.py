@@ -7,6 +7,7 @@ prompt: the choices of one prompt share it, and the prefix cache computes it
 once), completion tokens are the output ids the engine streamed. Tokens reach
 the caller's admission as they flow, with every response (the policy batches
 them for a shared store)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -41,9 +42,20 @@ def event_logprobs(event: StreamEvent) -> list[float]:
 
 
 class Generation:
-    def __init__(self, upstream: Upstream, model: str, requests: list[UpstreamRequest], admission: Admission,
-                 *, route: str, started_s: float, prompt_estimate: int = 0, keep_logprobs: bool = False,
-                 streamed: bool = True, streaming: bool = True) -> None:
+    def __init__(
+        self,
+        upstream: Upstream,
+        model: str,
+        requests: list[UpstreamRequest],
+        admission: Admission,
+        *,
+        route: str,
+        started_s: float,
+        prompt_estimate: int = 0,
+        keep_logprobs: bool = False,
+        streamed: bool = True,
+        streaming: bool = True,
+    ) -> None:
         self._upstream = upstream
         self._model = model
         self._requests = requests
@@ -51,7 +63,7 @@ class Generation:
         self._ttft, self._itl = TTFT.labels(route=route), ITL.labels(route=route)
         self._started_s = started_s
         self._prompt_estimate = prompt_estimate
-        self._keep_logprobs = keep_logprobs    # a whole (non-streamed) answer lists them at the end
+        self._keep_logprobs = keep_logprobs  # a whole (non-streamed) answer lists them at the end
         self._streamed = streamed
         # the engine requests' `stream` input: False asks for one whole answer
         # (Triton's generate / infer routes), True for deltas
@@ -59,7 +71,7 @@ class Generation:
         self.choices = [ChoiceState(r.index, r.prompt_index) for r in requests]
         self._streams: list[UpstreamStream] = []
         self._prompt_tokens: dict[int, int] = {}
-        self._uncharged = 0         # tokens streamed and not yet handed to the admission
+        self._uncharged = 0  # tokens streamed and not yet handed to the admission
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -74,9 +86,10 @@ class Generation:
         """Send every engine request and wait for each one's first response;
         any refusal closes the others and is raised as the caller's answer."""
         ADDED_LATENCY.labels(phase="request").observe(time.perf_counter() - self._started_s)
-        starts = [asyncio.ensure_future(self._upstream.start(self._model, r.text_input, r.options,
-                                                             streaming=self._streaming))
-                  for r in self._requests]
+        starts = [
+            asyncio.ensure_future(self._upstream.start(self._model, r.text_input, r.options, streaming=self._streaming))
+            for r in self._requests
+        ]
         try:
             await asyncio.wait(starts, return_when=asyncio.FIRST_EXCEPTION)
         except BaseException:
@@ -139,7 +152,7 @@ class Generation:
                 async for event in stream.rest():
                     queue.put_nowait((choice, event))
                 queue.put_nowait(None)
-            except Exception as exc:   # handed to the consumer, which raises it
+            except Exception as exc:  # handed to the consumer, which raises it
                 queue.put_nowait(exc)
 
         self._tasks = [asyncio.create_task(pump(c, s)) for c, s in zip(self.choices, self._streams)]

@@ -2,6 +2,7 @@
 nobody will read costs KV blocks and accelerator time), which FastAPI's plain
 handlers would not notice: the work runs next to a watch on the connection,
 and whichever ends first decides."""
+
 from __future__ import annotations
 
 import asyncio

@@ -6,6 +6,7 @@ The doors (gateway/openai/, triton/, streams/) call only this interface;
 gateway/admission/ (keys, tiers, limits) implements it (`AccessPolicy`).
 Every GatewayError raised here carries its status and headers (401, 403, 429
 with Retry-After and x-ratelimit-*)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from ..config import TierConfig
 
 @dataclass(frozen=True)
 class Caller:
-    key_id: str                 # never the key itself
+    key_id: str  # never the key itself
     tier_name: str
     tier: TierConfig
     # a streamed answer is sent in one piece: one content event with the whole
@@ -27,7 +28,7 @@ class Caller:
 class Admission(Protocol):
     """One admitted request's hold on its caller's budget."""
 
-    headers: dict[str, str]     # x-ratelimit-* for the response
+    headers: dict[str, str]  # x-ratelimit-* for the response
 
     async def add_tokens(self, count: int) -> None:
         """Tokens as they really flow (output tokens as they stream): never

@@ -6,6 +6,7 @@ caller.
 Upstream failures become GatewayErrors with the status a caller can act on:
 400 for input the text stages refused, 503 + Retry-After for an overloaded
 engine or an unreachable Triton, 504 for no first token in time."""
+
 from __future__ import annotations
 
 import logging
@@ -37,13 +38,22 @@ OVERLOAD_RETRY_AFTER_S = 1
 UPSTREAM_TOKEN_TIMEOUT_S = 60.0
 # public input → the parameter a caller sent
 # (its own name, except where OpenAI names it otherwise)
-_PARAMS = {spec.name: {"text_input": "prompt", "stop_words": "stop"}.get(spec.name, spec.name)
-           for spec in PUBLIC_INPUTS}
+_PARAMS = {
+    spec.name: {"text_input": "prompt", "stop_words": "stop"}.get(spec.name, spec.name) for spec in PUBLIC_INPUTS
+}
 # the LLM step's inputs that come from a public one under another name: its
 # refusal of one is the caller's input too (a 400), not an engine failure
 _PARAMS.update({llm: _PARAMS[public] for public, llm in PUBLIC_TO_LLM.items()})
-_PARAMS.update({"input_ids": "prompt", "request_output_len": "max_tokens", "stop_words_list": "stop",
-                "stop_words_ids": "stop", "bad_words_list": "bad_words", "bad_words_ids": "bad_words"})
+_PARAMS.update(
+    {
+        "input_ids": "prompt",
+        "request_output_len": "max_tokens",
+        "stop_words_list": "stop",
+        "stop_words_ids": "stop",
+        "bad_words_list": "bad_words",
+        "bad_words_ids": "bad_words",
+    }
+)
 
 
 class UpstreamFailure(Exception):
@@ -62,8 +72,12 @@ def map_error(exc: BaseException) -> GatewayError:
     if isinstance(exc, RequestError):
         if OVERLOADED_MARKER in exc.message:
             UPSTREAM_ERRORS.labels(kind="overloaded").inc()
-            return GatewayError(503, "The engine is overloaded; retry after the delay in Retry-After.",
-                                code="overloaded", headers={"Retry-After": str(OVERLOAD_RETRY_AFTER_S)})
+            return GatewayError(
+                503,
+                "The engine is overloaded; retry after the delay in Retry-After.",
+                code="overloaded",
+                headers={"Retry-After": str(OVERLOAD_RETRY_AFTER_S)},
+            )
         # the text stages' and the LLM step's refusals of an input (contract.errors)
         refusal = parse_refusal(exc.message, _PARAMS)
         if refusal is not None:
@@ -75,8 +89,12 @@ def map_error(exc: BaseException) -> GatewayError:
     if isinstance(exc, ServerConnectionError):
         UPSTREAM_ERRORS.labels(kind="connection").inc()
         log.warning("upstream unreachable: %s", exc)
-        return GatewayError(503, "The engine is unreachable; retry later.", code="upstream_unavailable",
-                            headers={"Retry-After": str(OVERLOAD_RETRY_AFTER_S)})
+        return GatewayError(
+            503,
+            "The engine is unreachable; retry later.",
+            code="upstream_unavailable",
+            headers={"Retry-After": str(OVERLOAD_RETRY_AFTER_S)},
+        )
     if isinstance(exc, FirstTokenTimeoutError):
         UPSTREAM_ERRORS.labels(kind="timeout").inc()
         return GatewayError(504, "The engine did not start answering in time.", code="upstream_timeout")
@@ -102,8 +120,9 @@ class UpstreamStream(Protocol):
 class Upstream(Protocol):
     """Where every door's engine requests go (the fleet: routing, health, failover)."""
 
-    async def start(self, model: str, text_input: str, options: GenerationOptions,
-                    streaming: bool = True) -> UpstreamStream:
+    async def start(
+        self, model: str, text_input: str, options: GenerationOptions, streaming: bool = True
+    ) -> UpstreamStream:
         """Send one engine request and wait for its first response, so that a
         refusal is still the caller's answer (a GatewayError) and not an error
         inside a started stream. `streaming=False`: one response with the whole answer."""

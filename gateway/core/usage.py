@@ -1,6 +1,7 @@
 """How every admitted generation ends, whatever the route (OpenAI, Responses,
 Triton HTTP or gRPC): engine requests still running are stopped, the
 admission is released, the usage is counted per key and logged."""
+
 from __future__ import annotations
 
 from ..ops import logs
@@ -21,5 +22,9 @@ async def settle(generation: Generation, admission: Admission, caller: Caller, o
     KEY_COMPLETION_TOKENS.labels(**labels).inc(completion)
     context = logs.current()
     if context is not None:
-        context.fields.update(prompt_tokens=prompt, completion_tokens=completion, outcome=outcome,
-                              finish_reasons=[c.engine_finish for c in generation.choices])
+        context.fields.update(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            outcome=outcome,
+            finish_reasons=[c.engine_finish for c in generation.choices],
+        )

@@ -11,6 +11,7 @@ starts no climb and holds no level up.
 
 Pure state: time comes in as `now`, the caller (degradation.py) logs,
 counts and publishes the changes."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 from .signals import SignalValues
 
-RECOVERED = "recovered"     # the cause of a step down
+RECOVERED = "recovered"  # the cause of a step down
 
 
 @dataclass(frozen=True)
@@ -29,20 +30,24 @@ class Threshold:
 
     def __post_init__(self) -> None:
         if self.exit < 0 or self.enter < 0:
-            raise ValueError(f"degradation signal {self.signal}: thresholds must not be negative "
-                             f"(enter {self.enter}, exit {self.exit})")
+            raise ValueError(
+                f"degradation signal {self.signal}: thresholds must not be negative "
+                f"(enter {self.enter}, exit {self.exit})"
+            )
         if self.exit > self.enter:
-            raise ValueError(f"degradation signal {self.signal}: the exit threshold ({self.exit}) must not exceed "
-                             f"the enter threshold ({self.enter}), or the level could never settle")
+            raise ValueError(
+                f"degradation signal {self.signal}: the exit threshold ({self.exit}) must not exceed "
+                f"the enter threshold ({self.enter}), or the level could never settle"
+            )
 
 
 @dataclass(frozen=True)
 class Change:
     before: int
     after: int
-    cause: str              # the signal that held above its enter threshold (up), or RECOVERED (down)
-    held_s: float           # how long the condition had held
-    values: SignalValues    # every signal's window value at the change
+    cause: str  # the signal that held above its enter threshold (up), or RECOVERED (down)
+    held_s: float  # how long the condition had held
+    values: SignalValues  # every signal's window value at the change
 
     @property
     def direction(self) -> str:
@@ -50,11 +55,13 @@ class Change:
 
 
 class Controller:
-    def __init__(self, thresholds: Sequence[Threshold], max_level: int, enter_dwell_s: float,
-                 exit_dwell_s: float, now: float) -> None:
+    def __init__(
+        self, thresholds: Sequence[Threshold], max_level: int, enter_dwell_s: float, exit_dwell_s: float, now: float
+    ) -> None:
         if enter_dwell_s < 0 or exit_dwell_s < 0:
-            raise ValueError(f"degradation dwell times must not be negative (enter {enter_dwell_s} s, "
-                             f"exit {exit_dwell_s} s)")
+            raise ValueError(
+                f"degradation dwell times must not be negative (enter {enter_dwell_s} s, exit {exit_dwell_s} s)"
+            )
         if max_level < 0:
             raise ValueError(f"the highest degradation level must not be negative (got {max_level})")
         self.thresholds = tuple(thresholds)
@@ -63,8 +70,8 @@ class Controller:
         self.exit_dwell_s = exit_dwell_s
         self.level = 0
         self.changed_at = now
-        self._above_since: dict[str, float] = {}    # signal → since when above its enter threshold
-        self._calm_since: float | None = None       # since when every signal is at or below its exit threshold
+        self._above_since: dict[str, float] = {}  # signal → since when above its enter threshold
+        self._calm_since: float | None = None  # since when every signal is at or below its exit threshold
 
     def evaluate(self, values: SignalValues, now: float) -> Change | None:
         """The signals' window values now; the change of level they cause, if any."""

@@ -8,6 +8,7 @@ the increment, as Prometheus' `rate()` does. The counters of one replica
 restart together, so one that went down resets them all: a queue-time sum
 that restarted while its count happened to climb past the old value would
 otherwise give a nonsense mean."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

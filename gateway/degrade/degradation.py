@@ -5,6 +5,7 @@ metric and every change logged with its cause. The doors read the level per
 request in O(1): `apply` at authentication (the capped tier, one piece),
 `refusal` at admission (the shed tier), `model_for` in the fleet (the
 fallback model)."""
+
 from __future__ import annotations
 
 import logging
@@ -30,27 +31,32 @@ log = logging.getLogger("gateway.degrade")
 
 def thresholds_of(config: GatewayConfig) -> list[Threshold]:
     d = config.degradation
-    return [Threshold(QUEUE_TIME, d.queue_time_enter_s, d.queue_time_exit_s),
-            Threshold(KV_USE, d.kv_enter, d.kv_exit),
-            Threshold(PREEMPTIONS, d.preemptions_enter_per_s, d.preemptions_exit_per_s),
-            Threshold(ERROR_RATE, d.error_rate_enter, d.error_rate_exit)]
+    return [
+        Threshold(QUEUE_TIME, d.queue_time_enter_s, d.queue_time_exit_s),
+        Threshold(KV_USE, d.kv_enter, d.kv_exit),
+        Threshold(PREEMPTIONS, d.preemptions_enter_per_s, d.preemptions_exit_per_s),
+        Threshold(ERROR_RATE, d.error_rate_enter, d.error_rate_exit),
+    ]
 
 
 class Degradation:
     def __init__(self, config: GatewayConfig, clock: Callable[[], float] = time.monotonic) -> None:
         max_level, d = effective_max_level(config), config.degradation
         if max_level >= CAP_MAX_TOKENS and d.max_tokens_cap <= 0:
-            raise ValueError(f"gateway.degradation.max_tokens_cap: the cap of level 1 must be positive "
-                             f"(got {d.max_tokens_cap})")
+            raise ValueError(
+                f"gateway.degradation.max_tokens_cap: the cap of level 1 must be positive (got {d.max_tokens_cap})"
+            )
         if d.window_s <= 0:
             raise ValueError(f"gateway.degradation.window_s must be positive (got {d.window_s})")
         if d.enter_dwell_s < d.window_s:
             # one extreme sample (a burst of preemptions or failures) holds a
             # window's value up for one whole window: only a dwell at least that
             # long tells a spike from sustained overload
-            raise ValueError(f"gateway.degradation.enter_dwell_s ({d.enter_dwell_s} s) must be at least "
-                             f"gateway.degradation.window_s ({d.window_s} s), or a single spike could "
-                             f"raise the degradation level")
+            raise ValueError(
+                f"gateway.degradation.enter_dwell_s ({d.enter_dwell_s} s) must be at least "
+                f"gateway.degradation.window_s ({d.window_s} s), or a single spike could "
+                f"raise the degradation level"
+            )
         self.config = config
         self._clock = clock
         self.signals = Signals(d.window_s, config.fleet.metrics_stale_s)
@@ -69,8 +75,10 @@ class Degradation:
         fleet.outcome_listeners.append(self.signals.outcome)
         fleet.model_for = self.model_for
         if not self.config.fleet.discovery_dns and not any(r.config.metrics_url for r in fleet.replicas):
-            log.warning("degradation is on but no replica's metrics are scraped (no metrics_url): "
-                        "without scrape rounds it is never evaluated and stays at level 0")
+            log.warning(
+                "degradation is on but no replica's metrics are scraped (no metrics_url): "
+                "without scrape rounds it is never evaluated and stays at level 0"
+            )
 
     # fed by the fleet
 
@@ -92,19 +100,37 @@ class Degradation:
         DEGRADATION_LEVEL.set(change.after)
         DEGRADATION_CHANGES.labels(direction=change.direction, cause=change.cause).inc()
         signals = {name: None if value is None else round(value, 4) for name, value in change.values.items()}
-        fields: dict[str, Any] = {"event": "degradation_level", "direction": change.direction,
-                                  "to_level": change.after, "from_level": change.before, "cause": change.cause,
-                                  "held_s": round(change.held_s, 1), "signals": signals}
+        fields: dict[str, Any] = {
+            "event": "degradation_level",
+            "direction": change.direction,
+            "to_level": change.after,
+            "from_level": change.before,
+            "cause": change.cause,
+            "held_s": round(change.held_s, 1),
+            "signals": signals,
+        }
         if change.direction == "up":
             threshold = self._thresholds[change.cause]
             fields.update(value=signals[change.cause], threshold=threshold.enter)
-            log.warning("degradation level %d -> %d: %s %.4g above %.4g for %.1f s", change.before, change.after,
-                        change.cause, change.values[change.cause], threshold.enter, change.held_s,
-                        extra={"fields": fields})
+            log.warning(
+                "degradation level %d -> %d: %s %.4g above %.4g for %.1f s",
+                change.before,
+                change.after,
+                change.cause,
+                change.values[change.cause],
+                threshold.enter,
+                change.held_s,
+                extra={"fields": fields},
+            )
         else:
             fields["exit_thresholds"] = {t.signal: t.exit for t in self.controller.thresholds}
-            log.info("degradation level %d -> %d: every signal at or below its exit threshold for %.1f s",
-                     change.before, change.after, change.held_s, extra={"fields": fields})
+            log.info(
+                "degradation level %d -> %d: every signal at or below its exit threshold for %.1f s",
+                change.before,
+                change.after,
+                change.held_s,
+                extra={"fields": fields},
+            )
 
     # read by the doors, per request
 
@@ -116,8 +142,11 @@ class Degradation:
         if level < CAP_MAX_TOKENS:
             return caller
         one_piece = level >= ONE_PIECE and caller.tier_name in self.roles.one_piece
-        return replace(caller, tier=capped(caller.tier, self.config.degradation.max_tokens_cap),
-                       one_piece=one_piece or caller.one_piece)
+        return replace(
+            caller,
+            tier=capped(caller.tier, self.config.degradation.max_tokens_cap),
+            one_piece=one_piece or caller.one_piece,
+        )
 
     def refusal(self, caller: Caller) -> GatewayError | None:
         """The 429 of a shed tier (level 2), None for everyone else."""
@@ -125,9 +154,13 @@ class Degradation:
             return None
         DEGRADATION_SHED.labels(tier=caller.tier_name).inc()
         wait_s = self.controller.seconds_until_below(SHED_LOWEST_TIER, self._clock())
-        return GatewayError(429, f"The service is degraded under sustained overload: tier '{caller.tier_name}' "
-                                 f"is not served until it recovers; retry after the delay in Retry-After.",
-                            code="degraded_overload", headers=retry_headers(max(1.0, wait_s)))
+        return GatewayError(
+            429,
+            f"The service is degraded under sustained overload: tier '{caller.tier_name}' "
+            f"is not served until it recovers; retry after the delay in Retry-After.",
+            code="degraded_overload",
+            headers=retry_headers(max(1.0, wait_s)),
+        )
 
     def model_for(self, model: str) -> str:
         if self.controller.level >= FALLBACK_MODEL:
@@ -137,14 +170,21 @@ class Degradation:
     def describe(self) -> dict[str, Any]:
         """For GET /admin/degradation."""
         controller = self.controller
-        return {"level": controller.level, "max_level": controller.max_level,
-                "changed_s_ago": round(self._clock() - controller.changed_at, 1),
-                "signals": {t.signal: {"value": self.values.get(t.signal), "enter": t.enter, "exit": t.exit}
-                            for t in controller.thresholds},
-                "window_s": self.signals.window_s, "enter_dwell_s": controller.enter_dwell_s,
-                "exit_dwell_s": controller.exit_dwell_s,
-                "shed_tiers": sorted(self.roles.shed), "one_piece_tiers": sorted(self.roles.one_piece),
-                "fallback_model": self.config.degradation.fallback_model or None}
+        return {
+            "level": controller.level,
+            "max_level": controller.max_level,
+            "changed_s_ago": round(self._clock() - controller.changed_at, 1),
+            "signals": {
+                t.signal: {"value": self.values.get(t.signal), "enter": t.enter, "exit": t.exit}
+                for t in controller.thresholds
+            },
+            "window_s": self.signals.window_s,
+            "enter_dwell_s": controller.enter_dwell_s,
+            "exit_dwell_s": controller.exit_dwell_s,
+            "shed_tiers": sorted(self.roles.shed),
+            "one_piece_tiers": sorted(self.roles.one_piece),
+            "fallback_model": self.config.degradation.fallback_model or None,
+        }
 
 
 def build_degradation(config: GatewayConfig, clock: Callable[[], float] = time.monotonic) -> Degradation | None:

@@ -4,6 +4,7 @@ API, Triton's HTTP routes and the gRPC door): authentication hands out the
 caller as the current level serves it (the capped tier, one-piece streams),
 admission refuses a shed tier before the wrapped policy spends anything on it
 (no slot taken, no request counted)."""
+
 from __future__ import annotations
 
 from ..core.policy import Admission, Caller, Policy

@@ -13,6 +13,7 @@ Which tiers are "lowest" is fixed from the settings once: the tiers sharing
 the lowest priority. When every tier shares it there is nobody to shed
 without refusing everyone, so level 2 sheds nobody (a degraded service, not
 an outage) and level 3 applies to all of them."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -27,16 +28,17 @@ LEVELS = (0, CAP_MAX_TOKENS, SHED_LOWEST_TIER, ONE_PIECE, FALLBACK_MODEL)
 def effective_max_level(config: GatewayConfig) -> int:
     """The highest level this deployment can reach: 4 needs a fallback model."""
     if config.degradation.max_level not in LEVELS:
-        raise ValueError(f"gateway.degradation.max_level: one of {', '.join(map(str, LEVELS))} "
-                         f"(got {config.degradation.max_level})")
+        raise ValueError(
+            f"gateway.degradation.max_level: one of {', '.join(map(str, LEVELS))} (got {config.degradation.max_level})"
+        )
     ceiling = FALLBACK_MODEL if config.degradation.fallback_model else ONE_PIECE
     return min(config.degradation.max_level, ceiling)
 
 
 @dataclass(frozen=True)
 class TierRoles:
-    shed: frozenset[str]            # refused from level 2
-    one_piece: frozenset[str]       # streamed in one piece from level 3
+    shed: frozenset[str]  # refused from level 2
+    one_piece: frozenset[str]  # streamed in one piece from level 3
 
     @classmethod
     def of(cls, tiers: dict[str, TierConfig]) -> TierRoles:

@@ -24,6 +24,7 @@ overload):
 
 Fed once per metrics scrape round (observe) and with every engine request's
 outcome (outcome: O(1), counted until the next round)."""
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -106,7 +107,9 @@ class Signals:
         outcomes = self._outcomes.total(now)
         # the rate needs a report in the window: none at all is no data, not 0/s
         preemptions = self._preemptions.total(now) / self.window_s if self._preemptions.count(now) else None
-        return {QUEUE_TIME: self._queue_time(now),
-                KV_USE: self._kv.mean(now),
-                PREEMPTIONS: preemptions,
-                ERROR_RATE: self._failed.total(now) / outcomes if outcomes >= MIN_OUTCOMES else None}
+        return {
+            QUEUE_TIME: self._queue_time(now),
+            KV_USE: self._kv.mean(now),
+            PREEMPTIONS: preemptions,
+            ERROR_RATE: self._failed.total(now) / outcomes if outcomes >= MIN_OUTCOMES else None,
+        }

@@ -5,6 +5,7 @@ A sample older than the span drops out on the next read, so a single
 extreme sample moves a window value for at most one span: the controller's
 enter dwell, measured on these values, is what turns "above for a moment"
 into "above for minutes"."""
+
 from __future__ import annotations
 
 from collections import deque

@@ -5,6 +5,7 @@ is resolved again: a new address is a new replica (probed before it gets
 callers, like any other), a vanished one is retired (it finishes its
 in-flight requests, takes no new ones, then leaves). A failed lookup keeps
 the fleet as it is: a DNS hiccup must not empty it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -48,19 +49,22 @@ class Discovery:
         self.config = config
         self.host, self.port = parse_target(config.fleet.discovery_dns)
         self.resolver = resolver
-        self.resolved = asyncio.Event()       # set after the first lookup, whatever it found
+        self.resolved = asyncio.Event()  # set after the first lookup, whatever it found
         self._names: set[str] = set()
 
     def replica_config(self, address: str) -> ReplicaConfig:
-        return ReplicaConfig(grpc_url=f"{_host(address)}:{self.port}",
-                             metrics_url=f"http://{_host(address)}:{self.config.fleet.discovery_metrics_port}/metrics")
+        return ReplicaConfig(
+            grpc_url=f"{_host(address)}:{self.port}",
+            metrics_url=f"http://{_host(address)}:{self.config.fleet.discovery_metrics_port}/metrics",
+        )
 
     async def refresh(self) -> None:
         try:
             addresses = await self.resolver(self.host, self.port)
         except OSError as exc:
-            log.warning("resolving %s failed (%r); keeping the %d replicas found before", self.host, exc,
-                        len(self._names))
+            log.warning(
+                "resolving %s failed (%r); keeping the %d replicas found before", self.host, exc, len(self._names)
+            )
             return
         finally:
             self.resolved.set()
@@ -68,7 +72,7 @@ class Discovery:
         for name, address in found.items():
             if name not in self.fleet.by_name:
                 self.fleet.add(Replica.build(name, self.replica_config(address), self.config))
-            else:                        # maybe back before it had left
+            else:  # maybe back before it had left
                 self.fleet.retire(name, retired=False)
         for name in self._names - found.keys():
             if name in self.fleet.by_name:

@@ -12,6 +12,7 @@ to another replica when its own dies or stalls (routed_stream.py). Tier
 pools (pools.py) decide which replicas a tier may use. Passive outlier
 detection: a replica that cannot be reached, or whose streams break or
 stall, collects failures like a failed probe."""
+
 from __future__ import annotations
 
 import asyncio
@@ -66,8 +67,9 @@ def prompt_text(text_input: str, options: GenerationOptions) -> str:
 class Fleet:
     def __init__(self, config: GatewayConfig, replicas: list[Replica], golden: GoldenAnswer | None = None) -> None:
         if not replicas and not config.fleet.discovery_dns:
-            raise ValueError("a fleet needs at least one replica "
-                             "(gateway.fleet.replicas or gateway.fleet.discovery_dns)")
+            raise ValueError(
+                "a fleet needs at least one replica (gateway.fleet.replicas or gateway.fleet.discovery_dns)"
+            )
         self.config = config
         self.replicas = replicas
         self.by_name = {r.name: r for r in replicas}
@@ -87,27 +89,30 @@ class Fleet:
         # controller's fallback model under sustained overload)
         self.model_for: Callable[[str], str] = lambda model: model
         self._first_verdicts: asyncio.Event | None = None
-        self._routing_unproven = False     # the first-probe wait gave up
+        self._routing_unproven = False  # the first-probe wait gave up
         self._stopping: asyncio.Event | None = None
         self.discovery = Discovery(self, config) if config.fleet.discovery_dns else None
         self._publish()
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> Fleet:
-        specs = config.fleet.replicas or ({} if config.fleet.discovery_dns else
-                                          {"default": ReplicaConfig(grpc_url=config.fleet.upstream_grpc_url)})
+        specs = config.fleet.replicas or (
+            {} if config.fleet.discovery_dns else {"default": ReplicaConfig(grpc_url=config.fleet.upstream_grpc_url)}
+        )
         golden = load_golden_answer(config.fleet.probe_golden_file) if config.fleet.probe_golden_file else None
         return cls(config, [Replica.build(name, spec, config) for name, spec in specs.items()], golden)
 
     # the Upstream interface (what Generation calls)
 
-    async def start(self, model: str, text_input: str, options: GenerationOptions,
-                    streaming: bool = True) -> RoutedStream:
+    async def start(
+        self, model: str, text_input: str, options: GenerationOptions, streaming: bool = True
+    ) -> RoutedStream:
         self._ensure_loops()
         await self._first_probes()
         context = logs.current()
-        request = RoutedRequest(self.model_for(model), text_input, options, streaming,
-                                tier=context.tier if context is not None else None)
+        request = RoutedRequest(
+            self.model_for(model), text_input, options, streaming, tier=context.tier if context is not None else None
+        )
         self.budget.record_request()
         try:
             stream, replica = await self.route(request)
@@ -122,8 +127,10 @@ class Fleet:
         to another one (never `exclude`, never the same twice) while the retry
         budget lasts; the stream has answered once."""
         context = logs.current()
-        prompt = RouteRequest(prompt_text(request.text_input, request.options),
-                              session=context.fields.get("user") if context is not None else None)
+        prompt = RouteRequest(
+            prompt_text(request.text_input, request.options),
+            session=context.fields.get("user") if context is not None else None,
+        )
         tried: set[str] = set(exclude)
         last_error: GatewayError | None = None
         for attempt in range(max(1, self.config.fleet.failover_attempts)):
@@ -134,15 +141,16 @@ class Fleet:
             if attempt > 0:
                 if not self.budget.try_spend():
                     break
-                await asyncio.sleep(random.uniform(0, min(_BACKOFF_MAX_S, _BACKOFF_BASE_S * 2 ** attempt)))
+                await asyncio.sleep(random.uniform(0, min(_BACKOFF_MAX_S, _BACKOFF_BASE_S * 2**attempt)))
             decision = self.router.pick(candidates, prompt)
             replica = decision.replica
             tried.add(replica.name)
             ROUTED.labels(replica=replica.name, reason="spill_over" if spilled else decision.reason).inc()
             self.track(replica, +1)
             try:
-                stream = await replica.upstream.start(request.model, request.text_input, request.options,
-                                                      request.streaming)
+                stream = await replica.upstream.start(
+                    request.model, request.text_input, request.options, request.streaming
+                )
             except GatewayError as error:
                 self.track(replica, -1)
                 if error.code == "upstream_unavailable":
@@ -161,8 +169,12 @@ class Fleet:
             return stream, replica
         if last_error is not None:
             raise last_error
-        raise GatewayError(503, "No replica can take the request now; retry after the delay in Retry-After.",
-                           code="no_replica", headers={"Retry-After": str(OVERLOAD_RETRY_AFTER_S)})
+        raise GatewayError(
+            503,
+            "No replica can take the request now; retry after the delay in Retry-After.",
+            code="no_replica",
+            headers={"Retry-After": str(OVERLOAD_RETRY_AFTER_S)},
+        )
 
     async def _first_probes(self) -> None:
         """Just after start-up, wait (up to one probe timeout) until a replica
@@ -179,8 +191,9 @@ class Fleet:
         try:
             await asyncio.wait_for(self._first_verdicts.wait(), self.config.fleet.probe_timeout_s)
         except TimeoutError:
-            log.warning("no replica answered its first probe within %.0f s; routing anyway",
-                        self.config.fleet.probe_timeout_s)
+            log.warning(
+                "no replica answered its first probe within %.0f s; routing anyway", self.config.fleet.probe_timeout_s
+            )
             self._first_verdicts.set()
             self._routing_unproven = True
             self._publish()
@@ -199,8 +212,9 @@ class Fleet:
             self._stopping.set()
         pending: set[asyncio.Task[None]] = set()
         if self._tasks:
-            _, pending = await asyncio.wait(self._tasks,
-                                            timeout=min(self.config.fleet.probe_timeout_s, _PROBE_FINISH_S))
+            _, pending = await asyncio.wait(
+                self._tasks, timeout=min(self.config.fleet.probe_timeout_s, _PROBE_FINISH_S)
+            )
         for task in pending:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -224,19 +238,23 @@ class Fleet:
     def failed(self, replica: Replica, reason: str, decisive: bool = False) -> None:
         if replica.health.failed(reason, self.may_eject(replica), decisive):
             EJECTIONS.labels(replica=replica.name, reason=reason).inc()
-            log.warning("replica %s ejected (%s); back in after %d good probes, not before %.0f s",
-                        replica.name, reason, self.config.fleet.readmit_after_successes,
-                        replica.health.ejected_until - time.monotonic())
+            log.warning(
+                "replica %s ejected (%s); back in after %d good probes, not before %.0f s",
+                replica.name,
+                reason,
+                self.config.fleet.readmit_after_successes,
+                replica.health.ejected_until - time.monotonic(),
+            )
             self._publish()
 
     def succeeded(self, replica: Replica) -> None:
         was_proven = replica.health.proven
         if replica.health.succeeded():
-            replica.prefix.forget()       # it may have restarted: its cache is cold
+            replica.prefix.forget()  # it may have restarted: its cache is cold
             log.info("replica %s re-admitted", replica.name)
             self._publish()
         elif not was_proven:
-            self._publish()    # its first good answer: proven, it may take callers now
+            self._publish()  # its first good answer: proven, it may take callers now
 
     def set_draining(self, name: str, draining: bool) -> Replica:
         replica = self.by_name[name]
@@ -339,7 +357,7 @@ class Fleet:
         try:
             response = await http.get(replica.config.metrics_url)
             replica.load = parse_load(response.text, time.monotonic())
-        except Exception as exc:      # the old reading ages into "saturated"
+        except Exception as exc:  # the old reading ages into "saturated"
             log.debug("scraping replica %s failed: %r", replica.name, exc)
 
     def _watch(self, replica: Replica) -> None:
@@ -367,8 +385,12 @@ class Fleet:
     async def _probe(self, replica: Replica) -> bool:
         ready_timeout = max(0.5, min(2.0, self.config.fleet.probe_interval_s / 2))
         try:
-            outcome = await probe_once(replica.upstream.client, self.golden, ready_timeout_s=ready_timeout,
-                                       answer_timeout_s=self.config.fleet.probe_timeout_s)
+            outcome = await probe_once(
+                replica.upstream.client,
+                self.golden,
+                ready_timeout_s=ready_timeout,
+                answer_timeout_s=self.config.fleet.probe_timeout_s,
+            )
         except Exception:
             log.exception("probing replica %s failed unexpectedly", replica.name)
             outcome = "error"
@@ -385,6 +407,7 @@ class Fleet:
 def build_fleet(config: GatewayConfig, upstream: ReplicaClient | None = None) -> Fleet:
     """The deployment's fleet; `upstream` (tests) stands in for a single replica's."""
     if upstream is not None and not config.fleet.replicas:
-        return Fleet(config, [Replica.build("default", ReplicaConfig(config.fleet.upstream_grpc_url), config,
-                                            upstream)])
+        return Fleet(
+            config, [Replica.build("default", ReplicaConfig(config.fleet.upstream_grpc_url), config, upstream)]
+        )
     return Fleet.from_config(config)

@@ -7,6 +7,7 @@ and not before its ejection's minimum length, which doubles with every
 ejection in a row (a flapping replica stays out longer each time) up to a
 ceiling. The fleet never ejects its last routable replica (fleet.py asks
 `may_eject` first): a degraded answer beats none."""
+
 from __future__ import annotations
 
 import time
@@ -23,10 +24,10 @@ class Health:
     backoff_s: float
     clock: Callable[[], float] = time.monotonic
     ejected: bool = False
-    proven: bool = False              # one good inference probe since it was added
-    failures: int = 0                 # consecutive
-    successes: int = 0                # consecutive, while ejected
-    ejections: int = 0                # in a row: reset by a clean stretch after re-admission
+    proven: bool = False  # one good inference probe since it was added
+    failures: int = 0  # consecutive
+    successes: int = 0  # consecutive, while ejected
+    ejections: int = 0  # in a row: reset by a clean stretch after re-admission
     ejected_until: float = 0.0
     last_reason: str = ""
     history: list[str] = field(default_factory=list)
@@ -41,7 +42,7 @@ class Health:
         if self.ejected or self.failures < self.eject_after_failures or not may_eject:
             return False
         self.ejected = True
-        self.ejected_until = self.clock() + min(self.backoff_s * 2 ** self.ejections, MAX_EJECTION_S)
+        self.ejected_until = self.clock() + min(self.backoff_s * 2**self.ejections, MAX_EJECTION_S)
         self.ejections += 1
         self.history.append(f"ejected: {reason}")
         return True
@@ -52,7 +53,7 @@ class Health:
         self.proven = True
         if not self.ejected:
             if self.successes >= self.readmit_after_successes:
-                self.ejections = 0       # a clean stretch: the next ejection starts short again
+                self.ejections = 0  # a clean stretch: the next ejection starts short again
             self.successes += 1
             return False
         self.successes += 1

@@ -9,6 +9,7 @@ degradation controller (gateway/degrade/) turns into rates over its window:
 preemptions, and the queue-time histogram's sum and count (the mean queue
 time of the requests scheduled in a window is Δsum / Δcount). They are raw
 totals since the engine started: a restarted replica starts them at 0 again."""
+
 from __future__ import annotations
 
 import time
@@ -26,10 +27,17 @@ from contract.metric_names import (
 )
 
 # sample name → field; a gauge's sample is named like its family
-_GAUGES = {REQUESTS_WAITING: "waiting", REQUESTS_RUNNING: "running", KV_BLOCKS_USED: "kv_used",
-           KV_BLOCKS_CAPACITY: "kv_capacity"}
-_COUNTERS = {PREEMPTIONS: "preemptions", f"{REQUEST_QUEUE_TIME}_sum": "queue_time_sum",
-             f"{REQUEST_QUEUE_TIME}_count": "queue_time_count"}
+_GAUGES = {
+    REQUESTS_WAITING: "waiting",
+    REQUESTS_RUNNING: "running",
+    KV_BLOCKS_USED: "kv_used",
+    KV_BLOCKS_CAPACITY: "kv_capacity",
+}
+_COUNTERS = {
+    PREEMPTIONS: "preemptions",
+    f"{REQUEST_QUEUE_TIME}_sum": "queue_time_sum",
+    f"{REQUEST_QUEUE_TIME}_count": "queue_time_count",
+}
 _SAMPLES = {**_GAUGES, **_COUNTERS}
 # the families holding them: the parser names a counter's family without its `_total`
 _FAMILIES = frozenset({*_GAUGES, PREEMPTIONS, PREEMPTIONS.removesuffix("_total"), REQUEST_QUEUE_TIME})
@@ -43,9 +51,9 @@ class LoadReading:
     kv_capacity: float = 0.0
     # cumulative since the engine started (0 when the exposition lacks them)
     preemptions: float = 0.0
-    queue_time_sum: float = 0.0     # seconds, over every request scheduled so far
+    queue_time_sum: float = 0.0  # seconds, over every request scheduled so far
     queue_time_count: float = 0.0
-    at: float = 0.0                 # time.monotonic() of the scrape; 0: never
+    at: float = 0.0  # time.monotonic() of the scrape; 0: never
 
     @property
     def kv_utilisation(self) -> float:
@@ -70,7 +78,7 @@ def parse_load(text: str, at: float) -> LoadReading:
         for sample in family.samples:
             field = _SAMPLES.get(sample.name)
             if field is None:
-                continue            # a histogram's buckets, a counter's _created
+                continue  # a histogram's buckets, a counter's _created
             found = found or sample.name in _GAUGES
             values[field] += sample.value
     if not found:

@@ -4,6 +4,7 @@ batch slot): once the replica answers again, the request is stopped by its
 key, and the stop is confirmed (stopped, or already gone) rather than
 assumed. A replica that died has nothing left to stop; the same path finds
 that out the first time the replica (restarted) answers."""
+
 from __future__ import annotations
 
 import asyncio
@@ -58,8 +59,9 @@ class Orphans:
                 try:
                     stopped = await asyncio.wait_for(client.stop(key, request_id), _STOP_TIMEOUT_S)
                 except (TimeoutError, RequestError, OSError) as exc:
-                    log.info("stopping orphaned request %s on %s failed (%r); trying again", request_id,
-                             replica.name, exc)
+                    log.info(
+                        "stopping orphaned request %s on %s failed (%r); trying again", request_id, replica.name, exc
+                    )
                 else:
                     outcome = "stopped" if stopped else "gone"
                     ORPHANS_STOPPED.labels(outcome=outcome).inc()
@@ -67,5 +69,6 @@ class Orphans:
                     return
             await asyncio.sleep(_CHECK_EVERY_S)
         ORPHANS_STOPPED.labels(outcome="gave_up").inc()
-        log.warning("gave up stopping orphaned request %s on replica %s after %.0f s", request_id, replica.name,
-                    GIVE_UP_AFTER_S)
+        log.warning(
+            "gave up stopping orphaned request %s on replica %s after %.0f s", request_id, replica.name, GIVE_UP_AFTER_S
+        )

@@ -7,6 +7,7 @@ them, and spills over to the shared pool by its `spill_over` rule: "never",
 one of its own has requests waiting, or has stopped reporting its load).
 A tier without dedicated replicas uses the shared pool only: free keys never
 reach a replica bought for paid traffic."""
+
 from __future__ import annotations
 
 from ..config import SPILL_OVER_RULES, GatewayConfig
@@ -17,17 +18,21 @@ def check_pools(config: GatewayConfig, replicas: list[Replica]) -> None:
     """Refuse settings that name a tier that does not exist or a rule that does not."""
     for name, tier in config.tiers.items():
         if tier.spill_over not in SPILL_OVER_RULES:
-            raise ValueError(f"gateway.tiers.{name}.spill_over: one of {', '.join(SPILL_OVER_RULES)} "
-                             f"(got {tier.spill_over!r})")
+            raise ValueError(
+                f"gateway.tiers.{name}.spill_over: one of {', '.join(SPILL_OVER_RULES)} (got {tier.spill_over!r})"
+            )
     for replica in replicas:
         unknown = [t for t in replica.config.dedicated_to if t not in config.tiers]
         if unknown:
-            raise ValueError(f"gateway.fleet.replicas.{replica.name}.dedicated_to: no tier named {', '.join(unknown)} "
-                             f"(tiers: {', '.join(config.tiers)})")
+            raise ValueError(
+                f"gateway.fleet.replicas.{replica.name}.dedicated_to: no tier named {', '.join(unknown)} "
+                f"(tiers: {', '.join(config.tiers)})"
+            )
 
 
-def pool_for(tier: str | None, routable: list[Replica], replicas: list[Replica], config: GatewayConfig,
-             now: float) -> tuple[list[Replica], bool]:
+def pool_for(
+    tier: str | None, routable: list[Replica], replicas: list[Replica], config: GatewayConfig, now: float
+) -> tuple[list[Replica], bool]:
     """The routable replicas a request of `tier` may go to, and whether that
     is a spill-over. No tier (a request the gateway makes for itself): the
     shared pool, or every replica where all are dedicated."""
@@ -48,6 +53,6 @@ def pool_for(tier: str | None, routable: list[Replica], replicas: list[Replica],
 
 
 def _busy(replica: Replica, stale_s: float, now: float) -> bool:
-    if not replica.config.metrics_url:       # its load is not known: only an outage spills over
+    if not replica.config.metrics_url:  # its load is not known: only an outage spills over
         return False
     return replica.load.stale(stale_s, now) or replica.load.waiting > 0

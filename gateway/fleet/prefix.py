@@ -6,12 +6,13 @@ text is as good as hashing tokens for "same prefix"): a chained hash per
 block, so a block matches only when everything before it matched too. Each
 replica's index is an LRU bounded like its KV cache: a replica forgets old
 prefixes much as its engine evicts them."""
+
 from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
 
-BLOCK_CHARS = 256          # about 64 tokens of English text: a few KV blocks
+BLOCK_CHARS = 256  # about 64 tokens of English text: a few KV blocks
 
 
 def block_hashes(text: str, block_chars: int = BLOCK_CHARS) -> list[bytes]:
@@ -20,7 +21,7 @@ def block_hashes(text: str, block_chars: int = BLOCK_CHARS) -> list[bytes]:
     hashes: list[bytes] = []
     previous = b""
     for start in range(0, len(text) - block_chars + 1, block_chars):
-        previous = hashlib.blake2b(previous + text[start:start + block_chars].encode(), digest_size=12).digest()
+        previous = hashlib.blake2b(previous + text[start : start + block_chars].encode(), digest_size=12).digest()
         hashes.append(previous)
     return hashes
 

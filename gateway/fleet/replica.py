@@ -2,6 +2,7 @@
 (the one way to Triton: client/, one gRPC channel), its load (the latest
 metrics reading plus the gateway's own in-flight count, which is fresh
 between scrapes), its prefix index, its health and whether it is draining."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -23,14 +24,20 @@ class Replica:
     load: LoadReading = field(default_factory=LoadReading)
     in_flight: int = 0
     draining: bool = False
-    retired: bool = False           # gone from DNS: finishes what it has, takes nothing new
+    retired: bool = False  # gone from DNS: finishes what it has, takes nothing new
 
     @classmethod
-    def build(cls, name: str, config: ReplicaConfig, gateway: GatewayConfig,
-              upstream: ReplicaClient | None = None) -> Replica:
-        return cls(name, config, upstream or ReplicaClient(config.grpc_url),
-                   Health(gateway.fleet.eject_after_failures, gateway.fleet.readmit_after_successes,
-                          gateway.fleet.eject_backoff_s))
+    def build(
+        cls, name: str, config: ReplicaConfig, gateway: GatewayConfig, upstream: ReplicaClient | None = None
+    ) -> Replica:
+        return cls(
+            name,
+            config,
+            upstream or ReplicaClient(config.grpc_url),
+            Health(
+                gateway.fleet.eject_after_failures, gateway.fleet.readmit_after_successes, gateway.fleet.eject_backoff_s
+            ),
+        )
 
     @property
     def routable(self) -> bool:

@@ -5,6 +5,7 @@ The gateway mints each engine request's Triton id and the client library its
 request key, so a caller can neither collide with nor stop anyone else's
 request. A refusal before the first response is the caller's GatewayError
 (core/upstream.py's `map_error`); a failure after it, UpstreamFailure."""
+
 from __future__ import annotations
 
 import asyncio
@@ -35,19 +36,36 @@ def client_config(grpc_url: str) -> ClientConfig:
     # No retries here: an overloaded engine answers the caller at once with 503 +
     # Retry-After (its SDK backs off); retrying inside the gateway would hold the
     # request and multiply the load exactly when the engine is full.
-    return ClientConfig(url=grpc_url, transport="grpc", model="ensemble",
-                        retry=RetryConfig(max_attempts=1),
-                        timeouts=TimeoutConfig(first_token_s=300.0, token_s=UPSTREAM_TOKEN_TIMEOUT_S))
+    return ClientConfig(
+        url=grpc_url,
+        transport="grpc",
+        model="ensemble",
+        retry=RetryConfig(max_attempts=1),
+        timeouts=TimeoutConfig(first_token_s=300.0, token_s=UPSTREAM_TOKEN_TIMEOUT_S),
+    )
 
 
 class StreamingClient(Protocol):
     """What the gateway uses of the client library's `AsyncLLMClient` (tests put a fake transport under one)."""
 
-    def stream(self, text_input: str = "", options: GenerationOptions | None = None, *,
-               model: str | None = None, streaming: bool = True, **option_fields: Any) -> Any: ...
+    def stream(
+        self,
+        text_input: str = "",
+        options: GenerationOptions | None = None,
+        *,
+        model: str | None = None,
+        streaming: bool = True,
+        **option_fields: Any,
+    ) -> Any: ...
 
-    async def generate(self, text_input: str = "", options: GenerationOptions | None = None, *,
-                       model: str | None = None, **option_fields: Any) -> GenerationResult: ...
+    async def generate(
+        self,
+        text_input: str = "",
+        options: GenerationOptions | None = None,
+        *,
+        model: str | None = None,
+        **option_fields: Any,
+    ) -> GenerationResult: ...
 
     async def stop(self, request_key: str, request_id: str = "") -> bool: ...
 
@@ -121,8 +139,9 @@ class ReplicaClient:
     def __init__(self, grpc_url: str = "127.0.0.1:8001", client: StreamingClient | None = None) -> None:
         self.client: StreamingClient = client or AsyncLLMClient(client_config(grpc_url))
 
-    async def start(self, model: str, text_input: str, options: GenerationOptions,
-                    streaming: bool = True) -> ReplicaStream:
+    async def start(
+        self, model: str, text_input: str, options: GenerationOptions, streaming: bool = True
+    ) -> ReplicaStream:
         """Send one engine request and wait for its first response, so that a
         refusal is still an HTTP status and not an error inside a 200 stream.
         `streaming=False`: one response with the whole answer."""

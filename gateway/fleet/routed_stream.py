@@ -12,6 +12,7 @@ answers again (orphans.py).
 
 This is why the gateway always asks for `output_ids`: they are the only
 exact record of what was generated."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class RoutedRequest:
     """What a migration sends again."""
+
     model: str
     text_input: str
     options: GenerationOptions
@@ -84,7 +86,7 @@ class RoutedStream:
                 continue
             break
         if self._inner is not None:
-            self.replica.health.failures = 0      # a whole answer: the replica works
+            self.replica.health.failures = 0  # a whole answer: the replica works
         self._fleet.outcome(True)
 
     async def _migrate(self, reason: str, failure: UpstreamFailure) -> StreamEvent | None:
@@ -103,19 +105,32 @@ class RoutedStream:
             return StreamEvent(text="", finish_reason="length", final=True)
         options = dataclasses.replace(request.options, continuation_ids=list(self.generated))
         try:
-            inner, replica = await self._fleet.route(dataclasses.replace(request, options=options),
-                                                     exclude={old_replica.name})
+            inner, replica = await self._fleet.route(
+                dataclasses.replace(request, options=options), exclude={old_replica.name}
+            )
         except GatewayError as error:
             MIGRATIONS.labels(reason=reason, outcome="failed").inc()
-            log.warning("stream %s could not move off replica %s (%s): %s", self.request_id, old_replica.name,
-                        reason, error.message)
+            log.warning(
+                "stream %s could not move off replica %s (%s): %s",
+                self.request_id,
+                old_replica.name,
+                reason,
+                error.message,
+            )
             return None
         self._leave(old, old_replica)
         self._inner, self.replica, self._closed = inner, replica, False
         self.migrations += 1
         MIGRATIONS.labels(reason=reason, outcome="moved").inc()
-        log.warning("stream %s moved from replica %s (%s: %s) to %s after %d tokens", self.request_id,
-                    old_replica.name, reason, failure, replica.name, len(self.generated))
+        log.warning(
+            "stream %s moved from replica %s (%s: %s) to %s after %d tokens",
+            self.request_id,
+            old_replica.name,
+            reason,
+            failure,
+            replica.name,
+            len(self.generated),
+        )
         return inner.first
 
     def _leave(self, old: ReplicaStream, replica: Replica) -> None:

@@ -8,6 +8,7 @@
 Stale metrics score 0 on queue and KV (a saturated replica), so affinity
 alone cannot pin traffic to a replica that stopped reporting. `least_load`
 is the same without prefix and session; `round_robin` ignores load."""
+
 from __future__ import annotations
 
 import itertools
@@ -25,8 +26,8 @@ _SESSIONS_KEPT = 100_000
 
 @dataclass(frozen=True)
 class RouteRequest:
-    prompt: str                      # the text the prefix cache keys on (chat: the rendered messages' text)
-    session: str | None = None       # a caller's session (hashed `user`), for affinity
+    prompt: str  # the text the prefix cache keys on (chat: the rendered messages' text)
+    session: str | None = None  # a caller's session (hashed `user`), for affinity
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,10 @@ class Decision:
 class Router:
     def __init__(self, config: GatewayConfig, rng: random.Random | None = None) -> None:
         if config.fleet.routing_policy not in ROUTING_POLICIES:
-            raise ValueError(f"gateway.fleet.routing_policy: one of {', '.join(ROUTING_POLICIES)} "
-                             f"(got {config.fleet.routing_policy!r})")
+            raise ValueError(
+                f"gateway.fleet.routing_policy: one of {', '.join(ROUTING_POLICIES)} "
+                f"(got {config.fleet.routing_policy!r})"
+            )
         self.config = config
         self.policy = config.fleet.routing_policy
         self._turn = itertools.count()
@@ -88,4 +91,4 @@ class Router:
             key = (score, -replica.in_flight + self._rng.random() * 1e-3)
             if best is None or key > best[:2]:
                 best = (*key, Decision(replica, score, matched, reason))
-        return best[2]       # type: ignore[index]
+        return best[2]  # type: ignore[index]

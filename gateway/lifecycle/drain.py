@@ -7,6 +7,7 @@ client goes elsewhere. Requests already admitted (streams, whole answers,
 background responses) run on; once none is left, or after
 `gateway.drain_timeout_s`, uvicorn's own graceful shutdown closes the rest.
 A second signal stops at once."""
+
 from __future__ import annotations
 
 import asyncio
@@ -46,11 +47,28 @@ class DrainGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.state.draining and scope["type"] == "http" and scope["method"] == "POST":
-            body = json.dumps({"error": {"message": "The gateway is shutting down; retry on another one.",
-                                         "type": "api_error", "param": None, "code": "draining"}}).encode()
-            await send({"type": "http.response.start", "status": 503, "headers": [
-                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                (b"retry-after", b"1"), (b"connection", b"close")]})
+            body = json.dumps(
+                {
+                    "error": {
+                        "message": "The gateway is shutting down; retry on another one.",
+                        "type": "api_error",
+                        "param": None,
+                        "code": "draining",
+                    }
+                }
+            ).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 503,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                        (b"retry-after", b"1"),
+                        (b"connection", b"close"),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": body, "more_body": False})
             return
         await self.app(scope, receive, send)
@@ -59,8 +77,9 @@ class DrainGuard:
 class DrainingServer(uvicorn.Server):
     """uvicorn, with a drain before its own graceful shutdown."""
 
-    def __init__(self, config: uvicorn.Config, state: DrainState, busy: Callable[[], int],
-                 drain_timeout_s: float) -> None:
+    def __init__(
+        self, config: uvicorn.Config, state: DrainState, busy: Callable[[], int], drain_timeout_s: float
+    ) -> None:
         super().__init__(config)
         self.drain_state = state
         self._busy = busy
@@ -69,7 +88,7 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if self.drain_state.draining:
-            super().handle_exit(sig, frame)       # a second signal: uvicorn's own exit
+            super().handle_exit(sig, frame)  # a second signal: uvicorn's own exit
             return
         self.drain_state.begin()
         loop = asyncio.get_event_loop()

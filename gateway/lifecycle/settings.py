@@ -11,6 +11,7 @@ The gateway reads them itself, not through the launcher's code: it runs
 alone too (the images' `gateway` role, `tests/`), and depends on nothing of
 the launcher's. Other sections' settings in the same sources are the
 launcher's: ignored here."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,8 +36,9 @@ class SettingsError(ValueError):
     """A setting that does not exist or does not parse; the message names it."""
 
 
-def load_config(settings_file: str | Path | None = None, assignments: Iterable[str] = (),
-                environ: Mapping[str, str] | None = None) -> GatewayConfig:
+def load_config(
+    settings_file: str | Path | None = None, assignments: Iterable[str] = (), environ: Mapping[str, str] | None = None
+) -> GatewayConfig:
     values: dict[str, Any] = {}
     if settings_file is not None:
         source = f"settings file {settings_file}"
@@ -44,7 +46,7 @@ def load_config(settings_file: str | Path | None = None, assignments: Iterable[s
             _put(values, name, value, source)
     for key, value in (os.environ if environ is None else environ).items():
         if key.startswith(ENV_PREFIX):
-            _put(values, key[len(ENV_PREFIX):].lower().replace("__", "."), value, "environment")
+            _put(values, key[len(ENV_PREFIX) :].lower().replace("__", "."), value, "environment")
     for item in assignments:
         name, sep, raw = item.partition("=")
         section, dot, field_name = name.strip().partition(".")
@@ -55,8 +57,9 @@ def load_config(settings_file: str | Path | None = None, assignments: Iterable[s
     try:
         return TypeAdapter(GatewayConfig).validate_python(values)
     except ValidationError as exc:
-        raise SettingsError("; ".join(f"{SECTION}.{'.'.join(str(p) for p in e['loc']) or '?'}: {e['msg']}"
-                                      for e in exc.errors())) from None
+        raise SettingsError(
+            "; ".join(f"{SECTION}.{'.'.join(str(p) for p in e['loc']) or '?'}: {e['msg']}" for e in exc.errors())
+        ) from None
 
 
 def _fields(kind: Any) -> dict[str, Any]:
@@ -68,8 +71,11 @@ def _fields(kind: Any) -> dict[str, Any]:
 
 
 def _names(kind: Any, prefix: str = "") -> list[str]:
-    return [name for field_name, hint in _fields(kind).items()
-            for name in (_names(hint, f"{prefix}{field_name}.") if _fields(hint) else [f"{prefix}{field_name}"])]
+    return [
+        name
+        for field_name, hint in _fields(kind).items()
+        for name in (_names(hint, f"{prefix}{field_name}.") if _fields(hint) else [f"{prefix}{field_name}"])
+    ]
 
 
 def _put(values: dict[str, Any], name: str, value: Any, source: str) -> None:
@@ -79,14 +85,17 @@ def _put(values: dict[str, Any], name: str, value: Any, source: str) -> None:
     for position, part in enumerate(parts):
         fields = _fields(kind)
         if part not in fields:
-            raise SettingsError(f"{source}: {SECTION}.{name}: no such setting; gateway settings are "
-                                f"{', '.join(_names(GatewayConfig))}")
+            raise SettingsError(
+                f"{source}: {SECTION}.{name}: no such setting; gateway settings are {', '.join(_names(GatewayConfig))}"
+            )
         kind = fields[part]
         if position < len(parts) - 1:
             table = table.setdefault(part, {})
     if _fields(kind):
-        raise SettingsError(f"{source}: {SECTION}.{name}: a group of settings; set its fields: "
-                            f"{', '.join(f'{SECTION}.{name}.{n}' for n in _names(kind))}")
+        raise SettingsError(
+            f"{source}: {SECTION}.{name}: a group of settings; set its fields: "
+            f"{', '.join(f'{SECTION}.{name}.{n}' for n in _names(kind))}"
+        )
     if isinstance(value, str) and typing.get_origin(kind) in _STRUCTURED:
         try:
             value = json.loads(value)

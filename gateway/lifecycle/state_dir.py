@@ -4,6 +4,7 @@ key store, the admin key): the deployment's build directory, `LLM_BUILD_DIR`
 in this checkout, the same place as the rest of the stack's (serving/paths.py).
 Read from the environment, not from the launcher's code: the gateway runs
 alone too (`python -m gateway serve`)."""
+
 from __future__ import annotations
 
 import os

@@ -10,6 +10,7 @@ A number with an integral value is an integer (`1.0` for `n`), as JSON Schema
 reads it; the models' types are strict otherwise (no `"1"` for 1). The parsed
 body is handed to FastAPI (Starlette's `Request._json` cache), which validates
 it against the route's pydantic model as before."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
@@ -32,7 +33,7 @@ def parse_body(body: bytes) -> Any:
     except strict_json.NotJSON as exc:
         raise GatewayError(400, f"{_NOT_AN_OBJECT}: {exc.detail}.", code="invalid_json") from None
     except strict_json.Unfit as exc:
-        if not isinstance(exc.document, dict):      # the refusal a body that is no object gets first
+        if not isinstance(exc.document, dict):  # the refusal a body that is no object gets first
             raise GatewayError(400, f"{_NOT_AN_OBJECT}.", code="invalid_json") from None
         param = strict_json.path_text(exc.path)
         raise GatewayError(400, f"{param}: {exc.what}", param=param, code="invalid_value") from None
@@ -47,7 +48,7 @@ class OpenAIRoute(APIRoute):
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
         if self.body_field is None:
-            return handler          # no body to read: whatever was sent is ignored, as before
+            return handler  # no body to read: whatever was sent is ignored, as before
 
         async def parsed_first(request: Request) -> Response:
             body = await request.body()

@@ -7,6 +7,7 @@ and the refusal only words the error.
 The numeric bounds without an OpenAI meaning are those of the engine's input
 tensors (`client/payload.py`: INT32 token counts, FP32 penalties): a larger
 value could not be sent upstream at all."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -35,6 +36,7 @@ def unsupported(name: str, hint: str = "") -> str:
 def refused(message: str | Callable[[Any], str | None]) -> WrapValidator:
     """The accepted type's own validation, with `message` (or what the callable
     says for the refused value; None keeps pydantic's) in place of pydantic's."""
+
     def wrap(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         try:
             return handler(value)
@@ -44,6 +46,7 @@ def refused(message: str | Callable[[Any], str | None]) -> WrapValidator:
                 raise
             # not a ValueError: its message would start with "Value error, "
             raise PydanticCustomError("unsupported_value", worded) from None
+
     return WrapValidator(wrap)
 
 
@@ -73,10 +76,11 @@ def _served(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         return handler(value)
     except ValidationError:
         if not isinstance(value, str):
-            raise           # not a name at all: a 400, as for any other wrong type
+            raise  # not a name at all: a 400, as for any other wrong type
         shown = value if len(value) <= 64 else value[:64] + "…"
-        raise PydanticCustomError(MODEL_NOT_FOUND, f"The model '{shown}' does not exist; "
-                                                   f"models are {', '.join(PUBLIC_MODELS)}.") from None
+        raise PydanticCustomError(
+            MODEL_NOT_FOUND, f"The model '{shown}' does not exist; models are {', '.join(PUBLIC_MODELS)}."
+        ) from None
 
 
 # the served models (gateway/core/upstream.py's PUBLIC_MODELS, the one list): the

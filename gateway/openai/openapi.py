@@ -11,6 +11,7 @@ what only this deployment knows or FastAPI cannot tell from the routes:
 - a streamed answer (`stream: true`) as `text/event-stream`;
 - the API key every published route needs (`Authorization: Bearer`), so that
   generated clients send it and a fuzzer can check that it is enforced."""
+
 from __future__ import annotations
 
 import re
@@ -22,19 +23,39 @@ from fastapi.openapi.utils import get_openapi
 from .schemas import SEED_MAX
 
 ERROR_SCHEMA: dict[str, Any] = {
-    "type": "object", "required": ["error"],
-    "properties": {"error": {
-        "type": "object", "required": ["message", "type", "param", "code"],
-        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                       "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
-API_KEY_SCHEME = {"apiKey": {"type": "http", "scheme": "bearer",
-                             "description": "an API key (`python -m gateway keys create --tier ...`)"}}
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+API_KEY_SCHEME = {
+    "apiKey": {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "an API key (`python -m gateway keys create --tier ...`)",
+    }
+}
 # each event's data: a chunk (chat, completions), a typed event (Responses), an
 # error, or OpenAI's closing `[DONE]`
 _SSE = {"schema": {"description": "server-sent events: `data: {chunk}` ... `data: [DONE]`"}}
-_STREAMED = {("post", "/v1/chat/completions"), ("post", "/v1/completions"), ("post", "/v1/responses"),
-             ("get", "/v1/responses/{response_id}"), ("get", "/v1/streams/{stream_id}")}
-_ONLY_STREAMED = {("get", "/v1/streams/{stream_id}")}     # a resume is always SSE
+_STREAMED = {
+    ("post", "/v1/chat/completions"),
+    ("post", "/v1/completions"),
+    ("post", "/v1/responses"),
+    ("get", "/v1/responses/{response_id}"),
+    ("get", "/v1/streams/{stream_id}"),
+}
+_ONLY_STREAMED = {("get", "/v1/streams/{stream_id}")}  # a resume is always SSE
 
 
 def _integer_branch(prop: dict[str, Any]) -> dict[str, Any]:
@@ -44,14 +65,22 @@ def _integer_branch(prop: dict[str, Any]) -> dict[str, Any]:
 
 def _choices(max_n: int) -> dict[str, Any]:
     """n × prompts ≤ max_n and best_of = n, for each n allowed."""
+
     def equal(k: int) -> dict[str, Any]:
         return {"anyOf": [{"const": k}, {"type": "null"}]}
 
     branches: list[dict[str, Any]] = [{"properties": {"n": equal(1), "best_of": equal(1)}}]
     for k in range(2, max_n + 1):
-        branches.append({"required": ["n"], "properties": {
-            "n": {"const": k}, "best_of": equal(k),
-            "prompt": {"anyOf": [{"type": "string"}, {"type": "array", "maxItems": max_n // k}]}}})
+        branches.append(
+            {
+                "required": ["n"],
+                "properties": {
+                    "n": {"const": k},
+                    "best_of": equal(k),
+                    "prompt": {"anyOf": [{"type": "string"}, {"type": "array", "maxItems": max_n // k}]},
+                },
+            }
+        )
     return {"anyOf": branches}
 
 
@@ -71,7 +100,7 @@ def _responses_as_answered(paths: dict[str, Any]) -> None:
     for path, operations in paths.items():
         for method, operation in operations.items():
             responses = operation["responses"]
-            responses.pop("422", None)      # validation errors are 400 here (gateway/app.py)
+            responses.pop("422", None)  # validation errors are 400 here (gateway/app.py)
             for status, response in responses.items():
                 if status.startswith(("4", "5")):
                     response["content"] = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
@@ -85,8 +114,13 @@ def _responses_as_answered(paths: dict[str, Any]) -> None:
 def published_schema(app: FastAPI, max_n: int) -> dict[str, Any]:
     """What `GET /openapi.json` answers (built once, as FastAPI's own)."""
     if app.openapi_schema is None:
-        schema = get_openapi(title=app.title, version=app.version, openapi_version=app.openapi_version,
-                             description=app.description, routes=app.routes)
+        schema = get_openapi(
+            title=app.title,
+            version=app.version,
+            openapi_version=app.openapi_version,
+            description=app.description,
+            routes=app.routes,
+        )
         components = schema["components"]["schemas"]
         _bound_choices(components, max_n)
         _responses_as_answered(schema["paths"])
@@ -104,8 +138,9 @@ def allowed_methods(app: FastAPI, path: str) -> str | None:
     there (Starlette names only its first route's, and GET and DELETE
     /v1/streams/{id} are two routes); None for a path it does not publish."""
     for template, operations in app.openapi()["paths"].items():
-        if re.fullmatch(re.sub(r"\{[^/}]+\}", "[^/]+", re.escape(template).replace(r"\{", "{").replace(r"\}", "}")),
-                        path):
+        if re.fullmatch(
+            re.sub(r"\{[^/}]+\}", "[^/]+", re.escape(template).replace(r"\{", "{").replace(r"\}", "}")), path
+        ):
             methods = {method.upper() for method in operations} | ({"HEAD"} if "get" in operations else set())
             return ", ".join(sorted(methods))
     return None

@@ -2,6 +2,7 @@
 state at any moment) and the typed SSE events of a streamed response, each
 with its `sequence_number` (0, 1, ...: the stream's SSE id minus one, so that
 `starting_after=N` and `Last-Event-ID: N+1` name the same place)."""
+
 from __future__ import annotations
 
 import json
@@ -24,6 +25,7 @@ def event(kind: str, sequence_number: int, **fields: Any) -> bytes:
 @dataclass
 class ResponseState:
     """One response as it grows; `snapshot()` is what GET /v1/responses/{id} answers."""
+
     response_id: str
     model: str
     request: ResponseRequest
@@ -42,8 +44,13 @@ class ResponseState:
 
     def item(self, done: bool) -> dict[str, Any]:
         content = [self.part()] if done or self.text else []
-        return {"id": self.item_id, "type": "message", "status": "completed" if done else "in_progress",
-                "role": "assistant", "content": content}
+        return {
+            "id": self.item_id,
+            "type": "message",
+            "status": "completed" if done else "in_progress",
+            "role": "assistant",
+            "content": content,
+        }
 
     def part(self) -> dict[str, Any]:
         return {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}
@@ -53,22 +60,40 @@ class ResponseState:
         reason = _INCOMPLETE.get(self.engine_finish or "")
         request = self.request
         return {
-            "id": self.response_id, "object": "response", "created_at": self.created_at, "status": self.status,
-            "background": bool(request.background), "error": self.error,
+            "id": self.response_id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": self.status,
+            "background": bool(request.background),
+            "error": self.error,
             "incomplete_details": {"reason": reason} if self.status == "incomplete" else None,
-            "instructions": request.instructions, "max_output_tokens": request.max_output_tokens,
-            "model": self.model, "output": [self.item(finished)] if (self.text or finished) else [],
-            "parallel_tool_calls": False, "previous_response_id": None, "reasoning": None,
-            "store": request.store is not False, "temperature": request.temperature,
+            "instructions": request.instructions,
+            "max_output_tokens": request.max_output_tokens,
+            "model": self.model,
+            "output": [self.item(finished)] if (self.text or finished) else [],
+            "parallel_tool_calls": False,
+            "previous_response_id": None,
+            "reasoning": None,
+            "store": request.store is not False,
+            "temperature": request.temperature,
             "text": {"format": {"type": "text"}},
-            "tool_choice": "none", "tools": [], "top_p": request.top_p, "truncation": "disabled",
-            "usage": self.usage() if finished else None, "user": request.user, "metadata": request.metadata or {},
+            "tool_choice": "none",
+            "tools": [],
+            "top_p": request.top_p,
+            "truncation": "disabled",
+            "usage": self.usage() if finished else None,
+            "user": request.user,
+            "metadata": request.metadata or {},
         }
 
     def usage(self) -> dict[str, Any]:
-        return {"input_tokens": self.input_tokens, "input_tokens_details": {"cached_tokens": 0},
-                "output_tokens": self.output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-                "total_tokens": self.input_tokens + self.output_tokens}
+        return {
+            "input_tokens": self.input_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": self.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": self.input_tokens + self.output_tokens,
+        }
 
     def next(self, kind: str, **fields: Any) -> bytes:
         rendered = event(kind, self.sequence, **fields)
@@ -80,16 +105,24 @@ class ResponseState:
     def opening(self) -> list[bytes]:
         self.status = "in_progress"
         at = {"output_index": 0}
-        return [self.next("response.created", response=self.snapshot()),
-                self.next("response.in_progress", response=self.snapshot()),
-                self.next("response.output_item.added", item=self.item(False), **at),
-                self.next("response.content_part.added", item_id=self.item_id, content_index=0,
-                          part={"type": "output_text", "text": "", "annotations": [], "logprobs": []}, **at)]
+        return [
+            self.next("response.created", response=self.snapshot()),
+            self.next("response.in_progress", response=self.snapshot()),
+            self.next("response.output_item.added", item=self.item(False), **at),
+            self.next(
+                "response.content_part.added",
+                item_id=self.item_id,
+                content_index=0,
+                part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
+                **at,
+            ),
+        ]
 
     def delta(self, text: str) -> bytes:
         self.text += text
-        return self.next("response.output_text.delta", item_id=self.item_id, output_index=0, content_index=0,
-                         delta=text, logprobs=[])
+        return self.next(
+            "response.output_text.delta", item_id=self.item_id, output_index=0, content_index=0, delta=text, logprobs=[]
+        )
 
     def finish(self, engine_finish: str | None) -> None:
         self.engine_finish = engine_finish
@@ -99,10 +132,12 @@ class ResponseState:
         self.finish(engine_finish)
         at = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
         last = "response.incomplete" if self.status == "incomplete" else "response.completed"
-        return [self.next("response.output_text.done", text=self.text, logprobs=[], **at),
-                self.next("response.content_part.done", part=self.part(), **at),
-                self.next("response.output_item.done", output_index=0, item=self.item(True)),
-                self.next(last, response=self.snapshot())]
+        return [
+            self.next("response.output_text.done", text=self.text, logprobs=[], **at),
+            self.next("response.content_part.done", part=self.part(), **at),
+            self.next("response.output_item.done", output_index=0, item=self.item(True)),
+            self.next(last, response=self.snapshot()),
+        ]
 
     def failed(self, code: str, message: str) -> bytes:
         self.status, self.error = "failed", {"code": code, "message": message}

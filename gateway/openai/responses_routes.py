@@ -10,6 +10,7 @@ whose id is the response id, so `GET /v1/streams/{id}` with `Last-Event-ID:
 N+1` reads the same events. A background response runs to its end whether or
 not anyone reads, and stays readable for `gateway.streams.response_retention_s`; a
 plain streamed one has the tier's grace period, like the chat streams."""
+
 from __future__ import annotations
 
 import asyncio
@@ -38,49 +39,79 @@ from .routes import _ERRORS, check_model, start_whole
 from .serve import Job, WholeResponse
 from .translate import prompt_bytes
 
-router = APIRouter(route_class=OpenAIRoute)     # bodies read by body.parse_body, as in routes.py
+router = APIRouter(route_class=OpenAIRoute)  # bodies read by body.parse_body, as in routes.py
 
 
 def _upstream(body: ResponseRequest, caller: Caller, request_id: str) -> UpstreamRequest:
     options = GenerationOptions(
-        max_tokens=capped_max_tokens(body.max_output_tokens, caller.tier), temperature=body.temperature,
-        top_p=body.top_p, messages=body.messages(), priority=caller.tier.priority,
-        token_timeout_ms=body.token_timeout_ms, return_output_ids=True, request_id=f"{request_id}-0")
+        max_tokens=capped_max_tokens(body.max_output_tokens, caller.tier),
+        temperature=body.temperature,
+        top_p=body.top_p,
+        messages=body.messages(),
+        priority=caller.tier.priority,
+        token_timeout_ms=body.token_timeout_ms,
+        return_output_ids=True,
+        request_id=f"{request_id}-0",
+    )
     return UpstreamRequest(0, "", options)
 
 
 @router.post("/v1/responses", responses=_ERRORS)
-async def create_response(body: ResponseRequest, request: Request,
-                          caller: Caller = Depends(authenticated)) -> Response:
+async def create_response(body: ResponseRequest, request: Request, caller: Caller = Depends(authenticated)) -> Response:
     context = logs.current()
     request_id = context.request_id if context else logs.new_request_id()
     check_model(request, caller, body.model)
     upstream_request = _upstream(body, caller, request_id)
     if context is not None:
-        context.fields.update(model=body.model, stream=bool(body.stream), background=bool(body.background),
-                              user=logs.hashed(body.user or body.safety_identifier))
+        context.fields.update(
+            model=body.model,
+            stream=bool(body.stream),
+            background=bool(body.background),
+            user=logs.hashed(body.user or body.safety_identifier),
+        )
     estimate = prompt_bytes([upstream_request]) // BYTES_PER_TOKEN_BOUND
     admission = await request.app.state.policy.admit(caller, estimate)
-    generation = Generation(request.app.state.fleet, body.model, [upstream_request], admission,
-                            route="response", started_s=context.started_s if context else time.perf_counter(),
-                            prompt_estimate=estimate, streamed=bool(body.stream),
-                            # one piece (degradation): the engine sends the whole answer at once
-                            streaming=not (body.stream and caller.one_piece))
-    job = Job(fmt=ChatFormat, response_id=f"resp_{request_id}", model=body.model, caller=caller,
-              admission=admission, generation=generation, with_logprobs=False)
+    generation = Generation(
+        request.app.state.fleet,
+        body.model,
+        [upstream_request],
+        admission,
+        route="response",
+        started_s=context.started_s if context else time.perf_counter(),
+        prompt_estimate=estimate,
+        streamed=bool(body.stream),
+        # one piece (degradation): the engine sends the whole answer at once
+        streaming=not (body.stream and caller.one_piece),
+    )
+    job = Job(
+        fmt=ChatFormat,
+        response_id=f"resp_{request_id}",
+        model=body.model,
+        caller=caller,
+        admission=admission,
+        generation=generation,
+        with_logprobs=False,
+    )
     state = ResponseState(job.response_id, body.model, body)
 
     def produce() -> AsyncIterator[bytes]:
         return produce_events(job, state)
 
     if body.background and not body.stream:
-        session = registry_of(request).open(caller, produce, _refusal, job.response_id, background=True,
-                                            summary=state)
-        registry_of(request).detach(session)      # nobody reads now: GET /v1/responses/{id} later
+        session = registry_of(request).open(caller, produce, _refusal, job.response_id, background=True, summary=state)
+        registry_of(request).detach(session)  # nobody reads now: GET /v1/responses/{id} later
         return JSONResponse(state.snapshot(), headers=admission.headers)
     if body.stream:
-        return await serve_resumable(request, caller, produce, error_event=_refusal, headers=admission.headers,
-                                     stream_id=job.response_id, background=bool(body.background), summary=state)
+        return await serve_resumable(
+            request,
+            caller,
+            produce,
+            error_event=_refusal,
+            headers=admission.headers,
+            stream_id=job.response_id,
+            background=bool(body.background),
+            summary=state,
+        )
     if not await start_whole(generation, admission, request):
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     return WholeResponse(lambda: whole(job, state), headers=admission.headers)
@@ -151,8 +182,13 @@ def _count(job: Job, state: ResponseState) -> None:
 
 
 @router.get("/v1/responses/{response_id}", responses=_ERRORS)
-async def get_response(response_id: str, request: Request, caller: Caller = Depends(authenticated),
-                       stream: bool = False, starting_after: int | None = Query(default=None, ge=-1)) -> Response:
+async def get_response(
+    response_id: str,
+    request: Request,
+    caller: Caller = Depends(authenticated),
+    stream: bool = False,
+    starting_after: int | None = Query(default=None, ge=-1),
+) -> Response:
     """The response object, or (`stream=true`) its events after `starting_after`."""
     if stream:
         # sequence number N is the stream's event N + 1
@@ -185,5 +221,6 @@ async def cancel_response(response_id: str, request: Request, caller: Caller = D
 
 
 def _not_found(response_id: str) -> GatewayError:
-    return GatewayError(404, f"No response with id '{response_id}' for this API key.", param="response_id",
-                        code="response_not_found")
+    return GatewayError(
+        404, f"No response with id '{response_id}' for this API key.", param="response_id", code="response_not_found"
+    )

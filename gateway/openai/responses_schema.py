@@ -3,6 +3,7 @@ field like the other OpenAI bodies: text in, text out. What this stack cannot
 honour (tools, reasoning, structured output, a stored conversation to continue)
 is refused naming the field, never silently ignored. As in schemas.py, each
 refusal is the field's type, so the published schema says what is accepted."""
+
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
@@ -39,8 +40,9 @@ class PlainTextFormat(_Strict):
 
 
 class TextFormat(_Strict):
-    format: Annotated[PlainTextFormat | None,
-                      refused("only {'type': 'text'} is supported (no structured output)")] = None
+    format: Annotated[PlainTextFormat | None, refused("only {'type': 'text'} is supported (no structured output)")] = (
+        None
+    )
     verbosity: str | None = None
 
 
@@ -55,8 +57,14 @@ _NOT_STORED = "not supported by this server (no reasoning models, no stored conv
 def _cross_field_rules(model_schema: dict[str, Any]) -> None:
     """The model validator's two rules, said in the schema too."""
     only_when_streaming(model_schema)
-    model_schema["allOf"].append({"not": {"properties": {"background": {"const": True}, "store": {"const": False}},
-                                          "required": ["background", "store"]}})
+    model_schema["allOf"].append(
+        {
+            "not": {
+                "properties": {"background": {"const": True}, "store": {"const": False}},
+                "required": ["background", "store"],
+            }
+        }
+    )
 
 
 class ResponseRequest(_Strict):
@@ -106,8 +114,10 @@ class ResponseRequest(_Strict):
                 for part_index, part in enumerate(content if isinstance(content, list) else []):
                     kind = part.get("type") if isinstance(part, dict) else None
                     if kind not in _TEXT_PARTS:
-                        raise ValueError(f"[{index}].content[{part_index}]: parts of type '{kind}' are not "
-                                         f"supported; only {' and '.join(_TEXT_PARTS)}")
+                        raise ValueError(
+                            f"[{index}].content[{part_index}]: parts of type '{kind}' are not "
+                            f"supported; only {' and '.join(_TEXT_PARTS)}"
+                        )
         return value
 
     @model_validator(mode="after")

@@ -5,6 +5,7 @@ before this), authentication (401), body validation (400), model known (404)
 and allowed for the tier (403), `n` bound (400), admission under the limits
 (429), then the engine requests, whose refusals (400, 503) still come before
 the response starts."""
+
 from __future__ import annotations
 
 import time
@@ -34,65 +35,104 @@ from .translate import chat_upstream, completion_upstream, prompt_bytes
 # the bodies are read by body.parse_body: a 400 naming the field for what JSON cannot carry
 router = APIRouter(route_class=OpenAIRoute)
 
-_MODELS_CREATED = 1_700_000_000     # a fixed `created`: the models have no creation date worth reporting
+_MODELS_CREATED = 1_700_000_000  # a fixed `created`: the models have no creation date worth reporting
 
-_ERRORS: dict[int | str, dict[str, Any]] = {400: {"description": "invalid request (OpenAI error shape)"},
-           401: {"description": "missing or wrong API key"}, 403: {"description": "model not allowed for the tier"},
-           404: {"description": "unknown model"}, 413: {"description": "body too large"},
-           415: {"description": "not application/json"}, 429: {"description": "rate limited"},
-           503: {"description": "engine overloaded or unreachable; see Retry-After"},
-           504: {"description": "the engine timed out: no first token in time, or the caller's token_timeout_ms"}}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "invalid request (OpenAI error shape)"},
+    401: {"description": "missing or wrong API key"},
+    403: {"description": "model not allowed for the tier"},
+    404: {"description": "unknown model"},
+    413: {"description": "body too large"},
+    415: {"description": "not application/json"},
+    429: {"description": "rate limited"},
+    503: {"description": "engine overloaded or unreachable; see Retry-After"},
+    504: {"description": "the engine timed out: no first token in time, or the caller's token_timeout_ms"},
+}
 
 
 def check_model(request: Request, caller: Caller, model: str) -> None:
     if model not in PUBLIC_MODELS:
-        raise GatewayError(404, f"The model '{model}' does not exist; models are {', '.join(PUBLIC_MODELS)}.",
-                           param="model", code="model_not_found")
+        raise GatewayError(
+            404,
+            f"The model '{model}' does not exist; models are {', '.join(PUBLIC_MODELS)}.",
+            param="model",
+            code="model_not_found",
+        )
     request.app.state.policy.check_model(caller, model)
 
 
-async def _run(request: Request, caller: Caller, body: _Sampling, fmt: Format, prefix: str,
-               upstream_of: Callable[[Any, TierConfig, int, str], list[UpstreamRequest]],
-               with_logprobs: bool) -> Response:
+async def _run(
+    request: Request,
+    caller: Caller,
+    body: _Sampling,
+    fmt: Format,
+    prefix: str,
+    upstream_of: Callable[[Any, TierConfig, int, str], list[UpstreamRequest]],
+    with_logprobs: bool,
+) -> Response:
     context = logs.current()
     request_id = context.request_id if context else logs.new_request_id()
     check_model(request, caller, body.model)
     config = request.app.state.config
     upstream_requests = upstream_of(body, caller.tier, config.limits.max_n, request_id)
     if context is not None:
-        context.fields.update(model=body.model, stream=bool(body.stream), n=len(upstream_requests),
-                              user=logs.hashed(body.user or getattr(body, "safety_identifier", None)),
-                              upstream_ids=[r.options.request_id for r in upstream_requests])
+        context.fields.update(
+            model=body.model,
+            stream=bool(body.stream),
+            n=len(upstream_requests),
+            user=logs.hashed(body.user or getattr(body, "safety_identifier", None)),
+            upstream_ids=[r.options.request_id for r in upstream_requests],
+        )
     estimate = prompt_bytes(upstream_requests) // BYTES_PER_TOKEN_BOUND
     admission = await request.app.state.policy.admit(caller, estimate)
     upstream: Upstream = request.app.state.fleet
-    generation = Generation(upstream, body.model, upstream_requests, admission, route=fmt.object,
-                            started_s=context.started_s if context else time.perf_counter(),
-                            prompt_estimate=estimate, keep_logprobs=with_logprobs and not body.stream,
-                            streamed=bool(body.stream),
-                            # one piece (degradation): the engine sends the whole answer at once
-                            streaming=not (body.stream and caller.one_piece))
-    job = Job(fmt=fmt, response_id=f"{prefix}-{request_id}", model=body.model, caller=caller,
-              admission=admission, generation=generation, with_logprobs=with_logprobs,
-              include_usage=body.include_usage)
+    generation = Generation(
+        upstream,
+        body.model,
+        upstream_requests,
+        admission,
+        route=fmt.object,
+        started_s=context.started_s if context else time.perf_counter(),
+        prompt_estimate=estimate,
+        keep_logprobs=with_logprobs and not body.stream,
+        streamed=bool(body.stream),
+        # one piece (degradation): the engine sends the whole answer at once
+        streaming=not (body.stream and caller.one_piece),
+    )
+    job = Job(
+        fmt=fmt,
+        response_id=f"{prefix}-{request_id}",
+        model=body.model,
+        caller=caller,
+        admission=admission,
+        generation=generation,
+        with_logprobs=with_logprobs,
+        include_usage=body.include_usage,
+    )
     if body.stream:
         # resumable: the response id is the stream id (GET /v1/streams/{id})
-        return await serve_resumable(request, caller, lambda: produce_stream(job), error_event=error_event,
-                                     headers=admission.headers, stream_id=job.response_id)
+        return await serve_resumable(
+            request,
+            caller,
+            lambda: produce_stream(job),
+            error_event=error_event,
+            headers=admission.headers,
+            stream_id=job.response_id,
+        )
     if not await start_whole(generation, admission, request):
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     return whole(job)
 
 
 @router.post("/v1/chat/completions", responses=_ERRORS)
-async def chat_completions(body: ChatCompletionRequest, request: Request,
-                           caller: Caller = Depends(authenticated)) -> Response:
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request, caller: Caller = Depends(authenticated)
+) -> Response:
     return await _run(request, caller, body, ChatFormat, "chatcmpl", chat_upstream, bool(body.logprobs))
 
 
 @router.post("/v1/completions", responses=_ERRORS)
-async def completions(body: CompletionRequest, request: Request,
-                      caller: Caller = Depends(authenticated)) -> Response:
+async def completions(body: CompletionRequest, request: Request, caller: Caller = Depends(authenticated)) -> Response:
     return await _run(request, caller, body, CompletionFormat, "cmpl", completion_upstream, body.wants_logprobs)
 
 

@@ -13,6 +13,7 @@ The published OpenAPI schema is generated from these models: a refusal is the
 field's type (gateway/openai/fields.py), not a check beside it, so the schema
 says what is accepted. Only the rules that relate two fields stay validators,
 and each is said in the schema too (`allOf` on the model, `cross_field`)."""
+
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
@@ -28,23 +29,34 @@ _TEXT_PART = "text"
 _NO_TOOLS = "not supported by this server"
 
 NonEmpty = Annotated[str, Field(min_length=1)]
-Tokens = Annotated[int, Field(ge=1, le=INT32_MAX)]          # an INT32 tensor upstream
-Nothing = Annotated[list[Any], Field(max_length=0)]          # an empty list: the neutral value
+Tokens = Annotated[int, Field(ge=1, le=INT32_MAX)]  # an INT32 tensor upstream
+Nothing = Annotated[list[Any], Field(max_length=0)]  # an empty list: the neutral value
 # a per-token deadline under a second is shorter than a prefill on this stack's
 # CPU engine: every request would end in a timeout (504), whatever it asked
 MIN_TOKEN_TIMEOUT_MS = 1000
-TokenTimeout = Annotated[int, Field(ge=MIN_TOKEN_TIMEOUT_MS, le=int(UPSTREAM_TOKEN_TIMEOUT_S * 1000),
-                                    description="this stack's extension: the engine ends the request (an error, "
-                                                "504 `upstream_timeout`) when no token follows for this long")]
-SEED_MAX = 2 ** 64 - 1          # a UINT64 tensor upstream
+TokenTimeout = Annotated[
+    int,
+    Field(
+        ge=MIN_TOKEN_TIMEOUT_MS,
+        le=int(UPSTREAM_TOKEN_TIMEOUT_S * 1000),
+        description="this stack's extension: the engine ends the request (an error, "
+        "504 `upstream_timeout`) when no token follows for this long",
+    ),
+]
+SEED_MAX = 2**64 - 1  # a UINT64 tensor upstream
 STREAM_OPTIONS_NOTE = "only with `stream: true` (else 400)"
 
 
 def only_when_streaming(model_schema: dict[str, Any]) -> None:
     """`stream_options` only with `stream: true`, said in the schema too."""
     model_schema.setdefault("allOf", []).append(
-        {"anyOf": [{"properties": {"stream_options": {"type": "null"}}},
-                   {"properties": {"stream": {"const": True}}, "required": ["stream"]}]})
+        {
+            "anyOf": [
+                {"properties": {"stream_options": {"type": "null"}}},
+                {"properties": {"stream": {"const": True}}, "required": ["stream"]},
+            ]
+        }
+    )
 
 
 class _Strict(BaseModel):
@@ -77,8 +89,9 @@ class ChatMessage(_Strict):
     # what an SDK echoes back when a previous answer is appended to the conversation
     refusal: str | None = None
     annotations: Any = None
-    tool_calls: Annotated[Nothing | None,
-                          refused("tool_calls are not supported (this server has no tool calling)")] = None
+    tool_calls: Annotated[Nothing | None, refused("tool_calls are not supported (this server has no tool calling)")] = (
+        None
+    )
     function_call: Annotated[None, refused(_NO_TOOLS)] = None
     audio: Annotated[None, refused(_NO_TOOLS)] = None
     tool_call_id: str | None = None
@@ -114,6 +127,7 @@ def _stop_refusal(value: Any) -> str | None:
 
 class _Sampling(_Strict):
     """What both endpoints share."""
+
     model_config = ConfigDict(json_schema_extra=only_when_streaming)
 
     model: ServedModel
@@ -124,15 +138,21 @@ class _Sampling(_Strict):
     top_p: UnitFP32 | None = None
     # the deployment's bound (gateway.limits.max_n) is added to the published schema
     # by gateway/openai/openapi.py and checked by translate.check_n
-    n: int | None = Field(default=None, ge=1, le=INT32_MAX,
-                          description="at most `gateway.limits.max_n`; on completions n × number of prompts too")
+    n: int | None = Field(
+        default=None,
+        ge=1,
+        le=INT32_MAX,
+        description="at most `gateway.limits.max_n`; on completions n × number of prompts too",
+    )
     seed: int | None = Field(default=None, ge=0, le=SEED_MAX)
-    stop: Annotated[NonEmpty | Annotated[list[NonEmpty], Field(max_length=MAX_STOP_SEQUENCES)] | None,
-                    refused(_stop_refusal)] = None
+    stop: Annotated[
+        NonEmpty | Annotated[list[NonEmpty], Field(max_length=MAX_STOP_SEQUENCES)] | None, refused(_stop_refusal)
+    ] = None
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    logit_bias: Annotated[Annotated[dict[str, float], Field(max_length=0)] | None,
-                          refused(unsupported("logit_bias"))] = None
+    logit_bias: Annotated[
+        Annotated[dict[str, float], Field(max_length=0)] | None, refused(unsupported("logit_bias"))
+    ] = None
     user: str | None = Field(default=None, max_length=512)
     # vLLM-compatible extensions
     top_k: int | None = Field(default=None, ge=0, le=INT32_MAX)
@@ -143,8 +163,7 @@ class _Sampling(_Strict):
 
     @field_validator("stream_options")
     @classmethod
-    def _only_when_streaming(cls, value: ChatStreamOptions | None,
-                             info: ValidationInfo) -> ChatStreamOptions | None:
+    def _only_when_streaming(cls, value: ChatStreamOptions | None, info: ValidationInfo) -> ChatStreamOptions | None:
         # as OpenAI answers it: options for a stream that will not happen are a mistake
         if value is not None and not info.data.get("stream"):
             raise ValueError("only allowed when 'stream' is true")
@@ -167,8 +186,9 @@ class TextResponseFormat(_Strict):
 
 def _top_logprobs_refusal(value: Any) -> str | None:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return unsupported("top_logprobs", " (only the chosen tokens' log-probs: "
-                                           "send logprobs=true and top_logprobs 0 or nothing)")
+        return unsupported(
+            "top_logprobs", " (only the chosen tokens' log-probs: send logprobs=true and top_logprobs 0 or nothing)"
+        )
     return None
 
 
@@ -184,19 +204,24 @@ class ChatCompletionRequest(_Sampling):
     safety_identifier: str | None = Field(default=None, max_length=512)
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
-    parallel_tool_calls: bool | None = None   # meaningless without tools, which are refused
+    parallel_tool_calls: bool | None = None  # meaningless without tools, which are refused
     prompt_cache_options: Any = None
     # refused unless absent or neutral: the type is the neutral value
     tools: Annotated[Nothing | None, refused(unsupported("tools", " (no tool calling)"))] = None
-    tool_choice: Annotated[Literal["none"] | None,
-                           refused(unsupported("tool choice", " (no tool calling; only 'none')"))] = None
+    tool_choice: Annotated[
+        Literal["none"] | None, refused(unsupported("tool choice", " (no tool calling; only 'none')"))
+    ] = None
     functions: Annotated[Nothing | None, refused(unsupported("tools", " (no tool calling)"))] = None
-    function_call: Annotated[Literal["none"] | None,
-                             refused(unsupported("tool choice", " (no tool calling; only 'none')"))] = None
-    response_format: Annotated[TextResponseFormat | None,
-                               refused(unsupported("response_format", " (only {'type': 'text'})"))] = None
-    modalities: Annotated[Annotated[list[Literal["text"]], Field(min_length=1, max_length=1)] | None,
-                          refused(unsupported("modalities", " (only ['text'])"))] = None
+    function_call: Annotated[
+        Literal["none"] | None, refused(unsupported("tool choice", " (no tool calling; only 'none')"))
+    ] = None
+    response_format: Annotated[
+        TextResponseFormat | None, refused(unsupported("response_format", " (only {'type': 'text'})"))
+    ] = None
+    modalities: Annotated[
+        Annotated[list[Literal["text"]], Field(min_length=1, max_length=1)] | None,
+        refused(unsupported("modalities", " (only ['text'])")),
+    ] = None
     audio: Annotated[None, refused(_NO_TOOLS)] = None
     prediction: Annotated[None, refused(_NO_TOOLS)] = None
     reasoning_effort: Annotated[None, refused(_NO_TOOLS)] = None
@@ -222,15 +247,24 @@ def _prompt_refusal(value: Any) -> str | None:
 
 class CompletionRequest(_Sampling):
     # token-id prompts are refused: the public models take text
-    prompt: Annotated[NonEmpty | Annotated[list[NonEmpty], Field(min_length=1)], refused(_prompt_refusal)] = \
-        Field(description="at most `gateway.limits.max_n` prompts, n × prompts too")
-    logprobs: Annotated[Annotated[int, Field(ge=0, le=0)] | None, refused(
-        lambda v: unsupported("logprobs > 0", " (only the chosen tokens' log-probs: logprobs=0)")
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None)] = None
+    prompt: Annotated[NonEmpty | Annotated[list[NonEmpty], Field(min_length=1)], refused(_prompt_refusal)] = Field(
+        description="at most `gateway.limits.max_n` prompts, n × prompts too"
+    )
+    logprobs: Annotated[
+        Annotated[int, Field(ge=0, le=0)] | None,
+        refused(
+            lambda v: (
+                unsupported("logprobs > 0", " (only the chosen tokens' log-probs: logprobs=0)")
+                if isinstance(v, int) and not isinstance(v, bool) and v > 0
+                else None
+            )
+        ),
+    ] = None
     echo: Annotated[FalseOnly, refused(unsupported("echo"))] = None
     suffix: Annotated[Annotated[str, Field(max_length=0)] | None, refused(unsupported("suffix"))] = None
-    best_of: int | None = Field(default=None, ge=1, le=INT32_MAX,
-                                description="only equal to `n`: this server does not rank candidates")
+    best_of: int | None = Field(
+        default=None, ge=1, le=INT32_MAX, description="only equal to `n`: this server does not rank candidates"
+    )
 
     def prompts(self) -> list[str]:
         return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)

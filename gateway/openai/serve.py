@@ -3,6 +3,7 @@ stream) or whole, and what happens however it ends: engine requests still
 running are stopped (a whole answer's caller that hangs up frees its KV blocks
 at once; a stream's, after its grace period), the admission is released, usage
 is counted per key and logged."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,9 +29,11 @@ from .translate import finish_reason
 
 log = logging.getLogger("gateway.requests")
 
+
 @dataclass
 class Job:
     """One admitted request, ready to answer."""
+
     fmt: Format
     response_id: str
     model: str
@@ -67,7 +70,7 @@ async def produce_stream(job: Job) -> AsyncIterator[bytes]:
 
 
 async def _stream_body(job: Job) -> AsyncIterator[bytes]:
-    outcome = "cancelled"     # unless the loop below gets to the end
+    outcome = "cancelled"  # unless the loop below gets to the end
     started: set[int] = set()
     try:
         async for choice, event in job.generation.events():
@@ -79,11 +82,20 @@ async def _stream_body(job: Job) -> AsyncIterator[bytes]:
             payload = _delta(job, choice, event, first=choice.index not in started)
             if payload is not None:
                 started.add(choice.index)
-                yield chunks.sse(chunks.chunk(job.fmt, job.response_id, job.created, job.model, [payload],
-                                              job.include_usage))
+                yield chunks.sse(
+                    chunks.chunk(job.fmt, job.response_id, job.created, job.model, [payload], job.include_usage)
+                )
         if job.include_usage:
-            yield chunks.sse(chunks.usage_chunk(job.fmt, job.response_id, job.created, job.model,
-                                                job.generation.prompt_tokens, job.generation.completion_tokens))
+            yield chunks.sse(
+                chunks.usage_chunk(
+                    job.fmt,
+                    job.response_id,
+                    job.created,
+                    job.model,
+                    job.generation.prompt_tokens,
+                    job.generation.completion_tokens,
+                )
+            )
         yield chunks.SSE_DONE
         outcome = "ok"
     except UpstreamFailure as exc:
@@ -102,7 +114,7 @@ def _delta(job: Job, choice: ChoiceState, event: Any, first: bool) -> dict[str, 
         choice.token_ids.extend(event.output_ids)
         choice.logprobs.extend(event_logprobs(event))
     if not event.text and not first and reason is None:
-        return None     # tokens held back by the text stages (a possible stop string, split UTF-8)
+        return None  # tokens held back by the text stages (a possible stop string, split UTF-8)
     logprobs = None
     if job.with_logprobs:
         logprobs = (choice.token_ids, choice.logprobs)
@@ -120,8 +132,15 @@ async def whole_body(job: Job) -> tuple[int, dict[str, Any]]:
             outcome = "engine_error"
             return failure.status, failure.body()
         outcome = "ok"
-        return 200, chunks.whole(job.fmt, job.response_id, job.created, job.model, job.generation.choices,
-                                 job.generation.prompt_tokens, job.with_logprobs)
+        return 200, chunks.whole(
+            job.fmt,
+            job.response_id,
+            job.created,
+            job.model,
+            job.generation.choices,
+            job.generation.prompt_tokens,
+            job.with_logprobs,
+        )
     except UpstreamFailure as exc:
         outcome = "upstream_error"
         error = GatewayError(502, f"The engine request failed: {exc}", code="upstream_error")
@@ -135,8 +154,7 @@ class WholeResponse(Response):
     first, the computation is cancelled (and with it the engine requests),
     which FastAPI's plain handlers would not notice."""
 
-    def __init__(self, compute: Callable[[], Awaitable[tuple[int, dict[str, Any]]]],
-                 headers: dict[str, str]) -> None:
+    def __init__(self, compute: Callable[[], Awaitable[tuple[int, dict[str, Any]]]], headers: dict[str, str]) -> None:
         super().__init__(status_code=200, headers=headers, media_type="application/json")
         self._compute = compute
         self._given_headers = headers
@@ -145,10 +163,10 @@ class WholeResponse(Response):
         try:
             status, body = await unless_hung_up(self._compute(), receive)
         except HungUp:
-            return                  # nobody to answer
+            return  # nobody to answer
         self.status_code = status
         self.body = self.render(body)
-        self.init_headers(self._given_headers)      # Content-Length of this body
+        self.init_headers(self._given_headers)  # Content-Length of this body
         await super().__call__(scope, receive, send)
 
     def render(self, content: Any) -> bytes:

@@ -4,6 +4,7 @@ own key (never an API key): `GET /admin/replicas` (each replica's state), `POST
 finish) and `/resume`, `GET /admin/degradation` (the degradation level, its
 signals' window values and thresholds). The key is read from `gateway.admin_key_file`, or
 `<build dir>/gateway_admin_key`, created (0600) on first start."""
+
 from __future__ import annotations
 
 import logging
@@ -49,28 +50,43 @@ def _check(request: Request) -> Fleet:
     expected: str = state.admin_key
     scheme, _, given = (request.headers.get("authorization") or "").partition(" ")
     if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), expected.encode()):
-        raise GatewayError(401, "The admin endpoints need the gateway's admin key.", code="invalid_admin_key",
-                           headers={"WWW-Authenticate": "Bearer"})
+        raise GatewayError(
+            401,
+            "The admin endpoints need the gateway's admin key.",
+            code="invalid_admin_key",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     return request.app.state.fleet
 
 
 def describe(replica: Replica, stale_s: float) -> dict[str, object]:
     load, health = replica.load, replica.health
-    return {"name": replica.name, "grpc_url": replica.config.grpc_url, "routable": replica.routable,
-            "ejected": health.ejected, "draining": replica.draining, "in_flight": replica.in_flight,
-            "consecutive_failures": health.failures, "ejections_in_a_row": health.ejections,
-            "last_failure": health.last_reason or None,
-            "ejected_for_s": round(max(0.0, health.ejected_until - time.monotonic()), 1) if health.ejected else 0,
-            "load": {"waiting": load.waiting, "running": load.running, "kv_blocks_used": load.kv_used,
-                     "kv_blocks_capacity": load.kv_capacity, "stale": load.stale(stale_s),
-                     "age_s": None if load.at <= 0 else round(load.age_s(), 2)}}
+    return {
+        "name": replica.name,
+        "grpc_url": replica.config.grpc_url,
+        "routable": replica.routable,
+        "ejected": health.ejected,
+        "draining": replica.draining,
+        "in_flight": replica.in_flight,
+        "consecutive_failures": health.failures,
+        "ejections_in_a_row": health.ejections,
+        "last_failure": health.last_reason or None,
+        "ejected_for_s": round(max(0.0, health.ejected_until - time.monotonic()), 1) if health.ejected else 0,
+        "load": {
+            "waiting": load.waiting,
+            "running": load.running,
+            "kv_blocks_used": load.kv_used,
+            "kv_blocks_capacity": load.kv_capacity,
+            "stale": load.stale(stale_s),
+            "age_s": None if load.at <= 0 else round(load.age_s(), 2),
+        },
+    }
 
 
 def _replica(fleet: Fleet, name: str) -> Replica:
     replica = fleet.by_name.get(name)
     if replica is None:
-        raise GatewayError(404, f"No replica named '{name}'; replicas are {', '.join(fleet.by_name)}.",
-                           param="name")
+        raise GatewayError(404, f"No replica named '{name}'; replicas are {', '.join(fleet.by_name)}.", param="name")
     return replica
 
 

@@ -7,6 +7,7 @@ trace context: a valid incoming `traceparent` is continued under a new span
 id, a missing or malformed one starts a new trace. Nothing at INFO holds
 prompt or completion text, API keys or request keys; `user` is logged as a
 SHA-256 prefix, enough to group one caller's requests."""
+
 from __future__ import annotations
 
 import contextvars
@@ -77,8 +78,13 @@ def new_context(caller_request_id: str | None, traceparent: str | None) -> LogCo
     parsed = parse_traceparent(traceparent)
     trace_id, flags = parsed if parsed else (secrets.token_hex(16), "01")
     caller = caller_request_id if caller_request_id and _CALLER_ID.fullmatch(caller_request_id) else None
-    return LogContext(request_id=new_request_id(), trace_id=trace_id, span_id=secrets.token_hex(8),
-                          trace_flags=flags, caller_request_id=caller)
+    return LogContext(
+        request_id=new_request_id(),
+        trace_id=trace_id,
+        span_id=secrets.token_hex(8),
+        trace_flags=flags,
+        caller_request_id=caller,
+    )
 
 
 def hashed(value: str | None) -> str | None:
@@ -92,7 +98,10 @@ class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
-            "level": record.levelname, "logger": record.name, "msg": record.getMessage()}
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
         context = current()
         if context is not None:
             entry["request_id"] = context.request_id

@@ -9,6 +9,7 @@ anything starts (a taken port stops the gateway at once, naming the setting),
 and the ops server stops after the public one has drained and shut down, so
 Prometheus sees the whole drain (`gateway_draining`) and an operator can
 still look at the replicas meanwhile."""
+
 from __future__ import annotations
 
 import asyncio
@@ -72,10 +73,12 @@ def bind(host: str, port: int) -> socket.socket:
     instead of uvicorn's bare errno inside the running loop."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        return socket.create_server((host, port), family=family, backlog=128)   # SO_REUSEADDR, as uvicorn
+        return socket.create_server((host, port), family=family, backlog=128)  # SO_REUSEADDR, as uvicorn
     except OSError as exc:
-        raise OpsBindError(f"the ops listener (metrics, admin) cannot listen on {host}:{port}: {exc.strerror or exc}; "
-                           f"set gateway.ops_port (0 turns it off) or gateway.ops_host") from None
+        raise OpsBindError(
+            f"the ops listener (metrics, admin) cannot listen on {host}:{port}: {exc.strerror or exc}; "
+            f"set gateway.ops_port (0 turns it off) or gateway.ops_host"
+        ) from None
 
 
 class OpsServer(uvicorn.Server):
@@ -98,8 +101,16 @@ def ops_server(config: GatewayConfig, public: FastAPI) -> OpsServer | None:
         return None
     sock = bind(config.ops_host, config.ops_port)
     log.info("ops listener (/metrics, /admin/*) on %s:%d", config.ops_host, config.ops_port)
-    return OpsServer(uvicorn.Config(public.state.ops_asgi, log_config=None, access_log=False, lifespan="off",
-                                    timeout_graceful_shutdown=_STOP_GRACE_S), sock)
+    return OpsServer(
+        uvicorn.Config(
+            public.state.ops_asgi,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=_STOP_GRACE_S,
+        ),
+        sock,
+    )
 
 
 async def serve_together(public: uvicorn.Server, ops: OpsServer | None) -> None:

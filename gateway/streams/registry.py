@@ -8,6 +8,7 @@ same 404, so ids reveal nothing. A stream's events stay resumable until its
 grace period after the end (a reader that dropped just before the last token
 can still fetch it); a running stream nobody reads is stopped after its
 tier's grace period."""
+
 from __future__ import annotations
 
 import asyncio
@@ -38,16 +39,29 @@ class StreamRegistry:
         self.shared = shared
         self._sessions: dict[str, StreamSession] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._closing = False       # draining without Redis: no stream is kept for a resume
+        self._closing = False  # draining without Redis: no stream is kept for a resume
 
-    def open(self, caller: Caller, produce: Producer, error_event: ErrorEvent, stream_id: str | None = None,
-             *, background: bool = False, summary: Any = None) -> StreamSession:
+    def open(
+        self,
+        caller: Caller,
+        produce: Producer,
+        error_event: ErrorEvent,
+        stream_id: str | None = None,
+        *,
+        background: bool = False,
+        summary: Any = None,
+    ) -> StreamSession:
         """Start `produce` as a stream of `caller`'s, with one reader attached
         (the request that opened it; it detaches when its response ends). A
         background stream runs to its end without readers and stays readable
         for `gateway.streams.response_retention_s`."""
-        session = StreamSession(stream_id or new_stream_id(), caller.key_id, caller.tier.stream_grace_s,
-                                self.config.streams.buffer_bytes, error_event)
+        session = StreamSession(
+            stream_id or new_stream_id(),
+            caller.key_id,
+            caller.tier.stream_grace_s,
+            self.config.streams.buffer_bytes,
+            error_event,
+        )
         session.background, session.summary = background, summary
         self._sessions[session.stream_id] = session
         session.readers = 1
@@ -74,7 +88,7 @@ class StreamRegistry:
     def detach(self, session: StreamSession) -> None:
         session.readers -= 1
         if session.readers <= 0 and not session.done and not session.background:
-            if self._closing:       # its reader left as the drain began
+            if self._closing:  # its reader left as the drain began
                 self._expire_now(session, "no reader, and the gateway is shutting down")
             elif session.grace_s <= 0:
                 self._expire_now(session, "no reader (no grace period)")

@@ -1,6 +1,7 @@
 """`GET /v1/streams/{id}` (resume with `Last-Event-ID`) and
 `DELETE /v1/streams/{id}` (stop now), for every streamed route's streams:
 OpenAI chunks and Triton `generate_stream` events alike."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -15,9 +16,11 @@ from . import serve
 router = APIRouter()
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"description": "malformed Last-Event-ID"}, 401: {"description": "missing or wrong API key"},
+    400: {"description": "malformed Last-Event-ID"},
+    401: {"description": "missing or wrong API key"},
     404: {"description": "no such stream for this key"},
-    410: {"description": "the events after Last-Event-ID are no longer buffered"}}
+    410: {"description": "the events after Last-Event-ID are no longer buffered"},
+}
 
 
 @router.get("/v1/streams/{stream_id}", responses=_ERRORS)

@@ -8,6 +8,7 @@ prefilling after that gets its 200 and an SSE comment line (`: keep-alive`)
 every interval while no event flows (queueing, prefill, a stall, a
 migration): a proxy with a 60 s read timeout in between never sees a silent
 minute. A refusal after that point arrives as the stream's last event."""
+
 from __future__ import annotations
 
 import asyncio
@@ -48,9 +49,17 @@ def registry_of(request: Request) -> StreamRegistry:
     return request.app.state.streams
 
 
-async def serve_resumable(request: Request, caller: Caller, produce: Producer, *, error_event: ErrorEvent,
-                          headers: dict[str, str] | None = None, stream_id: str | None = None,
-                          background: bool = False, summary: Any = None) -> Response:
+async def serve_resumable(
+    request: Request,
+    caller: Caller,
+    produce: Producer,
+    *,
+    error_event: ErrorEvent,
+    headers: dict[str, str] | None = None,
+    stream_id: str | None = None,
+    background: bool = False,
+    summary: Any = None,
+) -> Response:
     """The SSE answer to a streamed request. `produce()` yields whole SSE
     events (b"data: ...\\n\\n"); a GatewayError it raises before its first
     event is the HTTP answer; its own cleanup stops the engine request and
@@ -62,7 +71,7 @@ async def serve_resumable(request: Request, caller: Caller, produce: Producer, *
         await unless_hung_up(session.wait_first(keepalive_s), request.receive)
     except HungUp:
         if background:
-            registry.detach(session)       # a background stream goes on without this reader
+            registry.detach(session)  # a background stream goes on without this reader
         else:
             # gone before anything was sent: it never learnt the stream id, so nothing to keep
             session.end_reason = "hung_up"
@@ -84,8 +93,9 @@ class ReaderResponse(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[Event | None], headers: dict[str, str],
-                 on_close: Callable[[], object]) -> None:
+    def __init__(
+        self, events: AsyncIterator[Event | None], headers: dict[str, str], on_close: Callable[[], object]
+    ) -> None:
         # not Response.__init__: it would render an empty body and announce Content-Length: 0
         self.status_code = 200
         self.background = None
@@ -103,7 +113,7 @@ class ReaderResponse(Response):
             if not pump.done():
                 pump.cancel()
             await asyncio.gather(pump, hangup, return_exceptions=True)
-            await self._events.aclose()     # type: ignore[attr-defined]
+            await self._events.aclose()  # type: ignore[attr-defined]
             outcome = self._on_close()
             if isinstance(outcome, Awaitable):
                 await outcome
@@ -128,8 +138,9 @@ def parse_last_event_id(value: str | None) -> int:
     except ValueError:
         seq = -1
     if seq < 0:
-        raise GatewayError(400, "Last-Event-ID must be the id of an event of this stream (a number >= 0).",
-                           param="Last-Event-ID")
+        raise GatewayError(
+            400, "Last-Event-ID must be the id of an event of this stream (a number >= 0).", param="Last-Event-ID"
+        )
     return seq
 
 
@@ -154,8 +165,9 @@ async def resume(request: Request, caller: Caller, stream_id: str, after: int | 
     except StreamGone as exc:
         raise _gone(exc) from None
     STREAM_RESUMES.labels(where="shared").inc()
-    return ReaderResponse(shared.read(stream_id, after, keepalive_s), headers,
-                          on_close=lambda: shared.release(stream_id))
+    return ReaderResponse(
+        shared.read(stream_id, after, keepalive_s), headers, on_close=lambda: shared.release(stream_id)
+    )
 
 
 async def delete(request: Request, caller: Caller, stream_id: str) -> Response:
@@ -163,7 +175,7 @@ async def delete(request: Request, caller: Caller, stream_id: str) -> Response:
     session = registry.find(stream_id, caller)
     if session is not None:
         registry.cancel(session)
-        await session.wait_closed()       # the engine request is stopped when this answers
+        await session.wait_closed()  # the engine request is stopped when this answers
         return Response(status_code=204)
     shared = registry.shared
     if shared is None or not await owned_by(shared, stream_id, caller):
@@ -174,8 +186,9 @@ async def delete(request: Request, caller: Caller, stream_id: str) -> Response:
 
 def _check_after(session: StreamSession, after: int) -> None:
     if after > session.last_seq:
-        raise GatewayError(400, f"Last-Event-ID {after} is past this stream's last event ({session.last_seq}).",
-                           param="Last-Event-ID")
+        raise GatewayError(
+            400, f"Last-Event-ID {after} is past this stream's last event ({session.last_seq}).", param="Last-Event-ID"
+        )
     try:
         session.events_after(after)
     except StreamGone as exc:
@@ -188,10 +201,15 @@ async def owned_by(shared: SharedStreams, stream_id: str, caller: Caller) -> boo
 
 
 def _not_found(stream_id: str) -> GatewayError:
-    return GatewayError(404, "No such stream for this API key (unknown, expired, or another key's).",
-                        param="stream_id", code="stream_not_found")
+    return GatewayError(
+        404,
+        "No such stream for this API key (unknown, expired, or another key's).",
+        param="stream_id",
+        code="stream_not_found",
+    )
 
 
 def _gone(exc: StreamGone) -> GatewayError:
-    return GatewayError(410, f"The stream can no longer be resumed from there: {exc}.", param="Last-Event-ID",
-                        code="stream_gone")
+    return GatewayError(
+        410, f"The stream can no longer be resumed from there: {exc}.", param="Last-Event-ID", code="stream_gone"
+    )

@@ -8,6 +8,7 @@ nobody reads; a reader that comes back with `Last-Event-ID` gets what it
 missed from the buffer and then the live events. With nobody back by the end
 of the grace period, the producer is cancelled: its own cleanup stops the
 engine request by key (freeing the KV blocks) and releases the admission."""
+
 from __future__ import annotations
 
 import asyncio
@@ -31,16 +32,15 @@ class StreamGone(Exception):
 
 @dataclass(frozen=True)
 class Event:
-    seq: int               # 1, 2, ...: the SSE `id`
-    data: bytes            # a whole SSE event without its id line (b"data: ...\n\n")
+    seq: int  # 1, 2, ...: the SSE `id`
+    data: bytes  # a whole SSE event without its id line (b"data: ...\n\n")
 
     def frame(self) -> bytes:
         return b"id: %d\n" % self.seq + self.data
 
 
 class StreamSession:
-    def __init__(self, stream_id: str, key_id: str, grace_s: float, buffer_bytes: int,
-                 error_event: ErrorEvent) -> None:
+    def __init__(self, stream_id: str, key_id: str, grace_s: float, buffer_bytes: int, error_event: ErrorEvent) -> None:
         self.stream_id = stream_id
         self.key_id = key_id
         self.grace_s = grace_s
@@ -53,7 +53,7 @@ class StreamSession:
         # a refusal before the first event: the caller's HTTP answer, if no response has started
         self.failure: GatewayError | None = None
         self.readers = 0
-        self.end_reason: str | None = None       # "expired" / "deleted" when stopped from outside
+        self.end_reason: str | None = None  # "expired" / "deleted" when stopped from outside
         # a background response runs to its end whether or not anyone reads
         self.background = False
         # what GET /v1/responses/{id} answers (an object with `snapshot() -> dict`), if anything
@@ -85,7 +85,7 @@ class StreamSession:
             log.exception("stream %s: the producer failed after %d events", self.stream_id, self.last_seq)
             await self._append(self._error_event(GatewayError(500, "Internal error.", code="internal_error")))
         finally:
-            await asyncio.shield(events.aclose())     # type: ignore[attr-defined]
+            await asyncio.shield(events.aclose())  # type: ignore[attr-defined]
             await self._finish()
 
     async def _append(self, data: bytes) -> None:

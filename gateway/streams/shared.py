@@ -13,6 +13,7 @@ that every owner listens to.
 Events reach Redis in order through one writer task per stream; a Redis
 failure loses the mirror (a resume elsewhere then ends early), never the
 stream itself."""
+
 from __future__ import annotations
 
 import asyncio
@@ -43,6 +44,7 @@ class SharedStreams:
     @classmethod
     def from_url(cls, redis_url: str, prefix: str = "gateway") -> SharedStreams:
         import redis.asyncio as aioredis  # late: the memory path never needs it
+
         return cls(aioredis.Redis.from_url(redis_url), prefix)
 
     def _meta(self, stream_id: str) -> str:
@@ -77,7 +79,7 @@ class SharedStreams:
                     end: dict[str, Any] = {"done": 1, "last_seq": session.last_seq}
                     if session.summary is not None:
                         end["summary"] = json.dumps(session.summary.snapshot())
-                    pipe.hset(meta, mapping=end)      # one command: a reader sees the end and the summary together
+                    pipe.hset(meta, mapping=end)  # one command: a reader sees the end and the summary together
                     pipe.expire(meta, retention_s)
                     pipe.expire(events, retention_s)
                     await pipe.execute()
@@ -91,8 +93,11 @@ class SharedStreams:
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.warning("stream %s: mirroring to Redis failed; it can be resumed only through this process",
-                        session.stream_id, exc_info=True)
+            log.warning(
+                "stream %s: mirroring to Redis failed; it can be resumed only through this process",
+                session.stream_id,
+                exc_info=True,
+            )
 
     async def _listen(self, cancel_local: Callable[[str], bool]) -> None:
         channel = f"{self._prefix}:{_CANCEL_CHANNEL}"
@@ -146,8 +151,9 @@ class SharedStreams:
         block_s = min(keepalive_s, _ATTACHED_RENEW_S)
         while True:
             await self._redis.set(self._attached(stream_id), 1, px=_ATTACHED_TTL_MS)
-            replies = await self._redis.xread({self._events(stream_id): f"0-{position}"},
-                                              block=int(block_s * 1000), count=256)
+            replies = await self._redis.xread(
+                {self._events(stream_id): f"0-{position}"}, block=int(block_s * 1000), count=256
+            )
             entries = replies[0][1] if replies else []
             for entry_id, fields in entries:
                 seq = _seq(entry_id)

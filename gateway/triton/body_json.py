@@ -3,6 +3,7 @@ every refusal a 400 naming the field as a Triton caller knows it: the
 top-level key, or in an infer body the input (or output) whose tensor holds
 the problem. Numbers stay as written (`2.0` is a float, refused where an
 integer is due), as Triton reads them."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

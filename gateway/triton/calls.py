@@ -5,6 +5,7 @@ estimate, sent through the upstream (the fleet, as core/upstream.py's
 `Upstream`) by the core's `Generation` (exact token accounting, TTFT / ITL,
 stop by key on close), and however it ends, the engine request stopped, the
 admission released and the key's usage counted."""
+
 from __future__ import annotations
 
 import asyncio
@@ -62,8 +63,9 @@ class Call:
         """The one response of a `stream: false` request."""
         events = [event async for event in self.events()]
         if len(events) != 1:
-            raise GatewayError(502, f"The engine answered a whole-answer request with {len(events)} responses.",
-                               code="upstream_error")
+            raise GatewayError(
+                502, f"The engine answered a whole-answer request with {len(events)} responses.", code="upstream_error"
+            )
         return events[0]
 
     async def finish(self, outcome: str) -> None:
@@ -75,20 +77,27 @@ class Call:
         await settle(self.generation, self.admission, self.caller, outcome)
 
 
-async def admit(policy: Policy, upstream: Upstream, caller: Caller, validated: ValidatedCall, *,
-                route: str) -> Call:
+async def admit(policy: Policy, upstream: Upstream, caller: Caller, validated: ValidatedCall, *, route: str) -> Call:
     """Admission under the caller's limits (429 / 503 raised from here);
     nothing is sent upstream yet."""
     context = logs.current()
     started_s = context.started_s if context else time.perf_counter()
     if context is not None:
-        context.fields.update(model=validated.model, stream=validated.streaming,
-                              upstream_ids=[validated.options.request_id])
+        context.fields.update(
+            model=validated.model, stream=validated.streaming, upstream_ids=[validated.options.request_id]
+        )
     estimate = validated.prompt_bytes // BYTES_PER_TOKEN_BOUND
     admission = await policy.admit(caller, estimate)
-    generation = Generation(upstream, validated.model, [UpstreamRequest(0, validated.text_input, validated.options)],
-                            admission, route=route, started_s=started_s, prompt_estimate=estimate,
-                            streamed=validated.streaming,
-                            # one piece (degradation): the engine sends the whole answer at once
-                            streaming=validated.streaming and not caller.one_piece)
+    generation = Generation(
+        upstream,
+        validated.model,
+        [UpstreamRequest(0, validated.text_input, validated.options)],
+        admission,
+        route=route,
+        started_s=started_s,
+        prompt_estimate=estimate,
+        streamed=validated.streaming,
+        # one piece (degradation): the engine sends the whole answer at once
+        streaming=validated.streaming and not caller.one_piece,
+    )
     return Call(validated, caller, admission, generation)

@@ -17,6 +17,7 @@ DEADLINE_EXCEEDED, else INTERNAL. Every request is decoded from protobuf,
 validated by inputs.py and re-sent upstream through the client library,
 never forwarded as bytes; a caller's cancel closes the upstream stream, which
 sends `stop` with the request key (the KV blocks are freed at once)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -39,10 +40,16 @@ from .wire_proto import validated_request
 
 log = logging.getLogger(__name__)
 
-STATUS_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
-                403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
-                413: grpc.StatusCode.RESOURCE_EXHAUSTED, 429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-                503: grpc.StatusCode.UNAVAILABLE, 504: grpc.StatusCode.DEADLINE_EXCEEDED}
+STATUS_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
 _INFER_REFUSES_STREAM = "must be false on ModelInfer, which answers once (stream with ModelStreamInfer)"
 # in-flight requests get this long to finish when the gateway stops; then they are cancelled
 # (their cleanup stops the engine requests)
@@ -59,19 +66,28 @@ class TritonDoor(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.upstream = upstream
         self.drain = drain or DrainState()
 
-    async def abort(self, context: grpc.aio.ServicerContext, error: GatewayError,
-                    observation: Observation | None = None) -> NoReturn:
+    async def abort(
+        self, context: grpc.aio.ServicerContext, error: GatewayError, observation: Observation | None = None
+    ) -> NoReturn:
         if observation is not None:
             observation.status = error.status
         trailing = tuple((key.lower(), value) for key, value in error.headers.items())
         await context.abort(status_code(error), error.message, trailing_metadata=trailing)
-        raise AssertionError("unreachable: abort raises")      # pragma: no cover
+        raise AssertionError("unreachable: abort raises")  # pragma: no cover
 
     async def authenticate(self, context: grpc.aio.ServicerContext, observation: Observation | None = None) -> Caller:
         if self.drain.draining:
             # as the HTTP side: a shutting-down gateway admits nothing new (UNAVAILABLE: retry elsewhere)
-            await self.abort(context, GatewayError(503, "The gateway is shutting down; retry on another one.",
-                                                   code="draining", headers={"Retry-After": "1"}), observation)
+            await self.abort(
+                context,
+                GatewayError(
+                    503,
+                    "The gateway is shutting down; retry on another one.",
+                    code="draining",
+                    headers={"Retry-After": "1"},
+                ),
+                observation,
+            )
         try:
             caller = await self.policy.authenticate(metadata_of(context).get("authorization"))
         except GatewayError as error:
@@ -98,30 +114,35 @@ class TritonDoor(service_pb2_grpc.GRPCInferenceServiceServicer):
             except GatewayError as error:
                 await self.abort(context, error, observation)
 
-    async def ServerMetadata(self, request: service_pb2.ServerMetadataRequest,
-                             context: grpc.aio.ServicerContext) -> service_pb2.ServerMetadataResponse:
+    async def ServerMetadata(
+        self, request: service_pb2.ServerMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ServerMetadataResponse:
         await self.authenticate(context)
         return metadata.server_proto()
 
-    async def ModelReady(self, request: service_pb2.ModelReadyRequest,
-                         context: grpc.aio.ServicerContext) -> service_pb2.ModelReadyResponse:
+    async def ModelReady(
+        self, request: service_pb2.ModelReadyRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelReadyResponse:
         await self._model(context, request.name, request.version)
         return service_pb2.ModelReadyResponse(ready=True)
 
-    async def ModelMetadata(self, request: service_pb2.ModelMetadataRequest,
-                            context: grpc.aio.ServicerContext) -> service_pb2.ModelMetadataResponse:
+    async def ModelMetadata(
+        self, request: service_pb2.ModelMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelMetadataResponse:
         await self._model(context, request.name, request.version)
         return metadata.model_proto(request.name)
 
-    async def ModelConfig(self, request: service_pb2.ModelConfigRequest,
-                          context: grpc.aio.ServicerContext) -> service_pb2.ModelConfigResponse:
+    async def ModelConfig(
+        self, request: service_pb2.ModelConfigRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelConfigResponse:
         await self._model(context, request.name, request.version)
         return service_pb2.ModelConfigResponse(config=metadata.model_config(request.name))
 
     # inference
 
-    async def ModelInfer(self, request: service_pb2.ModelInferRequest,
-                         context: grpc.aio.ServicerContext) -> service_pb2.ModelInferResponse:
+    async def ModelInfer(
+        self, request: service_pb2.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> service_pb2.ModelInferResponse:
         with observed("grpc_infer", "ModelInfer", metadata_of(context)) as observation:
             caller = await self.authenticate(context, observation)
             try:
@@ -157,8 +178,9 @@ def _address(host: str, port: int) -> str:
 class GrpcDoor:
     """The server's lifecycle, for app.py's lifespan."""
 
-    def __init__(self, config: GatewayConfig, policy: Policy, upstream: Upstream,
-                 drain: DrainState | None = None) -> None:
+    def __init__(
+        self, config: GatewayConfig, policy: Policy, upstream: Upstream, drain: DrainState | None = None
+    ) -> None:
         self.address = _address(config.host, config.public_grpc_port)
         self.max_message_bytes = config.limits.max_body_bytes
         self.servicer = TritonDoor(policy, upstream, drain)
@@ -170,12 +192,13 @@ class GrpcDoor:
         # bounded like an HTTP body; and no SO_REUSEPORT (gRPC's default on
         # Linux): a second gateway on the same port must fail to start, not
         # silently share the callers of the first
-        self.server = grpc.aio.server(options=[("grpc.max_receive_message_length", self.max_message_bytes),
-                                               ("grpc.so_reuseport", 0)])
+        self.server = grpc.aio.server(
+            options=[("grpc.max_receive_message_length", self.max_message_bytes), ("grpc.so_reuseport", 0)]
+        )
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self.servicer, self.server)
         try:
             self.port = self.server.add_insecure_port(self.address)
-        except RuntimeError as exc:        # grpcio raises when it cannot bind
+        except RuntimeError as exc:  # grpcio raises when it cannot bind
             raise RuntimeError(f"the gRPC door cannot listen on {self.address}: {exc}") from None
         if not self.port:
             raise RuntimeError(f"the gRPC door cannot listen on {self.address}")
@@ -187,8 +210,9 @@ class GrpcDoor:
             await self.server.stop(grace_s)
 
 
-async def start_door(config: GatewayConfig, policy: Policy, upstream: Upstream,
-                     drain: DrainState | None = None) -> GrpcDoor | None:
+async def start_door(
+    config: GatewayConfig, policy: Policy, upstream: Upstream, drain: DrainState | None = None
+) -> GrpcDoor | None:
     """The running door, or None when `public_grpc_port` is 0."""
     if not config.public_grpc_port:
         return None

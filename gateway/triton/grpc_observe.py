@@ -3,6 +3,7 @@ does that for HTTP): the gateway's ids and the caller's trace context (from
 the `x-request-id` / `traceparent` metadata), the request metrics and one
 access log line, with an HTTP-like status (200, the refusal's 4xx/5xx, 499
 when the caller cancelled) so dashboards read both doors alike."""
+
 from __future__ import annotations
 
 import asyncio
@@ -29,8 +30,7 @@ class Observation:
 
 def metadata_of(context: grpc.aio.ServicerContext) -> dict[str, str]:
     """The call's metadata, keys lower-case (gRPC sends them so), text values only."""
-    return {key.lower(): value for key, value in (context.invocation_metadata() or ())
-            if isinstance(value, str)}
+    return {key.lower(): value for key, value in (context.invocation_metadata() or ()) if isinstance(value, str)}
 
 
 @contextmanager
@@ -57,7 +57,20 @@ def observed(route: str, method: str, metadata: Mapping[str, str]) -> Iterator[O
         duration = time.perf_counter() - context.started_s
         REQUESTS.labels(route=route, tier=context.tier, status=str(observation.status)).inc()
         REQUEST_DURATION.labels(route=route).observe(duration)
-        access_log.info("gRPC %s %d", method, observation.status, extra={"fields": {
-            "status": observation.status, "route": route, "tier": context.tier, "key_id": context.key_id,
-            "duration_ms": round(duration * 1000, 2), "traceparent": context.traceparent, **context.fields}})
+        access_log.info(
+            "gRPC %s %d",
+            method,
+            observation.status,
+            extra={
+                "fields": {
+                    "status": observation.status,
+                    "route": route,
+                    "tier": context.tier,
+                    "key_id": context.key_id,
+                    "duration_ms": round(duration * 1000, 2),
+                    "traceparent": context.traceparent,
+                    **context.fields,
+                }
+            },
+        )
         logs.unbind(token)

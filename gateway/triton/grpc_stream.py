@@ -8,6 +8,7 @@ However the stream ends: the caller half-closes it (the requests in flight
 answer to their end, then the RPC ends), cancels it (every request in flight
 is closed upstream, which sends `stop` with its request key, so the KV blocks
 are freed at once), or the gateway stops."""
+
 from __future__ import annotations
 
 import asyncio
@@ -43,8 +44,9 @@ def empty_final(model: str, caller_id: str | None) -> Response:
     return Response(infer_response=infer_proto(model, {}, caller_id, final=True))
 
 
-async def serve_stream(door: TritonDoor, requests: AsyncIterator[service_pb2.ModelInferRequest],
-                       context: grpc.aio.ServicerContext) -> None:
+async def serve_stream(
+    door: TritonDoor, requests: AsyncIterator[service_pb2.ModelInferRequest], context: grpc.aio.ServicerContext
+) -> None:
     """The RPC, with grpc.aio's reader/writer API: a coroutine that the
     caller's cancel cancels, so the cleanup below runs at once (a generator
     handler could be left suspended at a `yield` until collected)."""
@@ -69,7 +71,7 @@ async def serve_stream(door: TritonDoor, requests: AsyncIterator[service_pb2.Mod
     try:
         while (item := await out.get()) is not _END:
             await context.write(item)
-        await reader          # raises what reading the requests raised
+        await reader  # raises what reading the requests raised
     finally:
         # the caller cancelled, or the gateway stops: close every request in
         # flight; each one's own cleanup stops its engine request (shielded)
@@ -79,8 +81,9 @@ async def serve_stream(door: TritonDoor, requests: AsyncIterator[service_pb2.Mod
         await asyncio.shield(asyncio.gather(reader, *tasks, return_exceptions=True))
 
 
-async def _one(door: TritonDoor, caller: Caller, metadata: dict[str, str], request: service_pb2.ModelInferRequest,
-               send: Any) -> None:
+async def _one(
+    door: TritonDoor, caller: Caller, metadata: dict[str, str], request: service_pb2.ModelInferRequest, send: Any
+) -> None:
     """One request of the stream, to its end; never raises (its errors are
     the caller's `error_message`)."""
     with observed("grpc_stream", "ModelStreamInfer", metadata) as observation:
@@ -103,8 +106,13 @@ async def _one(door: TritonDoor, caller: Caller, metadata: dict[str, str], reque
             await admitted.start()
             async for event in admitted.events():
                 final = final or event.final
-                send(Response(infer_response=infer_proto(call.model, visible(call, event.outputs, requested),
-                                                         call.caller_id, final=event.final)))
+                send(
+                    Response(
+                        infer_response=infer_proto(
+                            call.model, visible(call, event.outputs, requested), call.caller_id, final=event.final
+                        )
+                    )
+                )
             if not final:
                 send(empty_final(call.model, call.caller_id))
             outcome = "ok"

@@ -11,6 +11,7 @@ validated (400), model served (404) and allowed for the tier (403), admission
 under the limits (429), then the engine request, whose refusals (400, 503)
 still come before the answer starts. Errors are Triton's `{"error": "..."}`
 (responses.TritonErrorShape rewrites the app's own handlers' answers)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -32,11 +33,12 @@ from .outputs import check_requested, generate_json, infer_json, output_names, v
 from .responses import Answer, WholeAnswer, dumps, error_event, sse
 from .wire_json import generate_inputs, infer_body, split_body
 
-router = APIRouter(include_in_schema=False)     # the OpenAPI schema describes the OpenAI API
+router = APIRouter(include_in_schema=False)  # the OpenAPI schema describes the OpenAI API
 
 _GENERATE_REFUSES_STREAM = "must be false on generate, which answers once (stream with generate_stream)"
-_INFER_REFUSES_STREAM = ("must be false on infer, which answers once (stream with generate_stream or gRPC "
-                         "ModelStreamInfer)")
+_INFER_REFUSES_STREAM = (
+    "must be false on infer, which answers once (stream with generate_stream or gRPC ModelStreamInfer)"
+)
 # generation route → the label of its metrics (and of app._route)
 ROUTES = {"generate": "generate", "generate_stream": "generate_stream", "infer": "infer"}
 
@@ -64,8 +66,7 @@ async def _json(request: Request, raw: bytes | None = None) -> Any:
     return body_json.parse(raw)
 
 
-async def _admitted(request: Request, caller: Caller, call: ValidatedCall, version: str,
-                    route: str) -> calls.Call:
+async def _admitted(request: Request, caller: Caller, call: ValidatedCall, version: str, route: str) -> calls.Call:
     calls.check_model(request.app.state.policy, caller, call.model, version)
     return await calls.admit(request.app.state.policy, request.app.state.fleet, caller, call, route=route)
 
@@ -73,6 +74,7 @@ async def _admitted(request: Request, caller: Caller, call: ValidatedCall, versi
 def _whole(admitted: calls.Call, render: Any) -> WholeAnswer:
     """The whole answer, computed while the caller waits: start, the one
     response, rendered by `render(event) -> Answer`."""
+
     async def compute() -> Answer:
         outcome = "cancelled"
         try:
@@ -88,6 +90,7 @@ def _whole(admitted: calls.Call, render: Any) -> WholeAnswer:
             raise
         finally:
             await asyncio.shield(admitted.finish(outcome))
+
     return WholeAnswer(compute, headers=admitted.admission.headers)
 
 
@@ -96,11 +99,18 @@ def _whole(admitted: calls.Call, render: Any) -> WholeAnswer:
 async def generate(model: str, request: Request, version: str = "") -> Response:
     caller = await authenticated(request)
     inputs, caller_id = generate_inputs(await _object(request))
-    call = validate(model, inputs, tier=caller.tier, request_id=_request_id(), caller_id=caller_id,
-                    stream_refusal=_GENERATE_REFUSES_STREAM)
+    call = validate(
+        model,
+        inputs,
+        tier=caller.tier,
+        request_id=_request_id(),
+        caller_id=caller_id,
+        stream_refusal=_GENERATE_REFUSES_STREAM,
+    )
     admitted = await _admitted(request, caller, call, version, "generate")
-    return _whole(admitted, lambda event: Answer(dumps(generate_json(
-        model, visible(call, event.outputs), call.caller_id))))
+    return _whole(
+        admitted, lambda event: Answer(dumps(generate_json(model, visible(call, event.outputs), call.caller_id)))
+    )
 
 
 @router.post("/v2/models/{model}/generate_stream")
@@ -121,15 +131,13 @@ async def generate_stream(model: str, request: Request, version: str = "") -> Re
             outcome = "ok"
         except UpstreamFailure as exc:
             outcome = "upstream_error"
-            yield error_event(GatewayError(502, f"The engine request failed mid-stream: {exc}",
-                                           code="upstream_error"))
+            yield error_event(GatewayError(502, f"The engine request failed mid-stream: {exc}", code="upstream_error"))
         finally:
             # shielded: an expired or deleted stream cancels this, and the engine
             # request must still be stopped and the admission released
             await asyncio.shield(admitted.finish(outcome))
 
-    return await serve_resumable(request, caller, produce, error_event=error_event,
-                                 headers=admitted.admission.headers)
+    return await serve_resumable(request, caller, produce, error_event=error_event, headers=admitted.admission.headers)
 
 
 @router.post("/v2/models/{model}/infer")
@@ -138,8 +146,14 @@ async def infer(model: str, request: Request, version: str = "") -> Response:
     caller = await authenticated(request)
     head, binary = split_body(await request.body(), request.headers.get("inference-header-content-length"))
     decoded = infer_body(await _json(request, head), binary)
-    call = validate(model, decoded.inputs, tier=caller.tier, request_id=_request_id(),
-                    caller_id=decoded.caller_id, stream_refusal=_INFER_REFUSES_STREAM)
+    call = validate(
+        model,
+        decoded.inputs,
+        tier=caller.tier,
+        request_id=_request_id(),
+        caller_id=decoded.caller_id,
+        stream_refusal=_INFER_REFUSES_STREAM,
+    )
     check_requested(model, decoded.requested)
     admitted = await _admitted(request, caller, call, version, "infer")
     binary_names = decoded.binary_outputs
@@ -147,13 +161,16 @@ async def infer(model: str, request: Request, version: str = "") -> Response:
         binary_names = set(output_names(model))
 
     def render(event: Any) -> Answer:
-        header, data = infer_json(model, visible(call, event.outputs, decoded.requested), call.caller_id,
-                                  binary_names)
+        header, data = infer_json(model, visible(call, event.outputs, decoded.requested), call.caller_id, binary_names)
         body = dumps(header)
         if not any("parameters" in tensor for tensor in header["outputs"]):
             return Answer(body)
-        return Answer(body + data, media_type="application/octet-stream",
-                      headers={"Inference-Header-Content-Length": str(len(body))})
+        return Answer(
+            body + data,
+            media_type="application/octet-stream",
+            headers={"Inference-Header-Content-Length": str(len(body))},
+        )
+
     return _whole(admitted, render)
 
 

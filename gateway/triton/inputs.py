@@ -17,6 +17,7 @@ What the gateway decides, whatever the caller sent: the engine `priority`
 ids; the caller's `id` is only echoed), and output ids always asked for (the
 completion tokens are charged to the caller's budget from them; outputs.py
 hides them again when the caller did not ask)."""
+
 from __future__ import annotations
 
 import json
@@ -36,18 +37,32 @@ from ..core.engine_request import capped_max_tokens
 from ..core.errors import GatewayError
 
 # Triton's TYPE_* names → the KServe datatype on the wire (TYPE_STRING is BYTES)
-WIRE_DATATYPES = {"TYPE_STRING": "BYTES", "TYPE_BOOL": "BOOL", "TYPE_INT32": "INT32", "TYPE_INT64": "INT64",
-                  "TYPE_UINT64": "UINT64", "TYPE_FP32": "FP32"}
+WIRE_DATATYPES = {
+    "TYPE_STRING": "BYTES",
+    "TYPE_BOOL": "BOOL",
+    "TYPE_INT32": "INT32",
+    "TYPE_INT64": "INT64",
+    "TYPE_UINT64": "UINT64",
+    "TYPE_FP32": "FP32",
+}
 SPECS: dict[str, TensorSpec] = {spec.name: spec for spec in PUBLIC_INPUTS}
 KNOWN_INPUTS = ", ".join(SPECS)
-_INT_RANGES = {"INT32": (-2 ** 31, 2 ** 31 - 1), "UINT64": (0, 2 ** 64 - 1)}
+_INT_RANGES = {"INT32": (-(2**31), 2**31 - 1), "UINT64": (0, 2**64 - 1)}
 FP32_MAX = 3.4028234663852886e38
 # `messages` is a JSON string; chat messages nest 4 deep at most (content parts),
 # and a deeper document must not reach the recursive JSON parser
 MAX_MESSAGES_DEPTH = 16
 _LEADING_NAME = re.compile(r"([a-z_]+)(\[\d+\])?:?\s*")
-_JSON_TYPES = {str: "a string", bytes: "bytes", bool: "a boolean", int: "an integer", float: "a number",
-               list: "a list", dict: "an object", type(None): "null"}
+_JSON_TYPES = {
+    str: "a string",
+    bytes: "bytes",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    list: "a list",
+    dict: "an object",
+    type(None): "null",
+}
 
 Values = Callable[[], Sequence[Any]]
 
@@ -57,6 +72,7 @@ class WireInput:
     """One input as a wire format carried it. `values` decodes the flat,
     row-major values; it is called only once the name, datatype and shape are
     known to be right, and raises ValueError("<what is wrong>") on bad data."""
+
     name: str
     datatype: str
     shape: tuple[int, ...]
@@ -66,12 +82,13 @@ class WireInput:
 @dataclass(frozen=True)
 class ValidatedCall:
     """A request ready to go upstream through the client library."""
+
     model: str
     text_input: str
     options: GenerationOptions
-    streaming: bool                 # the caller's `stream`: deltas, or one whole answer
-    caller_id: str | None           # echoed as the response's `id`, never sent to Triton
-    return_output_ids: bool         # what the caller asked; upstream always gets True
+    streaming: bool  # the caller's `stream`: deltas, or one whole answer
+    caller_id: str | None  # echoed as the response's `id`, never sent to Triton
+    return_output_ids: bool  # what the caller asked; upstream always gets True
 
     @property
     def prompt_bytes(self) -> int:
@@ -88,8 +105,15 @@ def wire_datatype(spec: TensorSpec) -> str:
     return WIRE_DATATYPES[spec.data_type]
 
 
-def validate(model: str, inputs: Sequence[WireInput], *, tier: TierConfig, request_id: str,
-             caller_id: str | None = None, stream_refusal: str | None = None) -> ValidatedCall:
+def validate(
+    model: str,
+    inputs: Sequence[WireInput],
+    *,
+    tier: TierConfig,
+    request_id: str,
+    caller_id: str | None = None,
+    stream_refusal: str | None = None,
+) -> ValidatedCall:
     """The request as the gateway will send it; a GatewayError(400) naming the
     input otherwise. `stream_refusal`: on a route that answers once, why
     `stream: true` is refused (None: streaming allowed)."""
@@ -103,22 +127,34 @@ def validate(model: str, inputs: Sequence[WireInput], *, tier: TierConfig, reque
     messages = _messages(values.pop("messages", None))
     if not text_input and not messages:
         raise input_error("text_input", "must not be empty unless messages are given")
-    values.pop("priority", None)                         # the tier decides
+    values.pop("priority", None)  # the tier decides
     wants_ids = bool(values.pop("return_output_ids", False))
-    request_key = values.pop("request_key", None) or None   # "": not given, the client library mints one
+    request_key = values.pop("request_key", None) or None  # "": not given, the client library mints one
     for name in ("stop_words", "bad_words"):
         if name in values and not values[name]:
-            values[name] = None                          # an empty list: no words
+            values[name] = None  # an empty list: no words
     values["max_tokens"] = capped_max_tokens(values.get("max_tokens"), tier)
-    values.setdefault("return_num_input_tokens", None)    # not sent unless the caller sent them
+    values.setdefault("return_num_input_tokens", None)  # not sent unless the caller sent them
     values.setdefault("return_num_output_tokens", None)
     try:
-        options = GenerationOptions(**values, messages=messages, priority=tier.priority, return_output_ids=True,
-                                    request_key=request_key, request_id=request_id)
+        options = GenerationOptions(
+            **values,
+            messages=messages,
+            priority=tier.priority,
+            return_output_ids=True,
+            request_key=request_key,
+            request_id=request_id,
+        )
     except ValueError as exc:
         raise _options_error(exc) from None
-    return ValidatedCall(model=model, text_input=text_input, options=options, streaming=streaming,
-                         caller_id=caller_id, return_output_ids=wants_ids)
+    return ValidatedCall(
+        model=model,
+        text_input=text_input,
+        options=options,
+        streaming=streaming,
+        caller_id=caller_id,
+        return_output_ids=wants_ids,
+    )
 
 
 def checked_values(inputs: Sequence[WireInput]) -> dict[str, Any]:
@@ -198,7 +234,7 @@ def _value(datatype: str, value: Any) -> Any:
         if not math.isfinite(number) or abs(number) > FP32_MAX:
             raise ValueError(f"{value!r} is not a finite FP32 number")
         return number
-    raise ValueError(f"datatype {datatype} is not supported")      # pragma: no cover (specs use the types above)
+    raise ValueError(f"datatype {datatype} is not supported")  # pragma: no cover (specs use the types above)
 
 
 def _messages(value: str | None) -> list[dict[str, str]] | None:
@@ -212,7 +248,7 @@ def _messages(value: str | None) -> list[dict[str, str]] | None:
     except ValueError as exc:
         raise input_error("messages", f"not valid JSON ({exc})") from None
     if not isinstance(parsed, list):
-        raise input_error("messages", "must be a JSON array of {\"role\", \"content\"} objects")
+        raise input_error("messages", 'must be a JSON array of {"role", "content"} objects')
     return parsed
 
 
@@ -225,7 +261,7 @@ def _options_error(exc: ValueError) -> GatewayError:
     name = match.group(1) if match else ""
     if name not in SPECS:
         return GatewayError(400, message)
-    rest = message[match.end():] if match and not match.group(2) else message
+    rest = message[match.end() :] if match and not match.group(2) else message
     return input_error(name, rest)
 
 

@@ -7,6 +7,7 @@ The models are described as the gateway serves them: one request per call
 (`max_batch_size: 1`, a batch dimension of -1 in the metadata shapes, as
 Triton reports it), decoupled (`ModelStreamInfer` streams; `ModelInfer` and
 `infer` answer once with `stream: false`)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -22,11 +23,11 @@ from .inputs import WIRE_DATATYPES
 from .outputs import MODEL_VERSION
 
 SERVER_NAME = "triton"
-SERVER_VERSION = "2.51.0"            # the Triton the gateway fronts; the protocol is its
+SERVER_VERSION = "2.51.0"  # the Triton the gateway fronts; the protocol is its
 # KServe v2 / Triton extensions the gateway serves for the public models
 EXTENSIONS = ("binary_tensor_data", "parameters", "generate")
 _PLATFORMS = {"ensemble": "ensemble", "llm_bls": "python"}
-BATCH = -1                           # the metadata's batch dimension
+BATCH = -1  # the metadata's batch dimension
 
 
 def unknown_model(model: str, version: str = "") -> GatewayError:
@@ -55,9 +56,14 @@ def server_proto() -> service_pb2.ServerMetadataResponse:
 def model_json(model: str) -> dict[str, Any]:
     def tensor(name: str, spec: TensorSpec) -> dict[str, Any]:
         return {"name": name, "datatype": WIRE_DATATYPES[spec.data_type], "shape": [BATCH, *spec.dims]}
-    return {"name": model, "versions": [MODEL_VERSION], "platform": _PLATFORMS[model],
-            "inputs": [tensor(s.name, s) for s in PUBLIC_INPUTS],
-            "outputs": [tensor(name, s) for name, s in _outputs(model)]}
+
+    return {
+        "name": model,
+        "versions": [MODEL_VERSION],
+        "platform": _PLATFORMS[model],
+        "inputs": [tensor(s.name, s) for s in PUBLIC_INPUTS],
+        "outputs": [tensor(name, s) for name, s in _outputs(model)],
+    }
 
 
 def model_proto(model: str) -> service_pb2.ModelMetadataResponse:
@@ -73,8 +79,12 @@ def model_config(model: str) -> model_config_pb2.ModelConfig:
     else:
         config.backend = "python"
     for spec in PUBLIC_INPUTS:
-        config.input.add(name=spec.name, data_type=model_config_pb2.DataType.Value(spec.data_type),
-                         dims=list(spec.dims), optional=True)
+        config.input.add(
+            name=spec.name,
+            data_type=model_config_pb2.DataType.Value(spec.data_type),
+            dims=list(spec.dims),
+            optional=True,
+        )
     for name, spec in _outputs(model):
         config.output.add(name=name, data_type=model_config_pb2.DataType.Value(spec.data_type), dims=list(spec.dims))
     config.model_transaction_policy.decoupled = True

@@ -15,6 +15,7 @@ have answered it directly:
 
 `ensemble` names its key output `request_key_out` (a Triton ensemble cannot
 have an input and an output of one name), `llm_bls` `request_key`."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -37,7 +38,8 @@ FINAL_FLAG = "triton_final_response"
 # they always have these values. The client library keeps only the outputs,
 # so they are restored here.
 RESPONSE_PARAMETERS: dict[str, dict[str, bool | int]] = {
-    "ensemble": {"sequence_end": False, "sequence_id": 0, "sequence_start": False}}
+    "ensemble": {"sequence_end": False, "sequence_id": 0, "sequence_start": False}
+}
 
 
 def output_names(model: str) -> list[str]:
@@ -55,8 +57,9 @@ def check_requested(model: str, requested: Sequence[str] | None) -> None:
             raise input_error(shown(name), f"unknown output of {model}; the outputs are {', '.join(known)}")
 
 
-def visible(call: ValidatedCall, outputs: Mapping[str, Any],
-            requested: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+def visible(
+    call: ValidatedCall, outputs: Mapping[str, Any], requested: Sequence[str] | None = None
+) -> dict[str, np.ndarray]:
     """The outputs the caller gets: output ids emptied unless it asked for
     them (the gateway asks for them always, to count the completion tokens),
     only the requested ones when it named some (in its order)."""
@@ -103,8 +106,12 @@ def generate_json(model: str, outputs: Mapping[str, np.ndarray], caller_id: str 
     return body
 
 
-def infer_json(model: str, outputs: Mapping[str, np.ndarray], caller_id: str | None,
-               binary: set[str] | frozenset[str] = frozenset()) -> tuple[dict[str, Any], bytes]:
+def infer_json(
+    model: str,
+    outputs: Mapping[str, np.ndarray],
+    caller_id: str | None,
+    binary: set[str] | frozenset[str] = frozenset(),
+) -> tuple[dict[str, Any], bytes]:
     """(the JSON header, the binary part): the outputs named in `binary`
     travel as raw bytes after the JSON (`binary_data_size`)."""
     body: dict[str, Any] = {"model_name": model, "model_version": MODEL_VERSION}
@@ -126,8 +133,9 @@ def infer_json(model: str, outputs: Mapping[str, np.ndarray], caller_id: str | N
     return body, b"".join(chunks)
 
 
-def infer_proto(model: str, outputs: Mapping[str, np.ndarray], caller_id: str | None,
-                final: bool | None = None) -> service_pb2.ModelInferResponse:
+def infer_proto(
+    model: str, outputs: Mapping[str, np.ndarray], caller_id: str | None, final: bool | None = None
+) -> service_pb2.ModelInferResponse:
     """`final`: on stream responses, the `triton_final_response` parameter
     (every response of a decoupled model carries it); None leaves it out."""
     response = service_pb2.ModelInferResponse(model_name=model, model_version=MODEL_VERSION, id=caller_id or "")

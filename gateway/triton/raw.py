@@ -7,6 +7,7 @@ Decoding is written out here instead of tritonclient's
 `deserialize_bytes_tensor`: a caller's bytes are untrusted, and a truncated
 length prefix or an element running past the end must be a clean refusal
 naming the input, not a struct error."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -14,10 +15,20 @@ from typing import Any
 import numpy as np
 from tritonclient.utils import serialize_byte_tensor
 
-_NUMERIC = {"BOOL": np.dtype(np.bool_), "INT8": np.dtype("<i1"), "INT16": np.dtype("<i2"),
-            "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"), "UINT8": np.dtype("<u1"),
-            "UINT16": np.dtype("<u2"), "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"),
-            "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8")}
+_NUMERIC = {
+    "BOOL": np.dtype(np.bool_),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+}
 _LENGTH_PREFIX = 4
 
 
@@ -45,11 +56,11 @@ def _decode_bytes(data: bytes) -> list[bytes]:
     while position < end:
         if position + _LENGTH_PREFIX > end:
             raise ValueError("malformed BYTES raw content (a truncated length prefix)")
-        length = int.from_bytes(view[position:position + _LENGTH_PREFIX], "little")
+        length = int.from_bytes(view[position : position + _LENGTH_PREFIX], "little")
         position += _LENGTH_PREFIX
         if position + length > end:
             raise ValueError("malformed BYTES raw content (an element runs past the end)")
-        out.append(bytes(view[position:position + length]))
+        out.append(bytes(view[position : position + length]))
         position += length
     return out
 

@@ -2,6 +2,7 @@
 under /v2, whichever layer refused: the body guard, authentication, the
 routes), the SSE error event of `generate_stream`, and the response that
 computes a whole answer while watching for the caller hanging up."""
+
 from __future__ import annotations
 
 import json
@@ -47,6 +48,7 @@ def is_triton_path(path: str) -> bool:
 @dataclass
 class Answer:
     """A computed whole answer."""
+
     body: bytes
     status: int = 200
     media_type: str = "application/json"
@@ -72,7 +74,7 @@ class WholeAnswer(Response):
         try:
             answer = await unless_hung_up(self._answer(), receive)
         except HungUp:
-            return                  # nobody to answer
+            return  # nobody to answer
         self.status_code = answer.status
         self.body = answer.body
         self.media_type = answer.media_type

@@ -9,6 +9,7 @@
   binary-data extension (`Inference-Header-Content-Length` splits the body;
   an input's `binary_data_size` takes its raw bytes, in input order), which is
   what `tritonclient.http` sends by default."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -46,17 +47,19 @@ def _flat_only(values: list[Any]) -> Values:
         if any(isinstance(v, (list, dict)) for v in values):
             raise ValueError("must be a value or a flat list of values")
         return values
+
     return decode
 
 
 @dataclass
 class InferBody:
     """A KServe v2 JSON infer request, decoded."""
+
     inputs: list[WireInput]
     caller_id: str | None
-    requested: list[str] | None = None           # the outputs asked for; None: all
+    requested: list[str] | None = None  # the outputs asked for; None: all
     binary_outputs: set[str] = field(default_factory=set)
-    all_binary: bool = False                     # `binary_data_output`: every output not said otherwise
+    all_binary: bool = False  # `binary_data_output`: every output not said otherwise
 
 
 def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
@@ -66,11 +69,14 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     try:
         length = int(header_length)
     except ValueError:
-        raise body_error("Inference-Header-Content-Length is not a number.",
-                         "Inference-Header-Content-Length") from None
+        raise body_error(
+            "Inference-Header-Content-Length is not a number.", "Inference-Header-Content-Length"
+        ) from None
     if not 0 <= length <= len(body):
-        raise body_error(f"Inference-Header-Content-Length {length} is outside the body ({len(body)} bytes).",
-                         "Inference-Header-Content-Length")
+        raise body_error(
+            f"Inference-Header-Content-Length {length} is outside the body ({len(body)} bytes).",
+            "Inference-Header-Content-Length",
+        )
     return body[:length], body[length:]
 
 
@@ -79,8 +85,10 @@ def infer_body(body: Any, binary: bytes) -> InferBody:
         raise body_error("The body must be a JSON object (KServe v2 infer request).")
     unknown = sorted(set(body) - _INFER_KEYS)
     if unknown:
-        raise body_error(f"{shown(unknown[0])}: unknown field of the infer request; the fields are "
-                         f"{', '.join(sorted(_INFER_KEYS))}", shown(unknown[0]))
+        raise body_error(
+            f"{shown(unknown[0])}: unknown field of the infer request; the fields are {', '.join(sorted(_INFER_KEYS))}",
+            shown(unknown[0]),
+        )
     # request parameters other than binary_data_output are not acted on: the
     # tier decides the priority, and sequence batching is not served
     parameters = _object(body.get("parameters", {}), "parameters")
@@ -93,8 +101,10 @@ def infer_body(body: Any, binary: bytes) -> InferBody:
         items.append(item)
         offset += size
     if offset != len(binary):
-        raise body_error(f"binary_data_size: the inputs' sizes add up to {offset} bytes, the binary part holds "
-                         f"{len(binary)}", "binary_data_size")
+        raise body_error(
+            f"binary_data_size: the inputs' sizes add up to {offset} bytes, the binary part holds {len(binary)}",
+            "binary_data_size",
+        )
     decoded = InferBody(items, caller_id(body.get("id")), all_binary=parameters.get("binary_data_output") is True)
     outputs = body.get("outputs")
     if outputs is not None:
@@ -141,7 +151,7 @@ def _input(index: int, tensor: Any, binary: bytes, offset: int) -> tuple[WireInp
         raise input_error(shown(name), "binary_data_size must be an integer >= 0")
     if offset + size > len(binary):
         raise input_error(shown(name), f"binary_data_size {size} runs past the end of the body")
-    chunk = binary[offset:offset + size]
+    chunk = binary[offset : offset + size]
     return WireInput(name, datatype, tuple(shape), lambda: decode_raw(datatype, chunk)), size
 
 

@@ -4,6 +4,7 @@ validator: values from the datatype's `contents` field or from
 once inputs.py has accepted the name, datatype and shape. Nothing of the
 caller's message is forwarded as bytes: the gateway re-sends the validated
 values through the client library."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,10 +21,20 @@ from .outputs import check_requested
 from .raw import decode_raw
 
 # InferTensorContents' field for each datatype (KServe v2 gRPC protocol)
-CONTENTS_FIELDS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
-                   "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
-                   "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
-                   "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents"}
+CONTENTS_FIELDS = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
 _ALL_FIELDS = frozenset(CONTENTS_FIELDS.values())
 _SHARED_MEMORY = ("shared_memory_region", "shared_memory_offset", "shared_memory_byte_size")
 
@@ -32,14 +43,17 @@ _SHARED_MEMORY = ("shared_memory_region", "shared_memory_offset", "shared_memory
 class ProtoRequest:
     inputs: list[WireInput]
     caller_id: str | None
-    requested: list[str] | None          # the outputs asked for; None: all
+    requested: list[str] | None  # the outputs asked for; None: all
 
 
 def proto_request(request: service_pb2.ModelInferRequest) -> ProtoRequest:
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
-        raise GatewayError(400, f"raw_input_contents: {len(raw)} given for {len(request.inputs)} inputs "
-                                "(one per input, in order)", param="raw_input_contents")
+        raise GatewayError(
+            400,
+            f"raw_input_contents: {len(raw)} given for {len(request.inputs)} inputs (one per input, in order)",
+            param="raw_input_contents",
+        )
     items = []
     for index, tensor in enumerate(request.inputs):
         if any(key in tensor.parameters for key in _SHARED_MEMORY):
@@ -47,11 +61,13 @@ def proto_request(request: service_pb2.ModelInferRequest) -> ProtoRequest:
         if raw:
             if tensor.HasField("contents"):
                 raise input_error(shown(tensor.name), "has both contents and raw_input_contents")
-            items.append(WireInput(tensor.name, tensor.datatype, tuple(tensor.shape),
-                                   partial(decode_raw, tensor.datatype, raw[index])))
+            items.append(
+                WireInput(
+                    tensor.name, tensor.datatype, tuple(tensor.shape), partial(decode_raw, tensor.datatype, raw[index])
+                )
+            )
         else:
-            items.append(WireInput(tensor.name, tensor.datatype, tuple(tensor.shape),
-                                   partial(_contents, tensor)))
+            items.append(WireInput(tensor.name, tensor.datatype, tuple(tensor.shape), partial(_contents, tensor)))
     requested = None
     if request.outputs:
         requested = []
@@ -64,7 +80,7 @@ def proto_request(request: service_pb2.ModelInferRequest) -> ProtoRequest:
 
 def _contents(tensor: service_pb2.ModelInferRequest.InferInputTensor) -> list[object]:
     field = CONTENTS_FIELDS.get(tensor.datatype)
-    if field is None:                    # pragma: no cover (inputs.py refused the datatype first)
+    if field is None:  # pragma: no cover (inputs.py refused the datatype first)
         raise ValueError(f"datatype {tensor.datatype} is not supported")
     for other in _ALL_FIELDS - {field}:
         if len(getattr(tensor.contents, other)):
@@ -72,15 +88,21 @@ def _contents(tensor: service_pb2.ModelInferRequest.InferInputTensor) -> list[ob
     return list(getattr(tensor.contents, field))
 
 
-def validated_request(caller: Caller, request: service_pb2.ModelInferRequest,
-                      stream_refusal: str | None) -> tuple[ValidatedCall, list[str] | None]:
+def validated_request(
+    caller: Caller, request: service_pb2.ModelInferRequest, stream_refusal: str | None
+) -> tuple[ValidatedCall, list[str] | None]:
     """The request decoded, its inputs validated under the caller's tier and
     its requested outputs checked (a 400 otherwise); the Triton request id is
     the gateway's (the bound request context's)."""
     decoded = proto_request(request)
     context = logs.current()
-    call = validate(request.model_name, decoded.inputs, tier=caller.tier,
-                    request_id=context.request_id if context else logs.new_request_id(),
-                    caller_id=decoded.caller_id, stream_refusal=stream_refusal)
+    call = validate(
+        request.model_name,
+        decoded.inputs,
+        tier=caller.tier,
+        request_id=context.request_id if context else logs.new_request_id(),
+        caller_id=decoded.caller_id,
+        stream_refusal=stream_refusal,
+    )
     check_requested(request.model_name, decoded.requested)
     return call, decoded.requested

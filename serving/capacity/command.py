@@ -1,5 +1,6 @@
 """`python -m serving plan`: the options, the measurements (given, or read
 from a `make bench` capacity record) and the plan with its reasoning."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,26 +9,44 @@ from pathlib import Path
 
 from .model import Measurement, Plan, PlanError, PlanInput, Redundancy, make_plan
 
-EXAMPLE = ("python -m serving plan --peak-qps 10 --mean-output-tokens 500 --throughput 1:30 "
-           "--throughput 64:2500 --redundancy 2N")
+EXAMPLE = (
+    "python -m serving plan --peak-qps 10 --mean-output-tokens 500 --throughput 1:30 "
+    "--throughput 64:2500 --redundancy 2N"
+)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    plan = sub.add_parser("plan", help="replicas and GPUs for a peak load and an SLO, from measured throughput",
-                          description=f"Example (the article's exercise 1): {EXAMPLE}")
+    plan = sub.add_parser(
+        "plan",
+        help="replicas and GPUs for a peak load and an SLO, from measured throughput",
+        description=f"Example (the article's exercise 1): {EXAMPLE}",
+    )
     plan.add_argument("--peak-qps", type=float, required=True, help="requests per second at peak")
     plan.add_argument("--mean-output-tokens", type=float, required=True)
-    plan.add_argument("--mean-input-tokens", type=float, default=0.0,
-                      help="shown for context; the measured throughput must come from prompts of this size")
-    plan.add_argument("--throughput", action="append", default=[], metavar="C:TOK_S[:TTFT_P90_S[:TPOT_S]]",
-                      help="one replica measured at concurrency C: output tokens/s of all its streams "
-                           "(repeat for each concurrency; C=1 is one request alone)")
+    plan.add_argument(
+        "--mean-input-tokens",
+        type=float,
+        default=0.0,
+        help="shown for context; the measured throughput must come from prompts of this size",
+    )
+    plan.add_argument(
+        "--throughput",
+        action="append",
+        default=[],
+        metavar="C:TOK_S[:TTFT_P90_S[:TPOT_S]]",
+        help="one replica measured at concurrency C: output tokens/s of all its streams "
+        "(repeat for each concurrency; C=1 is one request alone)",
+    )
     plan.add_argument("--bench-json", type=Path, help="measurements from `make bench` (build/bench/capacity.json)")
     plan.add_argument("--ttft-p90-slo", type=float, help="seconds")
     plan.add_argument("--tpot-slo", type=float, help="seconds per output token, per stream")
     plan.add_argument("--redundancy", default="N+1", help="N+k spare replicas, or 2N (default N+1)")
-    plan.add_argument("--max-utilisation", type=float, default=1.0,
-                      help="plan the peak at this fraction of measured capacity (headroom), default 1.0")
+    plan.add_argument(
+        "--max-utilisation",
+        type=float,
+        default=1.0,
+        help="plan the peak at this fraction of measured capacity (headroom), default 1.0",
+    )
     plan.add_argument("--min-replicas", type=int, default=2, help="availability floor (default 2)")
     plan.add_argument("--gpus-per-replica", type=int, default=1, help="TP x PP")
     plan.set_defaults(func=run)
@@ -49,8 +68,10 @@ def parse_point(text: str) -> Measurement:
 def read_bench(path: Path) -> tuple[Measurement, ...]:
     try:
         record = json.loads(path.read_text())
-        return tuple(Measurement(int(m["concurrency"]), float(m["output_tokens_per_s"]), m.get("ttft_p90_s"),
-                                 m.get("tpot_s")) for m in record["measurements"])
+        return tuple(
+            Measurement(int(m["concurrency"]), float(m["output_tokens_per_s"]), m.get("ttft_p90_s"), m.get("tpot_s"))
+            for m in record["measurements"]
+        )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise PlanError(f"--bench-json: {path}: {exc!r}") from None
 
@@ -59,11 +80,18 @@ def plan_input(args: argparse.Namespace) -> PlanInput:
     points = tuple(parse_point(p) for p in args.throughput)
     if args.bench_json is not None:
         points += read_bench(args.bench_json)
-    return PlanInput(peak_qps=args.peak_qps, mean_output_tokens=args.mean_output_tokens,
-                     mean_input_tokens=args.mean_input_tokens, measurements=points,
-                     ttft_p90_slo_s=args.ttft_p90_slo, tpot_slo_s=args.tpot_slo,
-                     redundancy=Redundancy.parse(args.redundancy), max_utilisation=args.max_utilisation,
-                     min_replicas=args.min_replicas, gpus_per_replica=args.gpus_per_replica)
+    return PlanInput(
+        peak_qps=args.peak_qps,
+        mean_output_tokens=args.mean_output_tokens,
+        mean_input_tokens=args.mean_input_tokens,
+        measurements=points,
+        ttft_p90_slo_s=args.ttft_p90_slo,
+        tpot_slo_s=args.tpot_slo,
+        redundancy=Redundancy.parse(args.redundancy),
+        max_utilisation=args.max_utilisation,
+        min_replicas=args.min_replicas,
+        gpus_per_replica=args.gpus_per_replica,
+    )
 
 
 def explain(given: PlanInput, plan: Plan) -> str:
@@ -80,7 +108,8 @@ def explain(given: PlanInput, plan: Plan) -> str:
     lines += [
         f"batched: a replica gives {point.output_tokens_per_s:,.0f} tokens/s at concurrency {point.concurrency} "
         f"(TPOT {point.time_per_output_token_s * 1000:.0f} ms"
-        + (f", TTFT p90 {point.ttft_p90_s:.2f} s" if point.ttft_p90_s is not None else "") + ")",
+        + (f", TTFT p90 {point.ttft_p90_s:.2f} s" if point.ttft_p90_s is not None else "")
+        + ")",
         f"  throughput: {plan.demand_tokens_per_s:,.0f} / ({point.output_tokens_per_s:,.0f} x "
         f"{given.max_utilisation:g} utilisation) -> {plan.replicas_for_throughput} replicas",
         f"  concurrency (Little's law): {given.peak_qps:g} req/s x {plan.mean_latency_s:.1f} s per request "

@@ -9,6 +9,7 @@ a naive plan divides by. Little's law gives the concurrency the peak needs
 concurrency. Replicas = the larger of the two needs at the target
 utilisation, then redundancy (N + k, or 2N), and at least `min_replicas`
 for availability. GPUs = replicas × GPUs per replica (TP × PP)."""
+
 from __future__ import annotations
 
 import math
@@ -23,10 +24,11 @@ class PlanError(ValueError):
 @dataclass(frozen=True)
 class Measurement:
     """A replica measured at one concurrency (requests in flight)."""
+
     concurrency: int
-    output_tokens_per_s: float          # the whole replica's, all streams together
+    output_tokens_per_s: float  # the whole replica's, all streams together
     ttft_p90_s: float | None = None
-    tpot_s: float | None = None         # per stream; None: concurrency / throughput
+    tpot_s: float | None = None  # per stream; None: concurrency / throughput
 
     @property
     def time_per_output_token_s(self) -> float:
@@ -36,6 +38,7 @@ class Measurement:
 @dataclass(frozen=True)
 class Redundancy:
     """N + k spare replicas, or `double` (2N: a whole second fleet)."""
+
     spare: int = 1
     double: bool = False
 
@@ -65,9 +68,9 @@ class PlanInput:
     ttft_p90_slo_s: float | None = None
     tpot_slo_s: float | None = None
     redundancy: Redundancy = Redundancy()
-    max_utilisation: float = 1.0        # plan for at most this fraction of measured capacity at peak
+    max_utilisation: float = 1.0  # plan for at most this fraction of measured capacity at peak
     min_replicas: int = 2
-    gpus_per_replica: int = 1           # TP × PP
+    gpus_per_replica: int = 1  # TP × PP
 
     def __post_init__(self) -> None:
         for name in ("peak_qps", "mean_output_tokens"):
@@ -90,16 +93,16 @@ class PlanInput:
 class Plan:
     demand_tokens_per_s: float
     single_stream_tokens_per_s: float
-    naive_replicas: int                 # one request at a time per replica
-    operating_point: Measurement        # the largest SLO-meeting throughput
+    naive_replicas: int  # one request at a time per replica
+    operating_point: Measurement  # the largest SLO-meeting throughput
     mean_latency_s: float
-    concurrency_needed: float           # Little's law at peak
+    concurrency_needed: float  # Little's law at peak
     replicas_for_throughput: int
     replicas_for_concurrency: int
-    replicas_needed: int                # N: the peak at the target utilisation
-    replicas: int                       # with redundancy and the availability floor
+    replicas_needed: int  # N: the peak at the target utilisation
+    replicas: int  # with redundancy and the availability floor
     gpus: int
-    rejected: tuple[tuple[Measurement, str], ...]   # points that miss the SLO, and why
+    rejected: tuple[tuple[Measurement, str], ...]  # points that miss the SLO, and why
 
 
 def meets_slo(m: Measurement, plan: PlanInput) -> str | None:
@@ -119,8 +122,11 @@ def make_plan(plan: PlanInput) -> Plan:
     rejected = tuple((m, why) for m in by_concurrency if (why := meets_slo(m, plan)) is not None)
     meeting = [m for m in by_concurrency if meets_slo(m, plan) is None]
     if not meeting:
-        raise PlanError("no measured concurrency meets the SLO: " + "; ".join(
-            f"c={m.concurrency}: {why}" for m, why in rejected) + " (a replica cannot serve it at any load)")
+        raise PlanError(
+            "no measured concurrency meets the SLO: "
+            + "; ".join(f"c={m.concurrency}: {why}" for m, why in rejected)
+            + " (a replica cannot serve it at any load)"
+        )
     point = max(meeting, key=lambda m: m.output_tokens_per_s)
     latency = (point.ttft_p90_s or 0.0) + plan.mean_output_tokens * point.time_per_output_token_s
     concurrency = plan.peak_qps * latency
@@ -129,5 +135,17 @@ def make_plan(plan: PlanInput) -> Plan:
     for_concurrency = math.ceil(concurrency / (point.concurrency * plan.max_utilisation) - 1e-9)
     needed = max(for_throughput, for_concurrency, 1)
     replicas = max(plan.redundancy.apply(needed), plan.min_replicas)
-    return Plan(demand, single_speed, math.ceil(demand / single_speed - 1e-9), point, latency, concurrency,
-                for_throughput, for_concurrency, needed, replicas, replicas * plan.gpus_per_replica, rejected)
+    return Plan(
+        demand,
+        single_speed,
+        math.ceil(demand / single_speed - 1e-9),
+        point,
+        latency,
+        concurrency,
+        for_throughput,
+        for_concurrency,
+        needed,
+        replicas,
+        replicas * plan.gpus_per_replica,
+        rejected,
+    )

@@ -5,6 +5,7 @@ usual. Then it waits until its engine has no request running or waiting
 (`llm_num_requests_running` + `llm_num_requests_waiting` on its own metrics
 port), at most `--timeout-s`, before Kubernetes sends SIGTERM (which stops
 tritonserver). Exit 0 once idle (or once the server is gone), 1 at the bound."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,4 +1,5 @@
 """Object names and labels, from the profile's `app` prefix."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ class Names:
     app: str
 
     @property
-    def triton(self) -> str:              # StatefulSet, its headless Service (the gateway's DNS name), PDB, HPA
+    def triton(self) -> str:  # StatefulSet, its headless Service (the gateway's DNS name), PDB, HPA
         return f"{self.app}-triton"
 
     @property
@@ -19,7 +20,7 @@ class Names:
         return f"{self.app}-gateway"
 
     @property
-    def gateway_ops(self) -> str:         # the headless Service Prometheus finds the gateways' ops port by
+    def gateway_ops(self) -> str:  # the headless Service Prometheus finds the gateways' ops port by
         return f"{self.app}-gateway-ops"
 
     @property
@@ -27,15 +28,15 @@ class Names:
         return f"{self.app}-redis"
 
     @property
-    def settings(self) -> str:            # the ConfigMap of LLM__* variables
+    def settings(self) -> str:  # the ConfigMap of LLM__* variables
         return f"{self.app}-settings"
 
     @property
-    def golden(self) -> str:              # the ConfigMap of the probe's golden answer (--golden)
+    def golden(self) -> str:  # the ConfigMap of the probe's golden answer (--golden)
         return f"{self.app}-probe-golden"
 
     @property
-    def gateway_secret(self) -> str:      # keys.json + admin_key, created by the operator
+    def gateway_secret(self) -> str:  # keys.json + admin_key, created by the operator
         return f"{self.app}-gateway"
 
     @property
@@ -43,8 +44,11 @@ class Names:
         return f"{self.app}-triton-admin"
 
     def labels(self, component: str) -> dict[str, str]:
-        return {**self.selector(component), "app.kubernetes.io/part-of": "triton-llm-stack",
-                "app.kubernetes.io/managed-by": "serving-render-k8s"}
+        return {
+            **self.selector(component),
+            "app.kubernetes.io/part-of": "triton-llm-stack",
+            "app.kubernetes.io/managed-by": "serving-render-k8s",
+        }
 
     def selector(self, component: str) -> dict[str, str]:
         return {"app.kubernetes.io/name": self.app, "app.kubernetes.io/component": component}

@@ -11,6 +11,7 @@ taking it out of the Service would move its load onto the others). Without a
 golden file any complete answer of the probe's length passes.
 
 Exit 0 when ready, 1 otherwise; one line on stdout says which outcome."""
+
 from __future__ import annotations
 
 import argparse
@@ -34,9 +35,11 @@ def served_model_dir(settings_file: str | None) -> str:
     default model's folder), without converting anything."""
     from ..default_model import default_model_dir
     from ..settings import DeploymentSettings
-    settings = DeploymentSettings.load(settings_file=settings_file,
-                                       default_model_dir=lambda: os.environ.get("LLM_MODEL_DIR")
-                                       or str(default_model_dir()))
+
+    settings = DeploymentSettings.load(
+        settings_file=settings_file,
+        default_model_dir=lambda: os.environ.get("LLM_MODEL_DIR") or str(default_model_dir()),
+    )
     return settings.engine.model_dir
 
 
@@ -55,9 +58,13 @@ async def probe(grpc_url: str, golden: Golden | None, timeout_s: float) -> str:
     from contract.errors import OVERLOADED_MARKER
     from gateway.fleet.probe import PROBE_PRIORITY, probe_once
 
-    config = ClientConfig(url=grpc_url, transport="grpc", model="ensemble", retry=RetryConfig(max_attempts=1),
-                          timeouts=TimeoutConfig(connect_s=min(5.0, timeout_s), first_token_s=timeout_s,
-                                                 token_s=timeout_s))
+    config = ClientConfig(
+        url=grpc_url,
+        transport="grpc",
+        model="ensemble",
+        retry=RetryConfig(max_attempts=1),
+        timeouts=TimeoutConfig(connect_s=min(5.0, timeout_s), first_token_s=timeout_s, token_s=timeout_s),
+    )
     client = AsyncLLMClient(config)
     try:
         outcome = await probe_once(client, golden, ready_timeout_s=min(5.0, timeout_s), answer_timeout_s=timeout_s)
@@ -65,13 +72,19 @@ async def probe(grpc_url: str, golden: Golden | None, timeout_s: float) -> str:
             return outcome
         # no golden answer: the engine must still answer the probe in full
         prompt, max_tokens = probe_request()
-        options = GenerationOptions(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, return_output_ids=True,
-                                    priority=PROBE_PRIORITY, request_id=f"probe-{uuid.uuid4().hex}")
+        options = GenerationOptions(
+            max_tokens=max_tokens,
+            temperature=0.0,
+            ignore_eos=True,
+            return_output_ids=True,
+            priority=PROBE_PRIORITY,
+            request_id=f"probe-{uuid.uuid4().hex}",
+        )
         try:
             result = await asyncio.wait_for(client.generate(prompt, options), timeout_s)
         except TimeoutError:
             return "timeout"
-        except RequestError as exc:     # mapped as the gateway's probe maps them
+        except RequestError as exc:  # mapped as the gateway's probe maps them
             return "overloaded" if OVERLOADED_MARKER in exc.message else "refused"
         except ServerConnectionError:
             return "unreachable"
@@ -90,7 +103,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         golden = load_golden(path)
     except GoldenError as exc:
-        if args.golden or path.exists():    # asked for, or there and broken: never pass silently
+        if args.golden or path.exists():  # asked for, or there and broken: never pass silently
             print(f"probe: error: {exc}", flush=True)
             return 1
         note = "no golden answer: any full answer passes"

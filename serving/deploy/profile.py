@@ -3,6 +3,7 @@ settings do not hold (image, namespace, replicas, resources, node pool,
 storage, autoscaling, monitoring). Two profiles, `cpu` and `gpu`, that differ
 only in these values; every field can be changed with `--k8s FIELD=VALUE`
 (JSON for the dict and list fields)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,22 +36,22 @@ class ProfileError(ValueError):
 class K8sProfile:
     name: str
     namespace: str = "triton-llm"
-    app: str = "triton-llm"                   # every object's name starts with it
+    app: str = "triton-llm"  # every object's name starts with it
     image: str = "triton-llm-stack:0.1.0-cpu"
     image_pull_policy: str = "IfNotPresent"
     # Triton replicas: the autoscaler's floor and ceiling (or a fixed count without it)
     triton_replicas: int = 2
     triton_max_replicas: int = 4
     autoscale: bool = True
-    triton_cpu: int = 4                       # cores, requested = limit; engine.num_threads when unset
+    triton_cpu: int = 4  # cores, requested = limit; engine.num_threads when unset
     triton_memory: str = "8Gi"
-    gpus: int = 0                             # per Triton pod
+    gpus: int = 0  # per Triton pod
     gpu_resource: str = "nvidia.com/gpu"
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[dict[str, str]] = field(default_factory=list)
-    shm_size: str = "1Gi"                     # /dev/shm: Triton's Python backend and the stages' shared state
-    storage_size: str = "10Gi"                # each Triton pod's PVC (weights, golden, rendered repository)
-    storage_class: str = ""                   # empty: the cluster's default
+    shm_size: str = "1Gi"  # /dev/shm: Triton's Python backend and the stages' shared state
+    storage_size: str = "10Gi"  # each Triton pod's PVC (weights, golden, rendered repository)
+    storage_class: str = ""  # empty: the cluster's default
     # schedule + pull + load + warm up: the startup probe allows this long
     startup_timeout_s: int = 600
     # the HPA: average `llm_num_requests_waiting` per pod it aims at
@@ -66,15 +67,15 @@ class K8sProfile:
     gateway_cpu: str = "1"
     gateway_memory: str = "1Gi"
     gateway_service_type: str = "ClusterIP"
-    gateway_prestop_s: int = 5                # endpoints update before the gateway stops admitting
-    redis: bool = True                        # an in-cluster Redis, unless gateway.redis_url names one
+    gateway_prestop_s: int = 5  # endpoints update before the gateway stops admitting
+    redis: bool = True  # an in-cluster Redis, unless gateway.redis_url names one
     redis_image: str = "redis:7.4.2-alpine"
-    monitoring: bool = True                   # ServiceMonitors, PrometheusRule, Grafana dashboard (prometheus-operator)
+    monitoring: bool = True  # ServiceMonitors, PrometheusRule, Grafana dashboard (prometheus-operator)
     monitoring_namespace: str = "monitoring"  # where Prometheus runs (allowed to scrape Triton)
-    monitoring_labels: dict[str, str] = field(default_factory=dict)   # what the Prometheus selects on
-    adapter_namespace: str = "monitoring"     # where prometheus-adapter runs
-    inference_pool: bool = False              # an InferencePool over Triton pods with a gateway sidecar each
-    epp_service: str = "triton-llm-epp"       # the endpoint picker the InferencePool names
+    monitoring_labels: dict[str, str] = field(default_factory=dict)  # what the Prometheus selects on
+    adapter_namespace: str = "monitoring"  # where prometheus-adapter runs
+    inference_pool: bool = False  # an InferencePool over Triton pods with a gateway sidecar each
+    epp_service: str = "triton-llm-epp"  # the endpoint picker the InferencePool names
     epp_port: int = 9002
 
 
@@ -109,8 +110,10 @@ def load_profile(name: str, assignments: list[str] | tuple[str, ...] = ()) -> K8
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or key not in hints or key == "name":
-            raise ProfileError(f"--k8s {item!r}: expected FIELD=VALUE with FIELD one of "
-                               f"{', '.join(n for n in field_names() if n != 'name')}")
+            raise ProfileError(
+                f"--k8s {item!r}: expected FIELD=VALUE with FIELD one of "
+                f"{', '.join(n for n in field_names() if n != 'name')}"
+            )
         value: Any = raw
         if typing.get_origin(hints[key]) in (dict, list):
             try:
@@ -121,5 +124,6 @@ def load_profile(name: str, assignments: list[str] | tuple[str, ...] = ()) -> K8
     try:
         return TypeAdapter(K8sProfile).validate_python(values)
     except ValidationError as exc:
-        raise ProfileError("; ".join(f"--k8s {'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-                                     for e in exc.errors())) from None
+        raise ProfileError(
+            "; ".join(f"--k8s {'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        ) from None

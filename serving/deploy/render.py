@@ -9,6 +9,7 @@ numbered files to `kubectl apply -f` in order:
     41-prometheus-adapter.yaml the HPA's custom metric (prometheus-adapter's rules, its namespace)
     50-inference-pool.yaml     the InferencePool (only with inference_pool=true)
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,33 +40,51 @@ def render(settings: DeploymentSettings, profile: K8sProfile, golden: Path | Non
     settings = for_cluster(settings, profile, names, golden_mounted=golden is not None)
     env = settings_env(settings)
     settings_maps: list[dict[str, Any]] = [
-        {"apiVersion": "v1", "kind": "ConfigMap",
-         "metadata": {"name": names.settings, "namespace": profile.namespace, "labels": names.labels("settings")},
-         "data": env}]
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": names.settings, "namespace": profile.namespace, "labels": names.labels("settings")},
+            "data": env,
+        }
+    ]
     if golden is not None:
-        settings_maps.append({"apiVersion": "v1", "kind": "ConfigMap",
-                              "metadata": {"name": names.golden, "namespace": profile.namespace,
-                                           "labels": names.labels("settings")},
-                              "data": {"golden.json": golden.read_text(encoding="utf-8")}})
+        settings_maps.append(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": names.golden, "namespace": profile.namespace, "labels": names.labels("settings")},
+                "data": {"golden.json": golden.read_text(encoding="utf-8")},
+            }
+        )
     checksum = _checksum({**env, **({"golden": settings_maps[-1]["data"]["golden.json"]} if golden else {})})
     sidecar = inference_pool.sidecar(settings, profile, names, golden is not None) if profile.inference_pool else None
-    triton_objects = [triton.service(settings, profile, names),
-                      triton.statefulset(settings, profile, names, checksum, sidecar),
-                      triton.disruption_budget(profile, names),
-                      triton.network_policy(settings, profile, names,
-                                            settings.gateway.port if profile.inference_pool else None)]
+    triton_objects = [
+        triton.service(settings, profile, names),
+        triton.statefulset(settings, profile, names, checksum, sidecar),
+        triton.disruption_budget(profile, names),
+        triton.network_policy(settings, profile, names, settings.gateway.port if profile.inference_pool else None),
+    ]
     if profile.autoscale:
         triton_objects.append(triton.autoscaler(profile, names))
-    gateway_objects = [gateway.service(settings, profile, names), *gateway.ops_service(settings, profile, names),
-                       gateway.deployment(settings, profile, names, checksum, golden is not None),
-                       gateway.disruption_budget(profile, names), gateway.network_policy(settings, profile, names)]
+    gateway_objects = [
+        gateway.service(settings, profile, names),
+        *gateway.ops_service(settings, profile, names),
+        gateway.deployment(settings, profile, names, checksum, golden is not None),
+        gateway.disruption_budget(profile, names),
+        gateway.network_policy(settings, profile, names),
+    ]
     if profile.redis and settings.gateway.redis_url.startswith(f"redis://{names.redis}."):
-        gateway_objects += gateway.redis(profile, names, ("gateway", "triton") if profile.inference_pool
-                                         else ("gateway",))
+        gateway_objects += gateway.redis(
+            profile, names, ("gateway", "triton") if profile.inference_pool else ("gateway",)
+        )
     files: Manifests = {
-        "00-namespace.yaml": [{"apiVersion": "v1", "kind": "Namespace",
-                               "metadata": {"name": profile.namespace, "labels": {"app.kubernetes.io/part-of":
-                                                                                  "triton-llm-stack"}}}],
+        "00-namespace.yaml": [
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"name": profile.namespace, "labels": {"app.kubernetes.io/part-of": "triton-llm-stack"}},
+            }
+        ],
         "10-settings.yaml": settings_maps,
         "20-triton.yaml": triton_objects,
         "30-gateway.yaml": gateway_objects,

@@ -11,6 +11,7 @@ defaults: the Triton replicas' DNS name, the in-cluster Redis, the gateway's
 ops port on the pod IP (for Prometheus, not in the public Service), the key files
 mounted from Secrets, the golden answer, the thread count from the CPU limit,
 CUDA on the gpu profile."""
+
 from __future__ import annotations
 
 import json
@@ -82,15 +83,17 @@ def grpc_port(settings: DeploymentSettings) -> int:
     return int(port) if port.isdigit() else DEFAULT_GRPC_PORT
 
 
-def for_cluster(settings: DeploymentSettings, profile: K8sProfile, names: Names,
-                golden_mounted: bool) -> DeploymentSettings:
+def for_cluster(
+    settings: DeploymentSettings, profile: K8sProfile, names: Names, golden_mounted: bool
+) -> DeploymentSettings:
     """The settings with what the cluster decides filled in where they were left at their defaults."""
     g, e = settings.gateway, settings.engine
     defaults = SECTIONS["gateway"]()
     changes: dict[str, Any] = {}
     if not g.fleet.discovery_dns:
-        changes["gateway.fleet.discovery_dns"] = (f"{names.triton}.{profile.namespace}.svc.cluster.local:"
-                                                  f"{DEFAULT_GRPC_PORT}")
+        changes["gateway.fleet.discovery_dns"] = (
+            f"{names.triton}.{profile.namespace}.svc.cluster.local:{DEFAULT_GRPC_PORT}"
+        )
     if not g.redis_url and profile.redis:
         changes["gateway.redis_url"] = f"redis://{names.redis}.{profile.namespace}.svc.cluster.local:{REDIS_PORT}/0"
     if not g.keys_file:
@@ -113,5 +116,15 @@ def for_cluster(settings: DeploymentSettings, profile: K8sProfile, names: Names,
     return settings.replace(**changes) if changes else settings
 
 
-__all__ = ["ADMIN_KEY_FILE", "DEFAULT_MODEL_DIR", "GOLDEN_MOUNT", "IMAGE_GOLDEN", "KEYS_FILE", "OPS_HOST_IN_POD",
-           "TRITON_HTTP_PORT", "for_cluster", "grpc_port", "settings_env"]
+__all__ = [
+    "ADMIN_KEY_FILE",
+    "DEFAULT_MODEL_DIR",
+    "GOLDEN_MOUNT",
+    "IMAGE_GOLDEN",
+    "KEYS_FILE",
+    "OPS_HOST_IN_POD",
+    "TRITON_HTTP_PORT",
+    "for_cluster",
+    "grpc_port",
+    "settings_env",
+]

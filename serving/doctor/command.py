@@ -1,5 +1,6 @@
 """`python -m serving doctor --metrics URL`: record a window of a live
 server's metrics (or read a recorded trace) and print the likely causes."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,11 @@ from .trace import load, record, save
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    doctor = sub.add_parser("doctor", help="watch a live server's metrics and name the likely causes of slow or "
-                                           "timed-out requests, with their evidence")
+    doctor = sub.add_parser(
+        "doctor",
+        help="watch a live server's metrics and name the likely causes of slow or "
+        "timed-out requests, with their evidence",
+    )
     source = doctor.add_mutually_exclusive_group(required=True)
     source.add_argument("--metrics", help="a Triton metrics URL, e.g. http://127.0.0.1:8002/metrics")
     source.add_argument("--trace", type=Path, help="diagnose a trace recorded with --record")

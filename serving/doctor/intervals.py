@@ -1,6 +1,7 @@
 """What happened between two consecutive scrapes: counter and histogram
 deltas turned into rates, means and quantiles (Prometheus'
 `histogram_quantile`: linear within the bucket)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,12 +18,12 @@ BATCH = m.BATCH_SIZE
 class Interval:
     start: float
     seconds: float
-    waiting: float                  # gauges: the mean of the two ends
+    waiting: float  # gauges: the mean of the two ends
     running: float
-    kv_use: float                   # blocks used / capacity, the later end
-    steps: float                    # engine steps
-    mean_batch: float | None        # sequences per step; None: no step
-    prompt_tokens: float            # admitted in the interval
+    kv_use: float  # blocks used / capacity, the later end
+    steps: float  # engine steps
+    mean_batch: float | None  # sequences per step; None: no step
+    prompt_tokens: float  # admitted in the interval
     generated_tokens: float
     preemptions: float
     rejections: float
@@ -51,7 +52,7 @@ def quantile(q: float, a: Sample, b: Sample, histogram: str) -> float | None:
     for le, cumulative in deltas:
         if cumulative >= rank:
             if le == float("inf"):
-                return lower               # past the last finite bound: its bound, as Prometheus does
+                return lower  # past the last finite bound: its bound, as Prometheus does
             share = (rank - previous) / (cumulative - previous) if cumulative > previous else 1.0
             return lower + (le - lower) * share
         lower, previous = le, cumulative
@@ -66,17 +67,22 @@ def intervals(samples: list[Sample]) -> list[Interval]:
             continue
         steps = _delta(a, b, f"{BATCH}_count")
         capacity = b.get(m.KV_BLOCKS_CAPACITY)
-        out.append(Interval(
-            start=a.t, seconds=seconds,
-            waiting=(a.get(m.REQUESTS_WAITING) + b.get(m.REQUESTS_WAITING)) / 2,
-            running=(a.get(m.REQUESTS_RUNNING) + b.get(m.REQUESTS_RUNNING)) / 2,
-            kv_use=b.get(m.KV_BLOCKS_USED) / capacity if capacity > 0 else 0.0,
-            steps=steps,
-            mean_batch=_delta(a, b, f"{BATCH}_sum") / steps if steps > 0 else None,
-            prompt_tokens=_delta(a, b, m.PROMPT_TOKENS),
-            generated_tokens=_delta(a, b, m.GENERATION_TOKENS),
-            preemptions=_delta(a, b, m.PREEMPTIONS),
-            rejections=_delta(a, b, m.REQUESTS_REJECTED),
-            itl_p50_s=quantile(0.5, a, b, ITL), itl_p99_s=quantile(0.99, a, b, ITL),
-            itl_count=_delta(a, b, f"{ITL}_count")))
+        out.append(
+            Interval(
+                start=a.t,
+                seconds=seconds,
+                waiting=(a.get(m.REQUESTS_WAITING) + b.get(m.REQUESTS_WAITING)) / 2,
+                running=(a.get(m.REQUESTS_RUNNING) + b.get(m.REQUESTS_RUNNING)) / 2,
+                kv_use=b.get(m.KV_BLOCKS_USED) / capacity if capacity > 0 else 0.0,
+                steps=steps,
+                mean_batch=_delta(a, b, f"{BATCH}_sum") / steps if steps > 0 else None,
+                prompt_tokens=_delta(a, b, m.PROMPT_TOKENS),
+                generated_tokens=_delta(a, b, m.GENERATION_TOKENS),
+                preemptions=_delta(a, b, m.PREEMPTIONS),
+                rejections=_delta(a, b, m.REQUESTS_REJECTED),
+                itl_p50_s=quantile(0.5, a, b, ITL),
+                itl_p99_s=quantile(0.99, a, b, ITL),
+                itl_count=_delta(a, b, f"{ITL}_count"),
+            )
+        )
     return out

@@ -2,6 +2,7 @@
 `llm_*` families and Triton's own `nv_*`), reduced to the series the doctor
 reads, saved as JSON lines so that a run can be diagnosed again later (the
 tests diagnose recorded traces)."""
+
 from __future__ import annotations
 
 import json
@@ -17,16 +18,25 @@ from contract import metric_names as m
 
 # the families the doctor reads (label sets summed: one engine per server);
 # the parser names a counter's family without its `_total`
-WANTED = (m.REQUESTS_WAITING, m.REQUESTS_RUNNING, m.KV_BLOCKS_USED, m.KV_BLOCKS_CAPACITY, m.BATCH_SIZE,
-          *(counter.removesuffix("_total") for counter in (m.PROMPT_TOKENS, m.GENERATION_TOKENS, m.PREEMPTIONS,
-                                                           m.REQUESTS_REJECTED)),
-          m.INTER_TOKEN_LATENCY, "nv_gpu_utilization")
+WANTED = (
+    m.REQUESTS_WAITING,
+    m.REQUESTS_RUNNING,
+    m.KV_BLOCKS_USED,
+    m.KV_BLOCKS_CAPACITY,
+    m.BATCH_SIZE,
+    *(
+        counter.removesuffix("_total")
+        for counter in (m.PROMPT_TOKENS, m.GENERATION_TOKENS, m.PREEMPTIONS, m.REQUESTS_REJECTED)
+    ),
+    m.INTER_TOKEN_LATENCY,
+    "nv_gpu_utilization",
+)
 
 
 @dataclass(frozen=True)
 class Sample:
-    t: float                                  # seconds since the trace began
-    values: dict[str, float]                  # "name" or "name_bucket{le}" -> value
+    t: float  # seconds since the trace began
+    values: dict[str, float]  # "name" or "name_bucket{le}" -> value
 
     def get(self, name: str, default: float = 0.0) -> float:
         return self.values.get(name, default)
@@ -34,7 +44,7 @@ class Sample:
     def buckets(self, histogram: str) -> list[tuple[float, float]]:
         """(upper bound, cumulative count), ascending."""
         prefix = f"{histogram}_bucket:"
-        return sorted((float(k[len(prefix):]), v) for k, v in self.values.items() if k.startswith(prefix))
+        return sorted((float(k[len(prefix) :]), v) for k, v in self.values.items() if k.startswith(prefix))
 
 
 def reduce(text: str) -> dict[str, float]:
@@ -53,9 +63,15 @@ def reduce(text: str) -> dict[str, float]:
     return values
 
 
-def record(url: str, window_s: float, interval_s: float, *, clock: Callable[[], float] = time.monotonic,
-           sleep: Callable[[float], None] = time.sleep,
-           on_sample: Callable[[Sample], None] = lambda s: None) -> list[Sample]:
+def record(
+    url: str,
+    window_s: float,
+    interval_s: float,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    on_sample: Callable[[Sample], None] = lambda s: None,
+) -> list[Sample]:
     """Scrape `url` every `interval_s` for `window_s`; a failed scrape is
     skipped (the gap shows as a longer interval), every one failing raises."""
     samples: list[Sample] = []
@@ -81,10 +97,12 @@ def record(url: str, window_s: float, interval_s: float, *, clock: Callable[[], 
 
 def save(samples: list[Sample], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"t": s.t, "values": s.values}, separators=(",", ":")) + "\n"
-                            for s in samples))
+    path.write_text("".join(json.dumps({"t": s.t, "values": s.values}, separators=(",", ":")) + "\n" for s in samples))
 
 
 def load(path: Path) -> list[Sample]:
-    return [Sample(float(row["t"]), {k: float(v) for k, v in row["values"].items()})
-            for row in map(json.loads, path.read_text().splitlines()) if row]
+    return [
+        Sample(float(row["t"]), {k: float(v) for k, v in row["values"].items()})
+        for row in map(json.loads, path.read_text().splitlines())
+        if row
+    ]

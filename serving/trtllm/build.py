@@ -13,6 +13,7 @@
 The engine lands where the rendered repository looks for it
 (`<model_dir>/tensorrt_llm_engine`) unless `--output` says otherwise (then give
 the same folder to `launch-trtllm --engine-dir`)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ CONVERT_SCRIPT = Path(__file__).with_name("convert_checkpoint.py")
 
 @dataclass(frozen=True)
 class Toolchain:
-    python: str                 # has tensorrt_llm
+    python: str  # has tensorrt_llm
     version: str
     trtllm_build: str
     gpus: int
@@ -41,7 +42,7 @@ class BuildPlan:
     checkpoint_dir: Path
     tp: int
     pp: int
-    checkpoint_dtype: str       # auto: the model's own
+    checkpoint_dtype: str  # auto: the model's own
     max_batch_size: int
     max_num_tokens: int
     max_seq_len: int
@@ -65,31 +66,74 @@ def find_toolchain(tp: int, pp: int, python: str | None = None, probes: Probes =
     return Toolchain(interpreter, version, build, gpus)
 
 
-def plan_build(engine: EngineConfig, max_seq_len: int, tp: int, pp: int, checkpoint_dtype: str,
-               output: Path | None = None) -> BuildPlan:
+def plan_build(
+    engine: EngineConfig, max_seq_len: int, tp: int, pp: int, checkpoint_dtype: str, output: Path | None = None
+) -> BuildPlan:
     engine_dir = Path(output) if output else default_engine_dir(engine.model_dir)
-    return BuildPlan(model_dir=Path(engine.model_dir), engine_dir=engine_dir,
-                     checkpoint_dir=engine_dir.with_name(engine_dir.name + "_checkpoint"), tp=tp, pp=pp,
-                     checkpoint_dtype=checkpoint_dtype,
-                     max_batch_size=engine.max_num_seqs, max_num_tokens=engine.max_num_batched_tokens,
-                     max_seq_len=max_seq_len, tokens_per_block=engine.block_size,
-                     paged_context_fmha=engine.enable_kv_cache_reuse or engine.enable_chunked_context)
+    return BuildPlan(
+        model_dir=Path(engine.model_dir),
+        engine_dir=engine_dir,
+        checkpoint_dir=engine_dir.with_name(engine_dir.name + "_checkpoint"),
+        tp=tp,
+        pp=pp,
+        checkpoint_dtype=checkpoint_dtype,
+        max_batch_size=engine.max_num_seqs,
+        max_num_tokens=engine.max_num_batched_tokens,
+        max_seq_len=max_seq_len,
+        tokens_per_block=engine.block_size,
+        paged_context_fmha=engine.enable_kv_cache_reuse or engine.enable_chunked_context,
+    )
 
 
 def convert_command(plan: BuildPlan, tools: Toolchain) -> list[str]:
-    return [tools.python, str(CONVERT_SCRIPT), "--model-dir", str(plan.model_dir),
-            "--output-dir", str(plan.checkpoint_dir), "--tp", str(plan.tp), "--pp", str(plan.pp),
-            "--dtype", plan.checkpoint_dtype]
+    return [
+        tools.python,
+        str(CONVERT_SCRIPT),
+        "--model-dir",
+        str(plan.model_dir),
+        "--output-dir",
+        str(plan.checkpoint_dir),
+        "--tp",
+        str(plan.tp),
+        "--pp",
+        str(plan.pp),
+        "--dtype",
+        plan.checkpoint_dtype,
+    ]
 
 
 def build_command(plan: BuildPlan, tools: Toolchain) -> list[str]:
-    command = [tools.trtllm_build, "--checkpoint_dir", str(plan.checkpoint_dir), "--output_dir", str(plan.engine_dir),
-               "--workers", str(min(plan.world_size, tools.gpus)),
-               "--max_batch_size", str(plan.max_batch_size), "--max_num_tokens", str(plan.max_num_tokens),
-               "--max_seq_len", str(plan.max_seq_len), "--max_input_len", str(plan.max_seq_len - 1),
-               "--max_beam_width", "1", "--tokens_per_block", str(plan.tokens_per_block),
-               "--kv_cache_type", "paged", "--remove_input_padding", "enable", "--context_fmha", "enable",
-               "--gpt_attention_plugin", "auto", "--gemm_plugin", "auto"]
+    command = [
+        tools.trtllm_build,
+        "--checkpoint_dir",
+        str(plan.checkpoint_dir),
+        "--output_dir",
+        str(plan.engine_dir),
+        "--workers",
+        str(min(plan.world_size, tools.gpus)),
+        "--max_batch_size",
+        str(plan.max_batch_size),
+        "--max_num_tokens",
+        str(plan.max_num_tokens),
+        "--max_seq_len",
+        str(plan.max_seq_len),
+        "--max_input_len",
+        str(plan.max_seq_len - 1),
+        "--max_beam_width",
+        "1",
+        "--tokens_per_block",
+        str(plan.tokens_per_block),
+        "--kv_cache_type",
+        "paged",
+        "--remove_input_padding",
+        "enable",
+        "--context_fmha",
+        "enable",
+        "--gpt_attention_plugin",
+        "auto",
+        "--gemm_plugin",
+        "auto",
+    ]
     if plan.paged_context_fmha:
         command += ["--use_paged_context_fmha", "enable"]
     return command

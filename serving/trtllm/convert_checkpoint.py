@@ -9,6 +9,7 @@ that has TensorRT-LLM (the container's system Python 3.10 in
 nvcr.io/nvidia/tritonserver:24.10-trtllm-python-py3), which does not have this
 project's dependencies. It imports only the standard library and tensorrt_llm.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     architectures = config.get("architectures") or []
     supported = [name for name in architectures if name in MODEL_MAP]
     if not supported:
-        print(f"convert_checkpoint: TensorRT-LLM has no model class for {architectures or 'this model'}",
-              file=sys.stderr)
+        print(
+            f"convert_checkpoint: TensorRT-LLM has no model class for {architectures or 'this model'}", file=sys.stderr
+        )
         return 1
     model_class = MODEL_MAP[supported[0]]
     world_size = args.tp * args.pp

@@ -13,6 +13,7 @@ executor). What TensorRT-LLM fixes when the engine is built (max batch size,
 max tokens per step, max sequence length, tokens per KV block) is set by
 `python -m serving build-trtllm` from the same settings.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,8 +39,8 @@ class EngineTensor:
     data_type: str
     dims: tuple[int, ...]
     optional: bool = False
-    reshape_scalar: bool = False       # `reshape: { shape: [ ] }`
-    ragged: bool = False               # `allow_ragged_batch: true`
+    reshape_scalar: bool = False  # `reshape: { shape: [ ] }`
+    ragged: bool = False  # `allow_ragged_batch: true`
 
 
 def _scalar(name: str, data_type: str, optional: bool = True) -> EngineTensor:
@@ -84,22 +85,23 @@ def engine_parameters(engine: EngineConfig, engine_dir: str | Path) -> dict[str,
     backend uses its own default: everything this project has no setting for.
     `max_tokens_in_paged_kv_cache` is python_llm's CPU budget: on the GPU both
     engines size the KV cache by `kv_cache_free_gpu_mem_fraction`."""
+
     def flag(value: bool) -> str:
         return "true" if value else "false"
 
     return {
-        "max_beam_width": "1",                                  # one sequence per request
+        "max_beam_width": "1",  # one sequence per request
         "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
-        "gpt_model_type": "inflight_fused_batching",            # in-flight batching
+        "gpt_model_type": "inflight_fused_batching",  # in-flight batching
         "gpt_model_path": str(engine_dir),
-        "batch_scheduler_policy": "max_utilization",            # as python_llm: admit, preempt when short
+        "batch_scheduler_policy": "max_utilization",  # as python_llm: admit, preempt when short
         "kv_cache_free_gpu_mem_fraction": str(engine.kv_cache_free_gpu_mem_fraction),
         "enable_kv_cache_reuse": flag(engine.enable_kv_cache_reuse),
         "enable_chunked_context": flag(engine.enable_chunked_context),
         # the bridge asks for new tokens only and echoes the input itself (python_llm's rule)
         "exclude_input_in_output": "true",
-        "normalize_log_probs": "true",                           # log-probabilities, as python_llm's
-        "executor_worker_path": EXECUTOR_WORKER,                 # orchestrator mode's worker
+        "normalize_log_probs": "true",  # log-probabilities, as python_llm's
+        "executor_worker_path": EXECUTOR_WORKER,  # orchestrator mode's worker
     }
 
 
@@ -107,8 +109,10 @@ def dynamic_batching_block(max_batch_size: int, max_queue_size: int) -> str:
     """The template's `dynamic_batching`: the backend reads the queue bound from
     `default_queue_policy.max_queue_size`; 0 (unbounded here) leaves it out."""
     policy = f"\n  default_queue_policy: {{ max_queue_size: {max_queue_size} }}" if max_queue_size > 0 else ""
-    return (f"dynamic_batching {{\n  preferred_batch_size: [ {max_batch_size} ]\n"
-            f"  max_queue_delay_microseconds: 0{policy}\n}}")
+    return (
+        f"dynamic_batching {{\n  preferred_batch_size: [ {max_batch_size} ]\n"
+        f"  max_queue_delay_microseconds: 0{policy}\n}}"
+    )
 
 
 def tensor_line(tensor: EngineTensor) -> str:

@@ -2,6 +2,7 @@
 one line: a Python with TensorRT-LLM (at the pinned version), `trtllm-build`,
 NVIDIA GPUs (as many as TP x PP), Triton with TensorRT-LLM's backend, mpirun.
 Every probe is injectable so the refusals are tested on any machine."""
+
 from __future__ import annotations
 
 import shutil
@@ -62,14 +63,16 @@ def find_tensorrt_llm(candidates: Sequence[str], probes: Probes = Probes()) -> t
     raise EnvironmentMissing(
         f"TensorRT-LLM is not installed here (no Python with the tensorrt_llm package among "
         f"{', '.join(candidates) or 'none'}); this repository is pinned to tensorrt-llm {TENSORRT_LLM_VERSION}, "
-        f"as in {TRITON_CONTAINER}: run the command there")
+        f"as in {TRITON_CONTAINER}: run the command there"
+    )
 
 
 def check_version(version: str) -> None:
     if version.split("+")[0] != TENSORRT_LLM_VERSION:
         raise EnvironmentMissing(
             f"TensorRT-LLM {version} found, this repository is pinned to {TENSORRT_LLM_VERSION} (the parameter "
-            f"names of its Triton backend, tensorrtllm_backend v{TENSORRT_LLM_VERSION}); use {TRITON_CONTAINER}")
+            f"names of its Triton backend, tensorrtllm_backend v{TENSORRT_LLM_VERSION}); use {TRITON_CONTAINER}"
+        )
 
 
 def find_trtllm_build(python: str, probes: Probes = Probes()) -> str:
@@ -86,8 +89,10 @@ def find_trtllm_build(python: str, probes: Probes = Probes()) -> str:
 def require_gpus(world_size: int, tp: int, pp: int, probes: Probes = Probes()) -> int:
     count = gpu_count(probes)
     if count == 0:
-        raise EnvironmentMissing("no NVIDIA GPU here (nvidia-smi lists none); TensorRT-LLM builds and runs its "
-                                 "engine on the GPUs it serves from")
+        raise EnvironmentMissing(
+            "no NVIDIA GPU here (nvidia-smi lists none); TensorRT-LLM builds and runs its "
+            "engine on the GPUs it serves from"
+        )
     if count < world_size:
         raise EnvironmentMissing(f"tp {tp} x pp {pp} needs {world_size} GPUs, nvidia-smi lists {count}")
     return count
@@ -95,21 +100,36 @@ def require_gpus(world_size: int, tp: int, pp: int, probes: Probes = Probes()) -
 
 def require_triton_backend(tritonserver: str, probes: Probes = Probes()) -> None:
     if not probes.exists(tritonserver):
-        raise EnvironmentMissing(f"no tritonserver at {tritonserver}; the tensorrt_llm variant runs in "
-                                 f"{TRITON_CONTAINER} (its /opt/tritonserver)")
+        raise EnvironmentMissing(
+            f"no tritonserver at {tritonserver}; the tensorrt_llm variant runs in "
+            f"{TRITON_CONTAINER} (its /opt/tritonserver)"
+        )
     if not probes.exists(CONTAINER_BACKEND_DIR):
-        raise EnvironmentMissing(f"TensorRT-LLM's Triton backend is not here ({CONTAINER_BACKEND_DIR} missing); "
-                                 f"run in {TRITON_CONTAINER}")
+        raise EnvironmentMissing(
+            f"TensorRT-LLM's Triton backend is not here ({CONTAINER_BACKEND_DIR} missing); run in {TRITON_CONTAINER}"
+        )
 
 
 def require_mpirun(probes: Probes = Probes()) -> str:
     found = probes.which("mpirun")
     if found is None:
-        raise EnvironmentMissing("mpirun is not on PATH: a TP x PP > 1 engine runs one tritonserver per rank "
-                                 "under MPI (or pass --orchestrator)")
+        raise EnvironmentMissing(
+            "mpirun is not on PATH: a TP x PP > 1 engine runs one tritonserver per rank "
+            "under MPI (or pass --orchestrator)"
+        )
     return found
 
 
-__all__ = ["CONTAINER_TRITONSERVER", "EnvironmentMissing", "Probes", "check_version", "find_tensorrt_llm",
-           "find_trtllm_build", "gpu_count", "python_candidates", "require_gpus", "require_mpirun",
-           "require_triton_backend"]
+__all__ = [
+    "CONTAINER_TRITONSERVER",
+    "EnvironmentMissing",
+    "Probes",
+    "check_version",
+    "find_tensorrt_llm",
+    "find_trtllm_build",
+    "gpu_count",
+    "python_candidates",
+    "require_gpus",
+    "require_mpirun",
+    "require_triton_backend",
+]

@@ -14,6 +14,7 @@ config.json), the way TensorRT-LLM's own scripts/launch_triton_server.py
 
 Rank 0 always loads by name (explicit model control): the rendered repository
 also holds `python_llm`'s config, which this variant never loads."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,8 +49,10 @@ def engine_shape(engine_dir: Path) -> EngineShape:
     """TP and PP of a built engine, from its config.json (`pretrained_config.mapping`)."""
     config_path = Path(engine_dir) / "config.json"
     if not config_path.is_file():
-        raise EnvironmentMissing(f"no TensorRT-LLM engine at {engine_dir} (config.json missing): build it with "
-                                 f"`python -m serving build-trtllm --tp N --pp M`")
+        raise EnvironmentMissing(
+            f"no TensorRT-LLM engine at {engine_dir} (config.json missing): build it with "
+            f"`python -m serving build-trtllm --tp N --pp M`"
+        )
     try:
         config = json.loads(config_path.read_text())
         mapping = config.get("pretrained_config", config).get("mapping", {})
@@ -66,15 +69,28 @@ def rank_args(rank: int, repository: Path, backends: Path, models: tuple[str, ..
     """One rank's tritonserver arguments (after the binary). `base`: rank 0's
     serving flags (ports, addresses, restricted APIs, metrics)."""
     loaded = models if rank == 0 else (ENGINE_MODEL_NAME,)
-    args = [f"--model-repository={repository}", f"--backend-directory={backends}", "--model-control-mode=explicit",
-            *(f"--load-model={name}" for name in loaded), *base, "--disable-auto-complete-config",
-            f"--backend-config=python,shm-region-prefix-name=prefix{rank}_"]
+    args = [
+        f"--model-repository={repository}",
+        f"--backend-directory={backends}",
+        "--model-control-mode=explicit",
+        *(f"--load-model={name}" for name in loaded),
+        *base,
+        "--disable-auto-complete-config",
+        f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
+    ]
     return args
 
 
-def launch_command(tritonserver: str, shape: EngineShape, repository: Path, backends: Path,
-                   models: tuple[str, ...], base: list[str], orchestrator: bool,
-                   mpirun: str = "mpirun") -> tuple[list[str], dict[str, str]]:
+def launch_command(
+    tritonserver: str,
+    shape: EngineShape,
+    repository: Path,
+    backends: Path,
+    models: tuple[str, ...],
+    base: list[str],
+    orchestrator: bool,
+    mpirun: str = "mpirun",
+) -> tuple[list[str], dict[str, str]]:
     """The command and the extra environment."""
     if orchestrator or shape.world_size == 1:
         env = {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"} if orchestrator else {}
@@ -104,8 +120,14 @@ def check_machine(shape: EngineShape, tritonserver: str, orchestrator: bool, pro
     return mpirun
 
 
-def prepare(settings: DeploymentSettings, options: LaunchOptions, engine_dir: Path | None, tritonserver: str,
-            orchestrator: bool, probes: Probes = Probes()) -> tuple[list[str], dict[str, str], EngineShape]:
+def prepare(
+    settings: DeploymentSettings,
+    options: LaunchOptions,
+    engine_dir: Path | None,
+    tritonserver: str,
+    orchestrator: bool,
+    probes: Probes = Probes(),
+) -> tuple[list[str], dict[str, str], EngineShape]:
     """Check the machine, render the repository and lay out the backends; the
     command to run. Raises EnvironmentMissing with a one-line reason."""
     settings = settings.replace(**{"server.llm_model_name": "tensorrt_llm"})
@@ -113,15 +135,24 @@ def prepare(settings: DeploymentSettings, options: LaunchOptions, engine_dir: Pa
     shape = engine_shape(engine_dir)
     mpirun = check_machine(shape, tritonserver, orchestrator, probes)
     work = options.work_dir
-    repository = render_repository(settings, work / "model_repository", source=options.repository_source,
-                                   trtllm_engine_dir=engine_dir)
+    repository = render_repository(
+        settings, work / "model_repository", source=options.repository_source, trtllm_engine_dir=engine_dir
+    )
     # the project's Python stub (this interpreter's) and TensorRT-LLM's backend side by side
     backends = prepare_backends(find_triton(), work / "backends")
     (backends / "tensorrtllm").symlink_to(CONTAINER_BACKEND_DIR, target_is_directory=True)
     server = TritonServer(dataclasses.replace(options, settings=settings))
     write_admin_key(server.admin_key_path, server.admin_key)
-    command, env = launch_command(tritonserver, shape, repository, backends, variant_models(settings),
-                                  _serving_flags(server), orchestrator, mpirun)
+    command, env = launch_command(
+        tritonserver,
+        shape,
+        repository,
+        backends,
+        variant_models(settings),
+        _serving_flags(server),
+        orchestrator,
+        mpirun,
+    )
     return command, env, shape
 
 
@@ -137,5 +168,13 @@ def run(command: list[str], extra_env: dict[str, str]) -> int:
     return subprocess.call(command, env=env)
 
 
-__all__ = ["CONTAINER_TRITONSERVER", "EngineShape", "check_machine", "engine_shape", "launch_command", "prepare",
-           "rank_args", "run"]
+__all__ = [
+    "CONTAINER_TRITONSERVER",
+    "EngineShape",
+    "check_machine",
+    "engine_shape",
+    "launch_command",
+    "prepare",
+    "rank_args",
+    "run",
+]

@@ -6,6 +6,7 @@ ships TensorRT-LLM 0.14.0 (Triton's Release Compatibility Matrix, docs.nvidia.co
 triton-inference-server/archives/triton-inference-server-2530/user-guide/docs/introduction/compatibility.html),
 whose Triton backend is triton-inference-server/tensorrtllm_backend at tag v0.14.0.
 """
+
 from __future__ import annotations
 
 TENSORRT_LLM_VERSION = "0.14.0"

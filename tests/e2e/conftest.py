@@ -1,6 +1,7 @@
 """Fixtures of the replica e2e modules: the inference probe's golden answer
 and two real tritonservers, each module-scoped (a module that asks for them
 gets its own pair, stopped by the session's start_triton fixture)."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -4,6 +4,7 @@ flaky network between a client and the gateway, for the resume tests.
 It forwards bytes both ways, and on the connections it is told to cut it
 closes both sides once the answer has carried `cut_after_events` SSE events
 (blank-line separated blocks with a `data:` line)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -68,7 +69,7 @@ class CuttingProxy:
                     events = sum(1 for block in seen.split(b"\n\n") if b"\ndata: " in b"\n" + block)
                     if events >= self.cut_after_events:
                         self.cuts += 1
-                        return          # drop the rest: the finally closes both sides
+                        return  # drop the rest: the finally closes both sides
                 client_writer.write(data)
                 await client_writer.drain()
 

@@ -2,6 +2,7 @@
 tritonservers, concurrent streamed requests with their timings, the
 gateway's replica metrics, crashing / hanging a replica, and a copy of the
 model with one weight tensor corrupted."""
+
 from __future__ import annotations
 
 import json
@@ -24,17 +25,24 @@ from tests.e2e.triton_calls import scrape_metrics
 
 # the modules that log failed engine requests: the error mapping and a replica's connection
 _UPSTREAM_LOGGERS = re.compile(r'"logger": "gateway\.(core\.upstream|fleet\.replica_client)"')
-FLEET_SETTINGS = ["gateway.fleet.probe_interval_s=1", "gateway.fleet.probe_timeout_s=15",
-                  "gateway.fleet.eject_after_failures=2", "gateway.fleet.readmit_after_successes=2",
-                  "gateway.fleet.eject_backoff_s=2", "gateway.fleet.metrics_interval_s=0.25",
-                  "gateway.fleet.metrics_stale_s=1.5", "gateway.public_grpc_port=0", "gateway.drain_timeout_s=60"]
+FLEET_SETTINGS = [
+    "gateway.fleet.probe_interval_s=1",
+    "gateway.fleet.probe_timeout_s=15",
+    "gateway.fleet.eject_after_failures=2",
+    "gateway.fleet.readmit_after_successes=2",
+    "gateway.fleet.eject_backoff_s=2",
+    "gateway.fleet.metrics_interval_s=0.25",
+    "gateway.fleet.metrics_stale_s=1.5",
+    "gateway.public_grpc_port=0",
+    "gateway.drain_timeout_s=60",
+]
 
 
 @dataclass
 class FleetGateway:
     process: GatewayProcess
     url: str
-    key: str                 # a paid-tier key
+    key: str  # a paid-tier key
     admin_key: str
     free_key: str = ""
 
@@ -65,7 +73,7 @@ class FleetGateway:
         try:
             text = httpx.get(self.process.metrics_url, timeout=10).text
             probes = [line for line in text.splitlines() if line.startswith("gateway_replica_probes_total{")]
-        except httpx.HTTPError as exc:   # the report must not hide the failure it explains
+        except httpx.HTTPError as exc:  # the report must not hide the failure it explains
             probes = [f"the gateway's /metrics did not answer: {exc!r} (alive: {self.process.alive()})"]
         lines = self.process.log_path.read_text(errors="replace").splitlines()
         warnings = [line[:300] for line in lines if '"level": "WARNING"' in line or '"level": "ERROR"' in line]
@@ -75,30 +83,46 @@ class FleetGateway:
         """Seconds until each named replica's routable state is as wanted,
         e.g. `wait_routable(120, r0=True, r1=True)`; past the bound, fails
         with the gateway's report."""
-        return wait_until(lambda: all(self.routable(name) == state for name, state in wanted.items()), bound_s,
-                          f"routable {wanted}", explain=self.fleet_report)
+        return wait_until(
+            lambda: all(self.routable(name) == state for name, state in wanted.items()),
+            bound_s,
+            f"routable {wanted}",
+            explain=self.fleet_report,
+        )
 
     def total(self, name: str, **labels: str) -> float:
         """A metric summed over the series that carry `labels`."""
         wanted = [f'{k}="{v}"' for k, v in labels.items()]
         text = httpx.get(self.process.metrics_url, timeout=10).text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name) and not line.startswith(name + "_created")
-                   and all(w in line for w in wanted))
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name) and not line.startswith(name + "_created") and all(w in line for w in wanted)
+        )
 
 
 def start_fleet_gateway(replicas: dict[str, TritonServer], work: Path, golden: Path, *extra: str) -> FleetGateway:
-    port, = free_local_ports(1)
+    (port,) = free_local_ports(1)
     store = KeyStore(work / "keys.json")
     key = store.create("paid", label="fleet").key
     free_key = store.create("free", label="fleet-free").key
     admin_key_file = work / "admin_key"
     admin_key_file.write_text("fleet-admin-key-for-tests-0123456789")
     spec = {name: {"grpc_url": server.grpc_url, "metrics_url": server.metrics_url} for name, server in replicas.items()}
-    process = GatewayProcess([f"gateway.port={port}", "gateway.host=127.0.0.1", f"gateway.keys_file={store.path}",
-                              f"gateway.fleet.replicas={json.dumps(spec)}", f"gateway.fleet.probe_golden_file={golden}",
-                              f"gateway.admin_key_file={admin_key_file}", *FLEET_SETTINGS, *extra],
-                             log_path=work / "gateway.log", port=port)
+    process = GatewayProcess(
+        [
+            f"gateway.port={port}",
+            "gateway.host=127.0.0.1",
+            f"gateway.keys_file={store.path}",
+            f"gateway.fleet.replicas={json.dumps(spec)}",
+            f"gateway.fleet.probe_golden_file={golden}",
+            f"gateway.admin_key_file={admin_key_file}",
+            *FLEET_SETTINGS,
+            *extra,
+        ],
+        log_path=work / "gateway.log",
+        port=port,
+    )
     process.start()
     return FleetGateway(process, f"http://127.0.0.1:{port}", key, admin_key_file.read_text(), free_key)
 
@@ -125,11 +149,12 @@ class StreamOutcome:
 @dataclass
 class Load:
     """`count` streamed completions at once, each in its own thread."""
+
     gateway: FleetGateway
     count: int
     max_tokens: int = 48
     prompt: str = "Write a short story about a lighthouse."
-    key: str = ""            # the gateway's paid key unless given
+    key: str = ""  # the gateway's paid key unless given
     outcomes: list[StreamOutcome] = field(default_factory=list)
     threads: list[threading.Thread] = field(default_factory=list)
 
@@ -143,12 +168,22 @@ class Load:
         return self
 
     def _one(self, outcome: StreamOutcome, prompt: str) -> None:
-        body = {"model": "ensemble", "prompt": prompt, "max_tokens": self.max_tokens, "temperature": 0,
-                "stream": True, "ignore_eos": True}
+        body = {
+            "model": "ensemble",
+            "prompt": prompt,
+            "max_tokens": self.max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "ignore_eos": True,
+        }
         try:
             with httpx.Client(timeout=httpx.Timeout(30.0, read=120.0)) as client:
-                with client.stream("POST", f"{self.gateway.url}/v1/completions", json=body,
-                                   headers={"Authorization": f"Bearer {self.key or self.gateway.key}"}) as response:
+                with client.stream(
+                    "POST",
+                    f"{self.gateway.url}/v1/completions",
+                    json=body,
+                    headers={"Authorization": f"Bearer {self.key or self.gateway.key}"},
+                ) as response:
                     outcome.status = response.status_code
                     if response.status_code != 200:
                         outcome.error = response.read().decode(errors="replace")[:300]
@@ -156,7 +191,7 @@ class Load:
                     for line in response.iter_lines():
                         if not line.startswith("data: "):
                             continue
-                        data = line[len("data: "):]
+                        data = line[len("data: ") :]
                         if data == "[DONE]":
                             outcome.done = True
                             return
@@ -195,6 +230,7 @@ def corrupted_model_copy(model_dir: Path, target: Path) -> Path:
     """The model with one weight tensor scaled to nonsense: the process loads,
     reports ready, and answers wrong."""
     from safetensors.torch import load_file, save_file
+
     target.mkdir(parents=True, exist_ok=True)
     for item in model_dir.iterdir():
         if item.name != "model.safetensors":

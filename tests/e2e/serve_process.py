@@ -2,6 +2,7 @@
 its output read up to the ready banner's last line (then followed), a
 cancelled stream, Ctrl-C to stop it, and what it may have left behind
 (processes, /dev/shm files, ports)."""
+
 from __future__ import annotations
 
 import re
@@ -25,7 +26,7 @@ def read_until_banner(proc: subprocess.Popen[str], output: list[str], timeout_s:
     output closes or `timeout_s` passes (the caller checks what it got)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        line = proc.stdout.readline()   # type: ignore[union-attr]
+        line = proc.stdout.readline()  # type: ignore[union-attr]
         if not line:
             return
         output.append(line)
@@ -47,8 +48,9 @@ def stop_with_ctrl_c(proc: subprocess.Popen[str], wait_s: float) -> None:
 def follow(proc: subprocess.Popen[str], output: list[str]) -> threading.Thread:
     """Keep appending `proc`'s output lines to `output` (after the banner: the
     supervisor's and the stop's lines) until it closes."""
+
     def run() -> None:
-        for line in proc.stdout:    # type: ignore[union-attr]
+        for line in proc.stdout:  # type: ignore[union-attr]
             output.append(line)
 
     thread = threading.Thread(target=run, name=f"follow-{proc.pid}", daemon=True)
@@ -69,11 +71,21 @@ def hang_up_a_stream(gateway_port: int, key: str, events: int = 3) -> float:
     events (what Ctrl-C of a curl does): the cancelled stream a stop must not
     wait out. Seconds it took."""
     t0 = time.monotonic()
-    body = {"model": "ensemble", "prompt": "Write a long story about a lighthouse.", "max_tokens": 400,
-            "temperature": 0, "stream": True, "ignore_eos": True}
+    body = {
+        "model": "ensemble",
+        "prompt": "Write a long story about a lighthouse.",
+        "max_tokens": 400,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
     with httpx.Client(timeout=httpx.Timeout(30.0, read=120.0)) as client:
-        with client.stream("POST", f"http://127.0.0.1:{gateway_port}/v1/completions", json=body,
-                           headers={"Authorization": f"Bearer {key}"}) as response:
+        with client.stream(
+            "POST",
+            f"http://127.0.0.1:{gateway_port}/v1/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key}"},
+        ) as response:
             assert response.status_code == 200, response.read()
             seen = 0
             for line in response.iter_lines():
@@ -90,7 +102,8 @@ def ours(build_dir: Path) -> list[psutil.Process]:
     for process in psutil.process_iter(["cmdline", "status"]):
         try:
             if process.info["status"] != psutil.STATUS_ZOMBIE and str(build_dir) in " ".join(
-                    process.info["cmdline"] or ()):
+                process.info["cmdline"] or ()
+            ):
                 found.append(process)
         except psutil.Error:
             continue
@@ -99,8 +112,9 @@ def ours(build_dir: Path) -> list[psutil.Process]:
 
 def shm_files(work_dirs: list[Path]) -> list[str]:
     """The /dev/shm files these servers' work dirs name (serving/children.py)."""
-    prefixes = tuple(f for work in work_dirs for f in (shm_prefix(work), postprocessing_state_prefix(
-        work / "model_repository")))
+    prefixes = tuple(
+        f for work in work_dirs for f in (shm_prefix(work), postprocessing_state_prefix(work / "model_repository"))
+    )
     return sorted(p.name for p in SHM_DIR.iterdir() if p.name.startswith(prefixes))
 
 

@@ -10,6 +10,7 @@ stub process died, from tritonserver's log and the stubs still running.
 Found the races of docs/benchmarks.md's "Python backend stub" section; it
 samples them, so run it several times.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,11 @@ from tests.e2e.trtllm_double import repository_with_fake_engine, trtllm_variant_
 
 def _stubs(work_dir: Path) -> list[str]:
     listing = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
-    return [line.split()[1].split("/model_repository/")[1].split("/")[0]
-            for line in listing.splitlines() if "triton_python_backend_stub" in line and str(work_dir) in line]
+    return [
+        line.split()[1].split("/model_repository/")[1].split("/")[0]
+        for line in listing.splitlines()
+        if "triton_python_backend_stub" in line and str(work_dir) in line
+    ]
 
 
 def main() -> None:
@@ -50,14 +54,21 @@ def main() -> None:
     server = trtllm_variant_server(ensure_default_model(), source, root / "work").start()
     stubs_before = sorted(_stubs(root / "work"))
 
-    failed = threading.Event()      # a dead stub fails every later stream slowly: stop at the first
+    failed = threading.Event()  # a dead stub fails every later stream slowly: stop at the first
 
     def one(i: int) -> str | None:
         """The stream's error, "" when it succeeded, None when it was not run."""
         if failed.is_set():
             return None
-        body = {"text_input": "Hello", "max_tokens": args.tokens, "stream": True, "ignore_eos": True,
-                "temperature": 0.0, "return_log_probs": True, "return_output_ids": True}
+        body = {
+            "text_input": "Hello",
+            "max_tokens": args.tokens,
+            "stream": True,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "return_log_probs": True,
+            "return_output_ids": True,
+        }
         if args.timeouts and i % 2:
             body["token_timeout_ms"] = 1
         try:
@@ -79,10 +90,12 @@ def main() -> None:
     errors = [e for e in outcomes if e]
     unhealthy = server.log_path.read_text(errors="replace").count("is not healthy")
     run = sum(outcome is not None for outcome in outcomes)
-    print(f"{run} of {args.streams} streams run ({args.model}, {args.tokens} tokens, {args.concurrency} at a time, "
-          f"timeouts {'on' if args.timeouts else 'off'}) in {elapsed:.1f} s: {len(errors)} failed {errors[:3]}; "
-          f"stubs gone: {sorted(set(stubs_before) - set(stubs_after)) or 'none'}; "
-          f"'not healthy' in the log: {unhealthy}; log {server.log_path}")
+    print(
+        f"{run} of {args.streams} streams run ({args.model}, {args.tokens} tokens, {args.concurrency} at a time, "
+        f"timeouts {'on' if args.timeouts else 'off'}) in {elapsed:.1f} s: {len(errors)} failed {errors[:3]}; "
+        f"stubs gone: {sorted(set(stubs_before) - set(stubs_after)) or 'none'}; "
+        f"'not healthy' in the log: {unhealthy}; log {server.log_path}"
+    )
     raise SystemExit(1 if errors or unhealthy or stubs_before != stubs_after else 0)
 
 

@@ -1,4 +1,5 @@
 """The client library against the real tritonserver."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,8 +24,9 @@ def config(server, transport: str, model: str, **timeouts) -> ClientConfig:
 def kv_blocks_used(metrics_url: str) -> float:
     url = metrics_url if metrics_url.rstrip("/").endswith("/metrics") else metrics_url.rstrip("/") + "/metrics"
     text = httpx.get(url, timeout=5).text
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith("llm_kv_cache_blocks_used")]
+    values = [
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("llm_kv_cache_blocks_used")
+    ]
     if not values:
         raise AssertionError("llm_kv_cache_blocks_used is missing from the metrics")
     return sum(values)
@@ -36,8 +38,9 @@ def test_sse_and_grpc_give_identical_greedy_text(triton_server, model):
         results = []
         for transport in ("sse", "grpc"):
             async with AsyncLLMClient(config(triton_server, transport, model)) as client:
-                results.append(await client.generate("", messages=PARIS, max_tokens=24, temperature=0.0,
-                                                     return_output_ids=True))
+                results.append(
+                    await client.generate("", messages=PARIS, max_tokens=24, temperature=0.0, return_output_ids=True)
+                )
         return results
 
     sse, grpc = asyncio.run(both())

@@ -1,6 +1,7 @@
 """`continuation_ids` against the real tritonserver: a greedy answer cut after
 10 tokens and continued from those ids (as the gateway does when a stream's
 replica dies) is the uninterrupted answer, text and ids alike."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,10 +15,13 @@ POEM = [{"role": "user", "content": "Write a short poem about the sea."}]
 TOTAL, CUT = 24, 10
 
 
-@pytest.mark.parametrize(("model", "transport", "streaming"), [
-    ("ensemble", "grpc", True), ("llm_bls", "sse", True), ("ensemble", "sse", False)])
-def test_a_continued_answer_equals_the_uninterrupted_one(triton_server, model: str, transport: str,
-                                                         streaming: bool) -> None:
+@pytest.mark.parametrize(
+    ("model", "transport", "streaming"),
+    [("ensemble", "grpc", True), ("llm_bls", "sse", True), ("ensemble", "sse", False)],
+)
+def test_a_continued_answer_equals_the_uninterrupted_one(
+    triton_server, model: str, transport: str, streaming: bool
+) -> None:
     url = triton_server.http_url if transport == "sse" else triton_server.grpc_url
     # ignore_eos: the answer really runs to TOTAL tokens, past the cut
     greedy = dict(messages=POEM, temperature=0.0, ignore_eos=True, return_output_ids=True)
@@ -26,8 +30,9 @@ def test_a_continued_answer_equals_the_uninterrupted_one(triton_server, model: s
         async with AsyncLLMClient(ClientConfig(url=url, transport=transport, model=model)) as client:
             whole = await client.generate(max_tokens=TOTAL, **greedy)
             head = await client.generate(max_tokens=CUT, **greedy)
-            rest = await client.stream(max_tokens=TOTAL, continuation_ids=head.output_ids, streaming=streaming,
-                                       **greedy).collect()
+            rest = await client.stream(
+                max_tokens=TOTAL, continuation_ids=head.output_ids, streaming=streaming, **greedy
+            ).collect()
             return whole, head, rest
 
     whole, head, rest = asyncio.run(answers())
@@ -47,12 +52,18 @@ def test_with_the_input_echoed_the_continuation_follows_the_prompt(triton_server
     async def answers() -> tuple[GenerationResult, GenerationResult]:
         async with AsyncLLMClient(ClientConfig(url=triton_server.http_url, model="ensemble")) as client:
             whole = await client.generate("The sea is", max_tokens=CUT + 2, **greedy)
-            echoed = await client.stream("The sea is", max_tokens=CUT + 2, continuation_ids=whole.output_ids[:CUT],
-                                         exclude_input_in_output=False, streaming=False, **greedy).collect()
+            echoed = await client.stream(
+                "The sea is",
+                max_tokens=CUT + 2,
+                continuation_ids=whole.output_ids[:CUT],
+                exclude_input_in_output=False,
+                streaming=False,
+                **greedy,
+            ).collect()
             return whole, echoed
 
     whole, echoed = asyncio.run(answers())
-    assert echoed.output_ids[-(CUT + 2):] == whole.output_ids
+    assert echoed.output_ids[-(CUT + 2) :] == whole.output_ids
     assert echoed.text.startswith("The sea is") and echoed.text.endswith(whole.text)
 
 

@@ -6,6 +6,7 @@ The server becomes ready, the readiness probe's command (an inference check
 against the golden answer) passes and fails a wrong golden, the preStop
 drain returns on an idle engine, Triton's log reaches the container's output,
 and SIGTERM (what `docker stop` and Kubernetes send) stops it cleanly."""
+
 from __future__ import annotations
 
 import json
@@ -77,7 +78,7 @@ def parse_dockerfile(path: Path) -> Image:
             value = json.loads(rest)
             assert isinstance(value, list), f"{keyword} must be in exec form (signals reach the process)"
             if keyword == "ENTRYPOINT":
-                image.entrypoint, image.cmd = value, []      # a new ENTRYPOINT resets CMD
+                image.entrypoint, image.cmd = value, []  # a new ENTRYPOINT resets CMD
             else:
                 image.cmd = value
     return image
@@ -92,23 +93,34 @@ def test_the_dockerfile_is_parsed():
 
 def local_command(image: Image) -> list[str]:
     """The image's command with its paths on this checkout (the image copies the repo to WORKDIR)."""
+
     def here(arg: str) -> str:
-        return str(REPO_ROOT) + arg[len(image.workdir):] if arg.startswith(image.workdir + "/") else arg
+        return str(REPO_ROOT) + arg[len(image.workdir) :] if arg.startswith(image.workdir + "/") else arg
+
     return [here(arg) for arg in [*image.entrypoint, *image.cmd]]
 
 
 def local_env(image: Image, build_dir: Path, ports: dict[str, int]) -> dict[str, str]:
     venv = Path(sys.executable).parent.parent
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith("LLM__") and k not in ("LLM_MODEL_DIR", "LLM_TRITON_ADMIN_KEY")}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("LLM__") and k not in ("LLM_MODEL_DIR", "LLM_TRITON_ADMIN_KEY")
+    }
     env = dict(base)
     for key, value in image.env.items():
         value = value.replace(image.env.get("VIRTUAL_ENV", "/opt/venv"), str(venv))
         env[key] = value.replace("$PATH", base.get("PATH", ""))
     # the image's own folders: the converted model where this machine keeps it, a fresh build dir
     env["LLM_CACHE_DIR"], env["LLM_BUILD_DIR"] = str(CACHE_DIR), str(build_dir)
-    env.update({"LLM_TRITON_ADDRESS": "127.0.0.1", "LLM_TRITON_HTTP_PORT": str(ports["http"]),
-                "LLM_TRITON_GRPC_PORT": str(ports["grpc"]), "LLM_TRITON_METRICS_PORT": str(ports["metrics"])})
+    env.update(
+        {
+            "LLM_TRITON_ADDRESS": "127.0.0.1",
+            "LLM_TRITON_HTTP_PORT": str(ports["http"]),
+            "LLM_TRITON_GRPC_PORT": str(ports["grpc"]),
+            "LLM_TRITON_METRICS_PORT": str(ports["metrics"]),
+        }
+    )
     return env
 
 
@@ -121,8 +133,7 @@ class Container:
     output: Path
 
     def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(list(args), env=self.env, cwd=REPO_ROOT, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(list(args), env=self.env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 def _ready(port: int) -> bool:
@@ -139,7 +150,7 @@ def container(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     work = tmp_path_factory.mktemp("image")
     build_dir = work / "build"
     known = golden_path(model_dir, BUILD_DIR)
-    if known.is_file():     # what the image records at build (prepare-model); else serve computes it
+    if known.is_file():  # what the image records at build (prepare-model); else serve computes it
         (build_dir / "probe").mkdir(parents=True)
         shutil.copy2(known, build_dir / "probe" / known.name)
     http, grpc, metrics = free_local_ports(3)
@@ -147,8 +158,9 @@ def container(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     env = local_env(image, build_dir, ports)
     output = work / "output.log"
     with open(output, "wb") as sink:
-        process = subprocess.Popen(local_command(image), env=env, cwd=REPO_ROOT, stdout=sink,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            local_command(image), env=env, cwd=REPO_ROOT, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
     started = Container(process, env, ports, build_dir, output)
     try:
         t0 = time.monotonic()
@@ -166,7 +178,7 @@ def container(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
             except subprocess.TimeoutExpired:
                 pass
         try:
-            os.killpg(process.pid, signal.SIGKILL)      # whatever is left of the group (tail, stubs)
+            os.killpg(process.pid, signal.SIGKILL)  # whatever is left of the group (tail, stubs)
         except ProcessLookupError:
             pass
 

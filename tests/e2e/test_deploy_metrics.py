@@ -5,6 +5,7 @@ started with the image's `gateway` command and compose's kind of settings:
 replicas found by DNS, the golden answer, a key store), after one request.
 The names are parsed from the files themselves (tests/unit/deploy/references.py
 says what "present" means: a declared family counts, samples or not)."""
+
 from __future__ import annotations
 
 import os
@@ -53,22 +54,35 @@ def gateway(triton_server: TritonServer, model_dir: Path, tmp_path_factory: pyte
     key = keys.create("paid", label="deploy-metrics").key
     golden = ensure_golden(model_dir, build_dir=BUILD_DIR)
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLM__")}
-    env.update({
-        # the image's PATH: its virtualenv first (here, the one running the tests)
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-        "LLM_BUILD_DIR": str(work / "build"),
-        "LLM__GATEWAY__HOST": "127.0.0.1", "LLM__GATEWAY__PORT": str(port), "LLM__GATEWAY__PUBLIC_GRPC_PORT": "0",
-        "LLM__GATEWAY__OPS_PORT": str(ops_port),        # /metrics: the ops port, as Prometheus scrapes it
-        # found by name, as compose and Kubernetes find the replicas
-        "LLM__GATEWAY__FLEET__DISCOVERY_DNS": f"127.0.0.1:{triton_server.options.grpc_port}",
-        "LLM__GATEWAY__FLEET__DISCOVERY_METRICS_PORT": str(triton_server.options.metrics_port),
-        "LLM__GATEWAY__FLEET__PROBE_GOLDEN_FILE": str(golden), "LLM__GATEWAY__FLEET__PROBE_INTERVAL_S": "1",
-        "LLM__GATEWAY__KEYS_FILE": str(keys.path), "LLM__GATEWAY__ADMIN_KEY_FILE": str(work / "admin_key"),
-        "PYTHONUNBUFFERED": "1"})
+    env.update(
+        {
+            # the image's PATH: its virtualenv first (here, the one running the tests)
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+            "LLM_BUILD_DIR": str(work / "build"),
+            "LLM__GATEWAY__HOST": "127.0.0.1",
+            "LLM__GATEWAY__PORT": str(port),
+            "LLM__GATEWAY__PUBLIC_GRPC_PORT": "0",
+            "LLM__GATEWAY__OPS_PORT": str(ops_port),  # /metrics: the ops port, as Prometheus scrapes it
+            # found by name, as compose and Kubernetes find the replicas
+            "LLM__GATEWAY__FLEET__DISCOVERY_DNS": f"127.0.0.1:{triton_server.options.grpc_port}",
+            "LLM__GATEWAY__FLEET__DISCOVERY_METRICS_PORT": str(triton_server.options.metrics_port),
+            "LLM__GATEWAY__FLEET__PROBE_GOLDEN_FILE": str(golden),
+            "LLM__GATEWAY__FLEET__PROBE_INTERVAL_S": "1",
+            "LLM__GATEWAY__KEYS_FILE": str(keys.path),
+            "LLM__GATEWAY__ADMIN_KEY_FILE": str(work / "admin_key"),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     log = work / "gateway.log"
     with open(log, "wb") as sink:
-        process = subprocess.Popen([str(ENTRYPOINT), "gateway"], env=env, cwd=REPO_ROOT, stdout=sink,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            [str(ENTRYPOINT), "gateway"],
+            env=env,
+            cwd=REPO_ROOT,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -88,12 +102,17 @@ def gateway(triton_server: TritonServer, model_dir: Path, tmp_path_factory: pyte
 
 def test_every_referenced_metric_is_exposed(gateway: dict, triton_server: TritonServer):
     # one request through the stack (the replica must first pass its probe)
-    answer = httpx.post(f"{gateway['url']}/v1/completions", timeout=120,
-                        headers={"Authorization": f"Bearer {gateway['key']}"},
-                        json={"model": "ensemble", "prompt": "1, 2, 3,", "max_tokens": 4, "temperature": 0})
+    answer = httpx.post(
+        f"{gateway['url']}/v1/completions",
+        timeout=120,
+        headers={"Authorization": f"Bearer {gateway['key']}"},
+        json={"model": "ensemble", "prompt": "1, 2, 3,", "max_tokens": 4, "temperature": 0},
+    )
     assert answer.status_code == 200, answer.text
-    expositions = {"gateway": Exposition.parse(httpx.get(gateway["metrics_url"], timeout=10).text),
-                   "triton": Exposition.parse(httpx.get(triton_server.metrics_url, timeout=10).text)}
+    expositions = {
+        "gateway": Exposition.parse(httpx.get(gateway["metrics_url"], timeout=10).text),
+        "triton": Exposition.parse(httpx.get(triton_server.metrics_url, timeout=10).text),
+    }
     settings = DeploymentSettings.load(environ={}, default_model_dir=lambda: "/models/m")
     manifests = render(settings, load_profile("cpu", ["inference_pool=true"]))
     references = collect(monitoring.rule_files(), monitoring.dashboard_files(), manifests).scraped()

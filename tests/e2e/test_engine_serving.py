@@ -1,5 +1,6 @@
 """The engine behind `python_llm` on the real server, called
 directly (TensorRT-LLM's tensors), frees, preempts, rejects and times out."""
+
 from __future__ import annotations
 
 import queue
@@ -29,16 +30,24 @@ def _ids(tokenizer: Tokenizer, text: str) -> list[int]:
 
 
 def llm_body(ids: list[int], max_tokens: int, **extra) -> dict:
-    return {"input_ids": ids, "input_lengths": [len(ids)], "request_output_len": [max_tokens],
-            "streaming": True, "temperature": 0.0, **extra}
+    return {
+        "input_ids": ids,
+        "input_lengths": [len(ids)],
+        "request_output_len": [max_tokens],
+        "streaming": True,
+        "temperature": 0.0,
+        **extra,
+    }
 
 
 def llm_grpc_inputs(ids: list[int], max_tokens: int, **extra) -> dict:
-    inputs = {"input_ids": np.asarray([ids], dtype=np.int32),
-              "input_lengths": np.asarray([[len(ids)]], dtype=np.int32),
-              "request_output_len": np.asarray([[max_tokens]], dtype=np.int32),
-              "streaming": np.asarray([[True]], dtype=np.bool_),
-              "temperature": np.asarray([[0.0]], dtype=np.float32)}
+    inputs = {
+        "input_ids": np.asarray([ids], dtype=np.int32),
+        "input_lengths": np.asarray([[len(ids)]], dtype=np.int32),
+        "request_output_len": np.asarray([[max_tokens]], dtype=np.int32),
+        "streaming": np.asarray([[True]], dtype=np.bool_),
+        "temperature": np.asarray([[0.0]], dtype=np.float32),
+    }
     for name, value in extra.items():
         dtype = np.bool_ if isinstance(value, bool) else np.int32
         inputs[name] = np.asarray([[value]], dtype=dtype)
@@ -61,10 +70,11 @@ def test_fifty_cancelled_streams_free_their_blocks(triton_server, tokenizer):
     def sse_disconnect(i: int) -> None:
         with httpx.Client(timeout=120) as client:
             body = llm_body(prompt + [i % 50 + 100], 400, ignore_eos=True)
-            with connect_sse(client, "POST", f"{server.http_url}/v2/models/python_llm/generate_stream",
-                             json=body) as source:
+            with connect_sse(
+                client, "POST", f"{server.http_url}/v2/models/python_llm/generate_stream", json=body
+            ) as source:
                 for _ in source.iter_sse():
-                    break               # one token seen: the request is running
+                    break  # one token seen: the request is running
                 started.wait(120)
                 release.wait(120)
             # leaving the block closes the connection mid-stream
@@ -75,8 +85,11 @@ def test_fifty_cancelled_streams_free_their_blocks(triton_server, tokenizer):
         client.start_stream(callback=lambda result, error: got_first.put(error))
         inputs = []
         for name, array in llm_grpc_inputs(prompt + [i % 50 + 200], 400, ignore_eos=True).items():
-            t = grpcclient.InferInput(name, list(array.shape), "BOOL" if array.dtype == np.bool_ else
-                                      "FP32" if array.dtype == np.float32 else "INT32")
+            t = grpcclient.InferInput(
+                name,
+                list(array.shape),
+                "BOOL" if array.dtype == np.bool_ else "FP32" if array.dtype == np.float32 else "INT32",
+            )
             t.set_data_from_numpy(array)
             inputs.append(t)
         client.async_stream_infer("python_llm", inputs)
@@ -88,7 +101,7 @@ def test_fifty_cancelled_streams_free_their_blocks(triton_server, tokenizer):
 
     with ThreadPoolExecutor(50) as pool:
         futures = [pool.submit(sse_disconnect if i < 25 else grpc_cancel, i) for i in range(50)]
-        started.wait(180)               # all 50 have streamed a token
+        started.wait(180)  # all 50 have streamed a token
         busy = _metric(server, "llm_kv_cache_blocks_used")
         assert busy > idle, (busy, idle)
         t0 = time.monotonic()
@@ -98,14 +111,16 @@ def test_fifty_cancelled_streams_free_their_blocks(triton_server, tokenizer):
     took = wait_for(lambda: _metric(server, "llm_kv_cache_blocks_used") == idle, 60)
     freed_s = time.monotonic() - t0
     wait_for(lambda: _metric(server, "llm_requests_cancelled_total") >= cancelled_before + 50, 60)
-    print(f"\n[50 cancels: blocks {busy:.0f} -> {idle:.0f} in {freed_s:.2f} s after the cancels "
-          f"({took:.2f} s of polling)]")
+    print(
+        f"\n[50 cancels: blocks {busy:.0f} -> {idle:.0f} in {freed_s:.2f} s after the cancels "
+        f"({took:.2f} s of polling)]"
+    )
     assert _metric(server, "llm_requests_cancelled_total") == cancelled_before + 50
 
 
 def test_prefix_cache_hits_for_a_shared_long_prompt(triton_server, tokenizer):
     server = triton_server
-    shared = _ids(tokenizer, "You are a meticulous assistant. " * 20)          # > 100 tokens
+    shared = _ids(tokenizer, "You are a meticulous assistant. " * 20)  # > 100 tokens
     block = 16
     before = _metric(server, "llm_prefix_cache_hit_tokens_total")
     for suffix in ("Say hi.", "Say bye."):
@@ -150,11 +165,15 @@ def short_queue_server(start_triton):
 def test_burst_beyond_kv_capacity_completes_through_preemption(small_kv_server, tokenizer):
     server = small_kv_server
     preempted_before = _metric(server, "llm_preemptions_total")
-    prompt = _ids(tokenizer, "Tell me about the history of Rome.")              # ~8 tokens
+    prompt = _ids(tokenizer, "Tell me about the history of Rome.")  # ~8 tokens
     # 8 requests x (9 + 120) tokens = 72 blocks over time on a 32-block cache
     with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(lambda i: sse_stream(server.http_url, "python_llm",
-                                                     llm_body(prompt + [300 + i], 120, ignore_eos=True)), range(8)))
+        results = list(
+            pool.map(
+                lambda i: sse_stream(server.http_url, "python_llm", llm_body(prompt + [300 + i], 120, ignore_eos=True)),
+                range(8),
+            )
+        )
     for r in results:
         assert r.error is None, r.error
         assert sum(np.asarray(e["output_ids"]).size for e in r.events) == 120
@@ -179,8 +198,9 @@ def test_burst_past_the_queue_is_rejected_fast_and_the_rest_complete(short_queue
     assert rejected, "expected some overloaded: rejections"
     assert len(rejected) + len(completed) == 24, [r.error for r, _ in results if r.error]
     slowest_rejection = max(t for _, t in rejected)
-    print(f"\n[{len(rejected)} rejected (slowest answer {slowest_rejection * 1000:.0f} ms), "
-          f"{len(completed)} completed]")
+    print(
+        f"\n[{len(rejected)} rejected (slowest answer {slowest_rejection * 1000:.0f} ms), {len(completed)} completed]"
+    )
     assert slowest_rejection < 10.0, "a rejection must not wait for capacity"
     assert _metric(server, "llm_requests_rejected_total") == rejected_before + len(rejected)
 
@@ -190,7 +210,7 @@ def test_engine_failure_fails_requests_and_the_server_exits_non_zero(start_trito
     try:
         r = sse_stream(server.http_url, "python_llm", llm_body(_ids(tokenizer, "Hello there"), 32, ignore_eos=True))
         assert r.error is not None and "engine failed: RuntimeError: injected failure" in r.error, r.error
-        assert len(r.events) <= 3                       # the stream ended, with an error, after 3 steps
+        assert len(r.events) <= 3  # the stream ended, with an error, after 3 steps
         process = server.process
         assert process is not None
         t0 = time.monotonic()

@@ -1,5 +1,6 @@
 """The real Triton stack end to end on the default model: streaming over SSE,
 gRPC and generate, batching, bad requests, metrics, the server's allocator."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,9 @@ def test_paris_streams_identically_over_sse_grpc_and_generate(triton_server):
     assert len(sse.deltas) > 3, "expected a real stream of deltas"
     assert sse.finish_reason == "stop"
 
-    grpc = grpc_stream(triton_server.grpc_url, "ensemble",
-                       {"text_input": "", "messages": CHAT_PARIS, "stream": True, **GREEDY})
+    grpc = grpc_stream(
+        triton_server.grpc_url, "ensemble", {"text_input": "", "messages": CHAT_PARIS, "stream": True, **GREEDY}
+    )
     assert grpc.error is None, grpc.error
     assert grpc.text == sse.text
     assert grpc.final_flags[-1] is True
@@ -40,8 +42,9 @@ def test_paris_streams_identically_over_sse_grpc_and_generate(triton_server):
     assert grpc.events[-1].get("finish_reason") == ["stop"]
     assert grpc.final_flags.count(True) == 1
 
-    status, whole = generate(triton_server.http_url, "ensemble",
-                             {"text_input": "", "messages": CHAT_PARIS, "stream": False, **GREEDY})
+    status, whole = generate(
+        triton_server.http_url, "ensemble", {"text_input": "", "messages": CHAT_PARIS, "stream": False, **GREEDY}
+    )
     assert status == 200, whole
     assert whole["text_output"] == sse.text
 
@@ -58,9 +61,11 @@ def test_sixteen_concurrent_streams_share_forward_passes(triton_server):
         assert r.text == alone.text
 
     after = histogram_buckets(triton_server.metrics_url, "llm_batch_size")
+
     # steps that ran with >= 8 sequences: all observations minus those <= 7
     def at_least_8(b: dict[float, float]) -> float:
         return b[float("inf")] - b[7.0]
+
     assert at_least_8(after) - at_least_8(before) > 0, (before, after)
 
 
@@ -125,8 +130,13 @@ def test_grpc_wrong_dtype_and_non_utf8_are_rejected(triton_server):
 
 def test_engine_metrics_are_exported(triton_server):
     values = scrape_metrics(triton_server.metrics_url)
-    for name in ("llm_kv_cache_blocks_capacity", "llm_kv_cache_blocks_used", "llm_num_requests_running",
-                 "llm_generation_tokens_total", "llm_time_to_first_token_seconds_count"):
+    for name in (
+        "llm_kv_cache_blocks_capacity",
+        "llm_kv_cache_blocks_used",
+        "llm_num_requests_running",
+        "llm_generation_tokens_total",
+        "llm_time_to_first_token_seconds_count",
+    ):
         assert name in values, name
     assert values["llm_kv_cache_blocks_capacity"] > 0
 
@@ -140,7 +150,7 @@ def _descendants(pid: int) -> list[int]:
                 # the field after the parenthesised name (which may hold spaces): state, then ppid
                 parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
-                continue   # a process that ended meanwhile
+                continue  # a process that ended meanwhile
     found, frontier = [], [pid]
     while frontier:
         children = [child for child, parent in parents.items() if parent in frontier]

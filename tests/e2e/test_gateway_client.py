@@ -2,6 +2,7 @@
 key on every request, a stream cut by the network (a TCP proxy that drops the
 connection mid-answer) resumed on its own into exactly the uninterrupted
 greedy text, and a cancel that is a `DELETE` freeing the KV blocks."""
+
 from __future__ import annotations
 
 import asyncio
@@ -33,6 +34,7 @@ def generate(url: str, key: str | None, **options: object):
     async def run():
         async with AsyncLLMClient(ClientConfig(url=url, api_key=key)) as client:
             return await client.generate(PROMPT, **{**GREEDY, **options})
+
     return asyncio.run(run())
 
 
@@ -56,8 +58,10 @@ def test_a_stream_cut_by_the_network_is_resumed_into_the_uninterrupted_text(gate
         took = time.monotonic() - started
     finally:
         proxy.stop()
-    print(f"\n[cut after ~6 events, resumed {resumed.resumes}x through {proxy.connections} connections; "
-          f"{resumed.num_output_tokens} tokens in {took:.2f} s]")
+    print(
+        f"\n[cut after ~6 events, resumed {resumed.resumes}x through {proxy.connections} connections; "
+        f"{resumed.num_output_tokens} tokens in {took:.2f} s]"
+    )
     assert proxy.cuts == 1, "the proxy never cut the stream: nothing was tested"
     assert resumed.error is None, resumed.error
     assert resumed.resumes == 1
@@ -76,7 +80,7 @@ def test_a_cancel_through_the_gateway_is_a_delete_that_frees_the_kv_blocks(gatew
                 if seen >= 3:
                     break
             busy = kv_blocks_used(triton_server)
-            await stream.aclose()         # the library sends DELETE /v1/streams/{id}
+            await stream.aclose()  # the library sends DELETE /v1/streams/{id}
             return busy
 
     busy = asyncio.run(cancel_mid_stream())

@@ -23,6 +23,7 @@ operation, one worker, a request timeout, a fixed seed (`FUZZ_SEED` /
 `FUZZ_MAX_EXAMPLES` change them). The key's tier caps `max_tokens` at 1 and
 sets no rate limit, so a fuzzed `max_tokens` cannot make a run long and no 429
 hides a request."""
+
 from __future__ import annotations
 
 import collections
@@ -47,9 +48,9 @@ pytestmark = pytest.mark.e2e
 
 MAX_EXAMPLES = int(os.environ.get("FUZZ_MAX_EXAMPLES", "60"))
 SEED = int(os.environ.get("FUZZ_SEED", "20261201"))
-RUN_TIMEOUT_S = 540           # the whole Schemathesis run: about 4 min on 2 busy cores
+RUN_TIMEOUT_S = 540  # the whole Schemathesis run: about 4 min on 2 busy cores
 REQUEST_TIMEOUT_S = 60
-TOKENS_CAP = 1                # the fuzz tier's max_tokens_cap: each accepted case is one engine token
+TOKENS_CAP = 1  # the fuzz tier's max_tokens_cap: each accepted case is one engine token
 PUBLIC_MODELS = ("ensemble", "llm_bls")
 GENERATION = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 GENERATION_ROUTES = ("chat", "completions", "responses")
@@ -70,7 +71,7 @@ MIN_POSITIVE_ACCEPTED = 0.5
 #   operations (`/v1/responses/{id}`, `/v1/streams/{id}`) answer 404 for ids
 #   nobody was issued, by design (ids are random and scoped to the key); the
 #   test asserts that this warning names no other operation.
-CONFIG = '''
+CONFIG = """
 [phases.coverage.generation]
 mode = "negative"
 
@@ -92,14 +93,18 @@ fail-on = ["validation_mismatch", "low_valid_rate", "missing_auth", "rate_limite
 include-path-regex = "[{](response|stream)_id[}]"
 warnings.fail-on = ["validation_mismatch", "low_valid_rate", "rate_limited", "base_url_mismatch",
                     "missing_deserializer", "unresolvable_reference", "unsupported_regex"]
-'''
+"""
 # what Schemathesis prints when the schema and the validation disagree
-MISMATCH_WARNINGS = ("mostly rejected generated data", "Schema validation mismatch", "Low valid-input rate",
-                     "accepted few of the requests")
+MISMATCH_WARNINGS = (
+    "mostly rejected generated data",
+    "Schema validation mismatch",
+    "Low valid-input rate",
+    "accepted few of the requests",
+)
 ID_ADDRESSED = ("/v1/responses/{response_id}", "/v1/responses/{response_id}/cancel", "/v1/streams/{stream_id}")
 
 # Loaded by `st run` (SCHEMATHESIS_HOOKS): one JSON line per response and network error in $FUZZ_LOG.
-HOOKS = '''
+HOOKS = """
 import json, os
 import schemathesis
 
@@ -136,46 +141,73 @@ def after_network_error(context, case, request):
     _write({"kind": "network_error", "method": case.method, "path": case.path, "status": None,
             "body": json.dumps(case.body, default=repr)[:2000]})
 
-'''
+"""
 
 
 @pytest.fixture(scope="module")
 def fuzz_gateway(triton_server: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzGateway]:
-    with fuzz_gateway_process(triton_server, tmp_path_factory.mktemp("gateway-fuzz"), tokens_cap=TOKENS_CAP,
-                              label="schemathesis") as gateway:
+    with fuzz_gateway_process(
+        triton_server, tmp_path_factory.mktemp("gateway-fuzz"), tokens_cap=TOKENS_CAP, label="schemathesis"
+    ) as gateway:
         yield gateway
 
 
 def _sum(metrics: dict[str, float], name: str, **labels: str) -> float:
     """A metric summed over the label sets that have all of `labels`."""
     wanted = [f'{k}="{v}"' for k, v in labels.items()]
-    return sum(value for key, value in metrics.items()
-               if key.startswith(name + "{") and all(w in key for w in wanted))
+    return sum(value for key, value in metrics.items() if key.startswith(name + "{") and all(w in key for w in wanted))
 
 
 def _triton_requests(metrics: dict[str, float]) -> float:
-    return sum(_sum(metrics, name, model=model) for name in ("nv_inference_request_success",
-                                                               "nv_inference_request_failure")
-               for model in PUBLIC_MODELS)
+    return sum(
+        _sum(metrics, name, model=model)
+        for name in ("nv_inference_request_success", "nv_inference_request_failure")
+        for model in PUBLIC_MODELS
+    )
 
 
 def _run_schemathesis(fuzz_gateway: FuzzGateway, work: Path) -> tuple[subprocess.CompletedProcess[str], float]:
     hooks, config = work / "fuzz_hooks.py", work / "schemathesis.toml"
     hooks.write_text(HOOKS)
     config.write_text(CONFIG)
-    command = [str(Path(sys.executable).with_name("st")), "--config-file", str(config), "run",
-               f"{fuzz_gateway.url}/openapi.json", "--checks", "all",
-               "--header", f"Authorization: Bearer {fuzz_gateway.key}",
-               "--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED), "--workers", "1",
-               "--request-timeout", str(REQUEST_TIMEOUT_S), "--continue-on-failure",
-               "--generation-database", "none", "--no-color",
-               "--report", "junit", "--report-junit-path", str(work / "junit.xml")]
+    command = [
+        str(Path(sys.executable).with_name("st")),
+        "--config-file",
+        str(config),
+        "run",
+        f"{fuzz_gateway.url}/openapi.json",
+        "--checks",
+        "all",
+        "--header",
+        f"Authorization: Bearer {fuzz_gateway.key}",
+        "--max-examples",
+        str(MAX_EXAMPLES),
+        "--seed",
+        str(SEED),
+        "--workers",
+        "1",
+        "--request-timeout",
+        str(REQUEST_TIMEOUT_S),
+        "--continue-on-failure",
+        "--generation-database",
+        "none",
+        "--no-color",
+        "--report",
+        "junit",
+        "--report-junit-path",
+        str(work / "junit.xml"),
+    ]
     started = time.monotonic()
     try:
         # cwd: anything Schemathesis writes (reports) stays in the test's directory
-        run = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-                             env={**os.environ, "SCHEMATHESIS_HOOKS": str(hooks),
-                                  "FUZZ_LOG": str(work / "fuzz.jsonl")})
+        run = subprocess.run(
+            command,
+            cwd=work,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+            env={**os.environ, "SCHEMATHESIS_HOOKS": str(hooks), "FUZZ_LOG": str(work / "fuzz.jsonl")},
+        )
     except subprocess.TimeoutExpired as exc:
         shown = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
         pytest.fail(f"Schemathesis ran over {RUN_TIMEOUT_S} s; its output so far:\n{shown[-4000:]}")
@@ -190,18 +222,20 @@ def _print_statuses(responses: list[dict[str, Any]]) -> None:
         print(f"    {method:7} {path:36} {mode or '-':9} {status}: {count}")
 
 
-def test_schemathesis_passes_on_the_published_schema_and_reaches_triton(fuzz_gateway: FuzzGateway,
-                                                                         triton_server: TritonServer,
-                                                                         tmp_path: Path) -> None:
+def test_schemathesis_passes_on_the_published_schema_and_reaches_triton(
+    fuzz_gateway: FuzzGateway, triton_server: TritonServer, tmp_path: Path
+) -> None:
     metrics_url = fuzz_gateway.process.metrics_url
     assert metrics_url, "the fuzzed gateway serves its /metrics on the ops listener"
     gateway_before, triton_before = scrape_metrics(metrics_url), scrape_metrics(triton_server.metrics_url)
     run, elapsed = _run_schemathesis(fuzz_gateway, tmp_path)
     gateway_after, triton_after = scrape_metrics(metrics_url), scrape_metrics(triton_server.metrics_url)
     output = run.stdout + run.stderr
-    summary = output[output.find("SUMMARY") - 40:] if "SUMMARY" in output else output[-6000:]
-    print(f"\n[schemathesis] st run {fuzz_gateway.url}/openapi.json --checks all -n {MAX_EXAMPLES} --seed {SEED}: "
-          f"exit {run.returncode} in {elapsed:.0f} s\n{summary}")
+    summary = output[output.find("SUMMARY") - 40 :] if "SUMMARY" in output else output[-6000:]
+    print(
+        f"\n[schemathesis] st run {fuzz_gateway.url}/openapi.json --checks all -n {MAX_EXAMPLES} --seed {SEED}: "
+        f"exit {run.returncode} in {elapsed:.0f} s\n{summary}"
+    )
 
     log = tmp_path / "fuzz.jsonl"
     records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
@@ -211,10 +245,11 @@ def test_schemathesis_passes_on_the_published_schema_and_reaches_triton(fuzz_gat
     positive = [r for r in responses if r["method"] == "POST" and r["path"] in GENERATION and r["mode"] == "positive"]
     accepted = [r for r in positive if 200 <= r["status"] < 300]
     share = len(accepted) / max(len(positive), 1)
-    print(f"[schemathesis] {len(responses)} responses, {len(lost)} network errors; positive POSTs on the "
-          f"generation routes: {len(accepted)} of {len(positive)} accepted ({100 * share:.1f} %)")
-    refusals = collections.Counter(f"{r['status']} {(r['error'] or '')[:150]}" for r in positive
-                                   if r["status"] >= 400)
+    print(
+        f"[schemathesis] {len(responses)} responses, {len(lost)} network errors; positive POSTs on the "
+        f"generation routes: {len(accepted)} of {len(positive)} accepted ({100 * share:.1f} %)"
+    )
+    refusals = collections.Counter(f"{r['status']} {(r['error'] or '')[:150]}" for r in positive if r["status"] >= 400)
     for message, count in refusals.most_common(8):
         print(f"    refused positive {count:4}× {message}")
 
@@ -224,7 +259,8 @@ def test_schemathesis_passes_on_the_published_schema_and_reaches_triton(fuzz_gat
     assert not mismatch, f"Schemathesis warns that the schema and the validation disagree: {mismatch}"
     # the one warning allowed: only the id-addressed operations answered their positive cases 404
     unreachable = {(r["method"], r["path"]) for r in responses if r["mode"] == "positive"} - {
-        (r["method"], r["path"]) for r in responses if r["mode"] == "positive" and r["status"] != 404}
+        (r["method"], r["path"]) for r in responses if r["mode"] == "positive" and r["status"] != 404
+    }
     assert {path for _, path in unreachable} <= set(ID_ADDRESSED), unreachable
     missing = re.search(r"Missing test data: (\d+) operation", output)
     assert missing is None or int(missing.group(1)) <= len(unreachable), missing.group(0)
@@ -232,21 +268,28 @@ def test_schemathesis_passes_on_the_published_schema_and_reaches_triton(fuzz_gat
     assert {("POST", p) for p in GENERATION} | {("GET", "/v1/models"), ("GET", "/v1/models/{model}")} <= operations
 
     # no 5xx but the caller's own deadline, nothing lost
-    own_deadline = [r for r in responses if r["status"] == 504 and r["token_timeout_ms"]
-                    and "upstream_timeout" in (r["error"] or "")]
+    own_deadline = [
+        r
+        for r in responses
+        if r["status"] == 504 and r["token_timeout_ms"] and "upstream_timeout" in (r["error"] or "")
+    ]
     server_errors = [r for r in responses if r["status"] >= 500 and r not in own_deadline]
     print(f"[schemathesis] {len(own_deadline)} answers were the caller's own token_timeout_ms expiring (504)")
     assert not server_errors, f"{len(server_errors)} responses ≥ 500: " + "; ".join(
-        f"{r['method']} {r['path']} {r['body']} → {r['status']} {r['error']}" for r in server_errors[:5])
+        f"{r['method']} {r['path']} {r['body']} → {r['status']} {r['error']}" for r in server_errors[:5]
+    )
     assert not lost, f"{len(lost)} requests got no response (timeout or connection lost): {lost[:5]}"
     assert share > MIN_POSITIVE_ACCEPTED, f"only {100 * share:.1f} % of the schema-valid bodies were accepted"
 
     answered = _sum(gateway_after, "gateway_key_requests_total") - _sum(gateway_before, "gateway_key_requests_total")
-    refused_upstream = (_sum(gateway_after, "gateway_upstream_errors_total")
-                        - _sum(gateway_before, "gateway_upstream_errors_total"))
+    refused_upstream = _sum(gateway_after, "gateway_upstream_errors_total") - _sum(
+        gateway_before, "gateway_upstream_errors_total"
+    )
     triton_requests = _triton_requests(triton_after) - _triton_requests(triton_before)
-    print(f"[schemathesis] reached Triton: {answered:.0f} answered by the engine + {refused_upstream:.0f} engine "
-          f"refusals; Triton counted {triton_requests:.0f} inference requests (n > 1 fans out)")
+    print(
+        f"[schemathesis] reached Triton: {answered:.0f} answered by the engine + {refused_upstream:.0f} engine "
+        f"refusals; Triton counted {triton_requests:.0f} inference requests (n > 1 fans out)"
+    )
     assert answered > 0, "no generated request reached the engine: the fuzz was all refused at the door"
     assert triton_requests >= answered, (triton_requests, answered)
 
@@ -255,15 +298,24 @@ def test_schemathesis_passes_on_the_published_schema_and_reaches_triton(fuzz_gat
     assert health.status_code == 200 and health.json()["status"] == "ok" and health.json()["replicas_routable"] == 1
     assert fuzz_gateway.process.alive()
     assert triton_server.is_ready()
-    answer = httpx.post(f"{fuzz_gateway.url}/v1/chat/completions", timeout=120,
-                        headers={"Authorization": f"Bearer {fuzz_gateway.key}"},
-                        json={"model": "ensemble", "max_tokens": 64, "temperature": 0,
-                              "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    answer = httpx.post(
+        f"{fuzz_gateway.url}/v1/chat/completions",
+        timeout=120,
+        headers={"Authorization": f"Bearer {fuzz_gateway.key}"},
+        json={
+            "model": "ensemble",
+            "max_tokens": 64,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        },
+    )
     assert answer.status_code == 200, answer.text
     body: dict[str, Any] = answer.json()
     assert body["choices"][0]["message"]["content"]
     assert body["choices"][0]["finish_reason"] in ("stop", "length")
-    assert 0 < body["usage"]["completion_tokens"] <= TOKENS_CAP, body["usage"]     # the tier's cap held
+    assert 0 < body["usage"]["completion_tokens"] <= TOKENS_CAP, body["usage"]  # the tier's cap held
     assert "unhandled error" not in fuzz_gateway.process.log_path.read_text()
-    print(f"[after] gateway /health ok, Triton ready, chat: {body['choices'][0]['message']['content']!r} "
-          f"({body['usage']})")
+    print(
+        f"[after] gateway /health ok, Triton ready, chat: {body['choices'][0]['message']['content']!r} "
+        f"({body['usage']})"
+    )

@@ -8,6 +8,7 @@ the input (INVALID_ARGUMENT on ModelInfer, `error_message` on the stream),
 and none reaches Triton's front: Triton's own request counters
 (`nv_inference_request_success` + `_failure`) do not move over the fuzz,
 while one good request afterwards does move them."""
+
 from __future__ import annotations
 
 import time
@@ -33,15 +34,42 @@ from tests.e2e.triton_calls import scrape_metrics
 
 pytestmark = pytest.mark.e2e
 
-EXAMPLES = 250                  # each sent twice: ModelInfer and ModelStreamInfer
+EXAMPLES = 250  # each sent twice: ModelInfer and ModelStreamInfer
 KNOWN = {spec.name: wire_datatype(spec) for spec in PUBLIC_INPUTS}
 WORD_LISTS = {spec.name for spec in PUBLIC_INPUTS if spec.dims == (-1,)}
 BYTES_INPUTS = sorted(name for name, datatype in KNOWN.items() if datatype == "BYTES")
-DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",
-             "FP64", "BYTES", "BF16", "", "STRING"]
-_NUMPY = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
-          "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "FP16": np.float16,
-          "FP32": np.float32, "FP64": np.float64}
+DATATYPES = [
+    "BOOL",
+    "UINT8",
+    "UINT16",
+    "UINT32",
+    "UINT64",
+    "INT8",
+    "INT16",
+    "INT32",
+    "INT64",
+    "FP16",
+    "FP32",
+    "FP64",
+    "BYTES",
+    "BF16",
+    "",
+    "STRING",
+]
+_NUMPY = {
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+}
 
 
 @dataclass(frozen=True)
@@ -49,7 +77,7 @@ class Tensor:
     name: str
     datatype: str
     shape: tuple[int, ...]
-    values: tuple[object, ...]          # bytes for BYTES, numbers otherwise
+    values: tuple[object, ...]  # bytes for BYTES, numbers otherwise
 
 
 @dataclass(frozen=True)
@@ -57,7 +85,7 @@ class Case:
     model: str
     tensors: tuple[Tensor, ...]
     raw: bool
-    culprit: str                        # the input the error must name
+    culprit: str  # the input the error must name
 
     def request(self) -> service_pb2.ModelInferRequest:
         request = service_pb2.ModelInferRequest(model_name=self.model, id="fuzz")
@@ -87,13 +115,19 @@ def _values(datatype: str, count: int) -> tuple[object, ...]:
 
 # values out of each numeric input's range (contract/public_bounds.py) or not finite
 OUT_OF_RANGE = {
-    **{name: [bound.low - 1 if not bound.low_open else bound.low] for name, bound in BOUNDS.items()
-       if bound.low is not None and KNOWN.get(name) == "INT32"},
+    **{
+        name: [bound.low - 1 if not bound.low_open else bound.low]
+        for name, bound in BOUNDS.items()
+        if bound.low is not None and KNOWN.get(name) == "INT32"
+    },
     **{name: [float("nan"), float("inf"), -float("inf")] for name, datatype in KNOWN.items() if datatype == "FP32"},
-    "top_p": [0.0, 1.5, float("nan")], "temperature": [-1.0], "repetition_penalty": [0.0, -2.0],
-    "length_penalty": [1.5, 0.0, -1.0], "continuation_ids": [-1],
+    "top_p": [0.0, 1.5, float("nan")],
+    "temperature": [-1.0],
+    "repetition_penalty": [0.0, -2.0],
+    "length_penalty": [1.5, 0.0, -1.0],
+    "continuation_ids": [-1],
 }
-OUT_OF_RANGE.pop("priority", None)      # the tier decides the priority: a caller's is ignored, not refused
+OUT_OF_RANGE.pop("priority", None)  # the tier decides the priority: a caller's is ignored, not refused
 
 GOOD_TEXT = Tensor("text_input", "BYTES", (1, 1), (b"Say hello",))
 GOOD_MAX = Tensor("max_tokens", "INT32", (1, 1), (2,))
@@ -116,9 +150,10 @@ def cases(draw: st.DrawFn) -> Case:
         words = name in WORD_LISTS
         fine = (not any(d < 0 for d in shape)) and (
             (words and (len(shape) == 1 or (len(shape) == 2 and shape[0] == 1)))
-            or (not words and shape in ((1,), (1, 1))))
+            or (not words and shape in ((1,), (1, 1)))
+        )
         if fine:
-            shape = (2, *shape[1:]) if len(shape) == 2 else (1, 1, *shape)    # a batch of 2, or a rank too high
+            shape = (2, *shape[1:]) if len(shape) == 2 else (1, 1, *shape)  # a batch of 2, or a rank too high
         count = int(np.prod([max(d, 0) for d in shape])) if shape else 1
         bad = Tensor(name, KNOWN[name], shape, _values(KNOWN[name], min(count, 8)))
     elif kind == "utf8":
@@ -150,9 +185,10 @@ def _not_utf8(value: bytes) -> bool:
 
 @pytest.fixture(scope="module")
 def door(triton_server: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, str]]:
-    grpc_port, = free_local_ports(1)
-    gateway = start_gateway(triton_server, tmp_path_factory.mktemp("gateway-grpc-fuzz"),
-                            f"gateway.public_grpc_port={grpc_port}")
+    (grpc_port,) = free_local_ports(1)
+    gateway = start_gateway(
+        triton_server, tmp_path_factory.mktemp("gateway-grpc-fuzz"), f"gateway.public_grpc_port={grpc_port}"
+    )
     yield gateway, f"127.0.0.1:{grpc_port}"
     assert gateway.process.stop() == 0
 
@@ -171,8 +207,13 @@ def test_malformed_grpc_requests_are_refused_naming_the_input_before_triton(door
     with grpc.insecure_channel(url) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
 
-        @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=EXAMPLES,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(case=cases())
         def check(case: Case) -> None:
             prefix = f"{shown(case.culprit)}:"
@@ -194,6 +235,8 @@ def test_malformed_grpc_requests_are_refused_naming_the_input_before_triton(door
         answer = stub.ModelInfer(good, metadata=metadata, timeout=120)
         assert answer.outputs and answer.id == "fuzz"
     assert triton_requests(triton_server) > before
-    assert 2 * sum(seen.values()) >= 500, seen          # ModelInfer + the same on a stream, each refused
-    print(f"\n[gRPC fuzz: {2 * sum(seen.values())} refused requests ({sum(seen.values())} cases, declared datatypes "
-          f"{sorted(seen)}) in {took:.1f} s, Triton's request counters unchanged]")
+    assert 2 * sum(seen.values()) >= 500, seen  # ModelInfer + the same on a stream, each refused
+    print(
+        f"\n[gRPC fuzz: {2 * sum(seen.values())} refused requests ({sum(seen.values())} cases, declared datatypes "
+        f"{sorted(seen)}) in {took:.1f} s, Triton's request counters unchanged]"
+    )

@@ -14,6 +14,7 @@ Responses API), each under that read timeout. Before the first event no `id:`
 has been sent, so even the old comment blocks dispatched nothing there; the
 pause after the first event, at the default interval, is
 test_gateway_keepalive_sdk.py."""
+
 from __future__ import annotations
 
 import asyncio
@@ -47,23 +48,32 @@ def single_sequence(start_triton) -> TritonServer:
 
 @pytest.fixture(scope="module")
 def gateway(single_sequence: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    started = start_gateway(single_sequence, tmp_path_factory.mktemp("keepalive"),
-                            f"gateway.streams.keepalive_interval_s={KEEPALIVE_S}")
+    started = start_gateway(
+        single_sequence, tmp_path_factory.mktemp("keepalive"), f"gateway.streams.keepalive_interval_s={KEEPALIVE_S}"
+    )
     yield started
     assert started.process.stop() == 0
 
 
-def stream(gateway: Gateway, prompt: str, max_tokens: int, timeout: httpx.Timeout,
-           first_token: threading.Event | None = None) -> dict:
+def stream(
+    gateway: Gateway, prompt: str, max_tokens: int, timeout: httpx.Timeout, first_token: threading.Event | None = None
+) -> dict:
     """Read one streamed completion line by line: keep-alive comments, data
     events, and the time to the first data event."""
     seen = {"keepalives": 0, "data": [], "first_data_s": None}
     started = time.monotonic()
-    body = {"model": "ensemble", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True}
+    body = {
+        "model": "ensemble",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
     with httpx.Client(timeout=timeout) as client:
-        with client.stream("POST", f"{gateway.base_url}/completions", json=body,
-                           headers={"Authorization": f"Bearer {gateway.key}"}) as response:
+        with client.stream(
+            "POST", f"{gateway.base_url}/completions", json=body, headers={"Authorization": f"Bearer {gateway.key}"}
+        ) as response:
             assert response.status_code == 200, response.read()
             for line in response.iter_lines():
                 if line.startswith(": keep-alive"):
@@ -73,34 +83,38 @@ def stream(gateway: Gateway, prompt: str, max_tokens: int, timeout: httpx.Timeou
                         seen["first_data_s"] = time.monotonic() - started
                         if first_token is not None:
                             first_token.set()
-                    seen["data"].append(line[len("data: "):])
+                    seen["data"].append(line[len("data: ") :])
     return seen
 
 
 def sdk_chat(gateway: Gateway, seen: dict) -> None:
     """One queued chat through the SDK's `OpenAI`: its text and time to the first content."""
     started = time.monotonic()
-    client = openai.OpenAI(base_url=gateway.base_url, api_key=gateway.key, max_retries=0,
-                           timeout=openai.Timeout(30.0, read=READ_TIMEOUT_S))
+    client = openai.OpenAI(
+        base_url=gateway.base_url, api_key=gateway.key, max_retries=0, timeout=openai.Timeout(30.0, read=READ_TIMEOUT_S)
+    )
     try:
-        for chunk in client.chat.completions.create(model="ensemble", messages=[{"role": "user", "content": "Hi."}],
-                                                    max_tokens=8, temperature=0, stream=True):
+        for chunk in client.chat.completions.create(
+            model="ensemble", messages=[{"role": "user", "content": "Hi."}], max_tokens=8, temperature=0, stream=True
+        ):
             piece = "".join(choice.delta.content or "" for choice in chunk.choices)
             if piece and "first_data_s" not in seen:
                 seen["first_data_s"] = time.monotonic() - started
             seen["text"] = seen.get("text", "") + piece
-    except Exception as exc:        # the failure is the finding: kept for the assertion's message
+    except Exception as exc:  # the failure is the finding: kept for the assertion's message
         seen["error"] = repr(exc)
 
 
 async def sdk_response(gateway: Gateway, seen: dict) -> None:
     """One queued Responses stream through the SDK's `AsyncOpenAI`."""
     started = time.monotonic()
-    client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key=gateway.key, max_retries=0,
-                                timeout=openai.Timeout(30.0, read=READ_TIMEOUT_S))
+    client = openai.AsyncOpenAI(
+        base_url=gateway.base_url, api_key=gateway.key, max_retries=0, timeout=openai.Timeout(30.0, read=READ_TIMEOUT_S)
+    )
     try:
-        async for event in await client.responses.create(model="ensemble", input="Hello!", max_output_tokens=8,
-                                                         temperature=0, stream=True):
+        async for event in await client.responses.create(
+            model="ensemble", input="Hello!", max_output_tokens=8, temperature=0, stream=True
+        ):
             seen["last_type"] = event.type
             if event.type == "response.output_text.delta" and event.delta:
                 seen.setdefault("first_data_s", time.monotonic() - started)
@@ -114,15 +128,20 @@ async def sdk_response(gateway: Gateway, seen: dict) -> None:
 def test_a_request_queued_behind_a_long_one_completes_under_a_short_read_timeout(gateway):
     first_token = threading.Event()
     long_result: dict = {}
-    long_run = threading.Thread(target=lambda: long_result.update(stream(
-        gateway, "Tell me everything about the history of ships.", 200, httpx.Timeout(120.0), first_token)))
+    long_run = threading.Thread(
+        target=lambda: long_result.update(
+            stream(gateway, "Tell me everything about the history of ships.", 200, httpx.Timeout(120.0), first_token)
+        )
+    )
     long_run.start()
     try:
         assert first_token.wait(120), "the long request never started"
         chat: dict = {}
         response: dict = {}
-        sdk_runs = [threading.Thread(target=sdk_chat, args=(gateway, chat)),
-                    threading.Thread(target=lambda: asyncio.run(sdk_response(gateway, response)))]
+        sdk_runs = [
+            threading.Thread(target=sdk_chat, args=(gateway, chat)),
+            threading.Thread(target=lambda: asyncio.run(sdk_response(gateway, response))),
+        ]
         for run in sdk_runs:
             run.start()
         # connect / write / pool as usual; `read` bounds every gap between bytes, as a proxy's does
@@ -132,11 +151,15 @@ def test_a_request_queued_behind_a_long_one_completes_under_a_short_read_timeout
         for run in sdk_runs:
             run.join(60)
     waited = queued["first_data_s"]
-    print(f"\n[queued request: first token after {waited:.1f} s behind the long one, "
-          f"{queued['keepalives']} keep-alives, read timeout {READ_TIMEOUT_S} s, interval {KEEPALIVE_S} s]")
+    print(
+        f"\n[queued request: first token after {waited:.1f} s behind the long one, "
+        f"{queued['keepalives']} keep-alives, read timeout {READ_TIMEOUT_S} s, interval {KEEPALIVE_S} s]"
+    )
     for name, seen in (("OpenAI chat", chat), ("AsyncOpenAI responses", response)):
-        print(f"[queued {name}: first content after {seen.get('first_data_s', float('nan')):.1f} s, "
-              f"text {seen.get('text')!r}, error {seen.get('error')}]")
+        print(
+            f"[queued {name}: first content after {seen.get('first_data_s', float('nan')):.1f} s, "
+            f"text {seen.get('text')!r}, error {seen.get('error')}]"
+        )
         assert seen.get("error") is None, f"{name}: {seen['error']}"
         assert seen.get("text"), f"{name}: no text"
         assert seen["first_data_s"] > READ_TIMEOUT_S, f"{name}: did not wait longer than its read timeout"

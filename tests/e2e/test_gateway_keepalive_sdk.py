@@ -15,6 +15,7 @@ read timeout shorter than the pause but longer than the interval, as a proxy
 would: bytes flowed every interval.
 
 All streams share one pause; each reader's timings are printed."""
+
 from __future__ import annotations
 
 import asyncio
@@ -35,7 +36,7 @@ from tests.e2e.test_gateway_openai import Gateway, start_gateway
 
 pytestmark = pytest.mark.e2e
 
-KEEPALIVE_S = StreamsConfig().keepalive_interval_s      # the default: never set below
+KEEPALIVE_S = StreamsConfig().keepalive_interval_s  # the default: never set below
 PAUSE_S = KEEPALIVE_S + 4.0
 # a proxy's read timeout: longer than the interval, shorter than the pause
 READ_TIMEOUT_S = KEEPALIVE_S + 2.5
@@ -58,8 +59,9 @@ def triton(start_triton) -> TritonServer:
 @pytest.fixture(scope="module")
 def gateway(triton: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     assert KEEPALIVE_S == 15.0, "the test is about the default interval"
-    started = start_gateway(triton, tmp_path_factory.mktemp("keepalive_sdk"),
-                            f"gateway.fleet.stall_timeout_s={STALL_TIMEOUT_S}")
+    started = start_gateway(
+        triton, tmp_path_factory.mktemp("keepalive_sdk"), f"gateway.fleet.stall_timeout_s={STALL_TIMEOUT_S}"
+    )
     yield started
     assert started.process.stop() == 0
 
@@ -67,10 +69,11 @@ def gateway(triton: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> I
 @dataclass
 class Read:
     """One stream as a reader saw it."""
+
     name: str
-    pieces: list[tuple[float, str]] = field(default_factory=list)   # (monotonic time, text) per content piece
-    keepalives: list[float] = field(default_factory=list)           # raw reader only: when each comment came
-    last_type: str = ""                                              # Responses: the last event's type
+    pieces: list[tuple[float, str]] = field(default_factory=list)  # (monotonic time, text) per content piece
+    keepalives: list[float] = field(default_factory=list)  # raw reader only: when each comment came
+    last_type: str = ""  # Responses: the last event's type
     error: str | None = None
 
     @property
@@ -84,24 +87,27 @@ class Read:
 
 
 def request(kind: str) -> dict:
-    if kind == "responses":       # no ignore_eos in the Responses API: the prompt asks for a long answer
+    if kind == "responses":  # no ignore_eos in the Responses API: the prompt asks for a long answer
         return {"model": "ensemble", "input": PROMPT, "max_output_tokens": TOKENS, "temperature": 0}
     text = {"messages": [{"role": "user", "content": PROMPT}]} if kind == "chat" else {"prompt": PROMPT}
     return {"model": "ensemble", **text, "max_tokens": TOKENS, "temperature": 0, "extra_body": {"ignore_eos": True}}
 
 
 def create(client: openai.OpenAI | openai.AsyncOpenAI, kind: str) -> Callable[..., object]:
-    return {"chat": client.chat.completions.create, "completions": client.completions.create,
-            "responses": client.responses.create}[kind]
+    return {
+        "chat": client.chat.completions.create,
+        "completions": client.completions.create,
+        "responses": client.responses.create,
+    }[kind]
 
 
 def note(read: Read, kind: str, item: object) -> None:
     if kind == "chat":
-        piece = "".join(c.delta.content or "" for c in item.choices)      # type: ignore[attr-defined]
+        piece = "".join(c.delta.content or "" for c in item.choices)  # type: ignore[attr-defined]
     elif kind == "completions":
-        piece = "".join(c.text for c in item.choices)                      # type: ignore[attr-defined]
+        piece = "".join(c.text for c in item.choices)  # type: ignore[attr-defined]
     else:
-        read.last_type = item.type                                         # type: ignore[attr-defined]
+        read.last_type = item.type  # type: ignore[attr-defined]
         piece = item.delta if item.type == "response.output_text.delta" else ""  # type: ignore[attr-defined]
     if piece:
         read.pieces.append((time.monotonic(), piece))
@@ -114,9 +120,9 @@ def timeout() -> openai.Timeout:
 def read_sync(gateway: Gateway, kind: str, read: Read) -> None:
     client = openai.OpenAI(base_url=gateway.base_url, api_key=gateway.key, max_retries=0, timeout=timeout())
     try:
-        for item in create(client, kind)(stream=True, **request(kind)):     # type: ignore[attr-defined]
+        for item in create(client, kind)(stream=True, **request(kind)):  # type: ignore[attr-defined]
             note(read, kind, item)
-    except Exception as exc:        # the failure is the finding: kept for the assertion's message
+    except Exception as exc:  # the failure is the finding: kept for the assertion's message
         read.error = repr(exc)
     finally:
         client.close()
@@ -125,7 +131,7 @@ def read_sync(gateway: Gateway, kind: str, read: Read) -> None:
 async def read_async(gateway: Gateway, kind: str, read: Read) -> None:
     client = openai.AsyncOpenAI(base_url=gateway.base_url, api_key=gateway.key, max_retries=0, timeout=timeout())
     try:
-        async for item in await create(client, kind)(stream=True, **request(kind)):   # type: ignore[misc]
+        async for item in await create(client, kind)(stream=True, **request(kind)):  # type: ignore[misc]
             note(read, kind, item)
     except Exception as exc:
         read.error = repr(exc)
@@ -139,13 +145,17 @@ def read_raw(gateway: Gateway, read: Read) -> None:
     body = {**{k: v for k, v in fields.items() if k != "extra_body"}, **fields["extra_body"], "stream": True}
     try:
         with httpx.Client(timeout=httpx.Timeout(30.0, read=READ_TIMEOUT_S)) as client:
-            with client.stream("POST", f"{gateway.base_url}/chat/completions", json=body,
-                               headers={"Authorization": f"Bearer {gateway.key}"}) as response:
+            with client.stream(
+                "POST",
+                f"{gateway.base_url}/chat/completions",
+                json=body,
+                headers={"Authorization": f"Bearer {gateway.key}"},
+            ) as response:
                 for line in response.iter_lines():
                     if line.startswith(":"):
                         read.keepalives.append(time.monotonic())
                     elif line.startswith("data: {"):
-                        chunk = json.loads(line[len("data: "):])
+                        chunk = json.loads(line[len("data: ") :])
                         piece = "".join(c["delta"].get("content") or "" for c in chunk["choices"])
                         if piece:
                             read.pieces.append((time.monotonic(), piece))
@@ -161,10 +171,13 @@ def run_all(gateway: Gateway, triton: TritonServer | None = None) -> dict[str, R
     async def async_readers() -> None:
         await asyncio.gather(*(read_async(gateway, kind, reads[f"{kind}/AsyncOpenAI"]) for kind in KINDS))
 
-    threads = [threading.Thread(target=read_sync, args=(gateway, kind, reads[f"{kind}/OpenAI"]), daemon=True)
-               for kind in KINDS]
-    threads += [threading.Thread(target=lambda: asyncio.run(async_readers()), daemon=True),
-                threading.Thread(target=read_raw, args=(gateway, reads["chat/raw"]), daemon=True)]
+    threads = [
+        threading.Thread(target=read_sync, args=(gateway, kind, reads[f"{kind}/OpenAI"]), daemon=True) for kind in KINDS
+    ]
+    threads += [
+        threading.Thread(target=lambda: asyncio.run(async_readers()), daemon=True),
+        threading.Thread(target=read_raw, args=(gateway, reads["chat/raw"]), daemon=True),
+    ]
     for thread in threads:
         thread.start()
     if triton is not None:
@@ -175,8 +188,10 @@ def run_all(gateway: Gateway, triton: TritonServer | None = None) -> dict[str, R
             time.sleep(PAUSE_S)
         finally:
             kill_group(triton, SIGCONT)
-        print(f"\n[all {len(reads)} streams under way {under_way:.1f} s after the start; triton frozen for "
-              f"{time.monotonic() - frozen:.1f} s]")
+        print(
+            f"\n[all {len(reads)} streams under way {under_way:.1f} s after the start; triton frozen for "
+            f"{time.monotonic() - frozen:.1f} s]"
+        )
     for thread in threads:
         thread.join(120)
     assert not any(thread.is_alive() for thread in threads), "a reader did not end within 120 s"
@@ -192,16 +207,19 @@ def unpaused(gateway: Gateway) -> dict[str, Read]:
     return reads
 
 
-def test_sdk_streams_paused_past_the_default_keepalive_interval_complete_with_the_same_text(gateway, triton,
-                                                                                             unpaused):
+def test_sdk_streams_paused_past_the_default_keepalive_interval_complete_with_the_same_text(gateway, triton, unpaused):
     started = time.monotonic()
     reads = run_all(gateway, triton)
-    print(f"[paused run: {time.monotonic() - started:.1f} s, keep-alive interval {KEEPALIVE_S:.0f} s, "
-          f"read timeout {READ_TIMEOUT_S} s]")
+    print(
+        f"[paused run: {time.monotonic() - started:.1f} s, keep-alive interval {KEEPALIVE_S:.0f} s, "
+        f"read timeout {READ_TIMEOUT_S} s]"
+    )
     for name, read in reads.items():
         pause, before = read.longest_pause()
-        print(f"[{name}: {len(read.pieces)} pieces, longest pause {pause:.1f} s after piece {before}, "
-              f"{len(read.text)} chars, same text: {read.text == unpaused[name].text}, error: {read.error}]")
+        print(
+            f"[{name}: {len(read.pieces)} pieces, longest pause {pause:.1f} s after piece {before}, "
+            f"{len(read.text)} chars, same text: {read.text == unpaused[name].text}, error: {read.error}]"
+        )
     assert all(r.error is None for r in reads.values()), {n: r.error for n, r in reads.items() if r.error}
     for name, read in reads.items():
         pause, before = read.longest_pause()
@@ -217,8 +235,10 @@ def test_sdk_streams_paused_past_the_default_keepalive_interval_complete_with_th
     in_pause = [t for t in raw.keepalives if pause_from < t < pause_from + pause]
     wire = sorted([t for t, _ in raw.pieces] + raw.keepalives)
     silence = max(b - a for a, b in zip(wire, wire[1:]))
-    print(f"[raw chat: {len(in_pause)} keep-alive(s) in its {pause:.1f} s pause, the first "
-          f"{in_pause[0] - pause_from if in_pause else float('nan'):.1f} s into it; longest silence on the "
-          f"wire {silence:.1f} s]")
+    print(
+        f"[raw chat: {len(in_pause)} keep-alive(s) in its {pause:.1f} s pause, the first "
+        f"{in_pause[0] - pause_from if in_pause else float('nan'):.1f} s into it; longest silence on the "
+        f"wire {silence:.1f} s]"
+    )
     assert in_pause, "no keep-alive on the wire during the pause"
     assert silence < READ_TIMEOUT_S

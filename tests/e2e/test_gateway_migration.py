@@ -8,6 +8,7 @@ tritonservers behind one real gateway process (times printed):
   requests there are stopped by key (its KV blocks back to idle).
 - A replica dedicated to the paid tier: free keys never reach it, and paid
   requests spill over to the shared replica while it is down."""
+
 from __future__ import annotations
 
 import time
@@ -37,9 +38,13 @@ PROMPT = "Tell me about the sea"
 
 @pytest.fixture(scope="module")
 def gateway(replicas, golden, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetGateway]:
-    started = start_fleet_gateway(replicas, tmp_path_factory.mktemp("migration"), golden,
-                                  f"gateway.fleet.stall_timeout_s={STALL_TIMEOUT_S}",
-                                  "gateway.fleet.routing_policy=least_load")
+    started = start_fleet_gateway(
+        replicas,
+        tmp_path_factory.mktemp("migration"),
+        golden,
+        f"gateway.fleet.stall_timeout_s={STALL_TIMEOUT_S}",
+        "gateway.fleet.routing_policy=least_load",
+    )
     yield started
     assert started.process.stop() == 0
 
@@ -71,9 +76,11 @@ def test_kill_9_of_a_replica_under_8_streams_loses_none_and_changes_no_text(gate
     took = time.monotonic() - cut_s
     moved = gateway.total("gateway_stream_migrations_total", reason="died", outcome="moved") - moved_before
     differing = _same_texts(outcomes, uninterrupted)
-    print(f"\n[kill -9 r1 under {STREAMS} streams of {TOKENS} tokens: {sum(o.done for o in outcomes)} completed, "
-          f"{moved:.0f} moved to r0, {len(differing)} texts differ from the uninterrupted run; the last ended "
-          f"{took:.1f} s after the kill]")
+    print(
+        f"\n[kill -9 r1 under {STREAMS} streams of {TOKENS} tokens: {sum(o.done for o in outcomes)} completed, "
+        f"{moved:.0f} moved to r0, {len(differing)} texts differ from the uninterrupted run; the last ended "
+        f"{took:.1f} s after the kill]"
+    )
     assert all(o.done and not o.error for o in outcomes), [o.error for o in outcomes]
     assert moved >= 1, "no stream was on the killed replica: the test proved nothing"
     assert not differing, [(uninterrupted[i], outcomes[i].text) for i in differing]
@@ -83,8 +90,7 @@ def test_kill_9_of_a_replica_under_8_streams_loses_none_and_changes_no_text(gate
     print(f"[r1 restarted; re-admitted {back:.1f} s after it was ready]")
 
 
-def test_a_frozen_replicas_streams_move_and_its_orphans_are_stopped_after_sigcont(gateway, replicas,
-                                                                                 uninterrupted):
+def test_a_frozen_replicas_streams_move_and_its_orphans_are_stopped_after_sigcont(gateway, replicas, uninterrupted):
     gateway.wait_routable(120, r0=True, r1=True)
     moved_before = gateway.total("gateway_stream_migrations_total", reason="stalled", outcome="moved")
     stopped_before = gateway.total("gateway_orphans_stopped_total")
@@ -99,30 +105,42 @@ def test_a_frozen_replicas_streams_move_and_its_orphans_are_stopped_after_sigcon
     resumed_s = time.monotonic()
     moved = gateway.total("gateway_stream_migrations_total", reason="stalled", outcome="moved") - moved_before
     differing = _same_texts(outcomes, uninterrupted)
-    print(f"\n[SIGSTOP r1 under {STREAMS} streams (stall timeout {STALL_TIMEOUT_S:.0f} s): "
-          f"{sum(o.done for o in outcomes)} completed, {moved:.0f} moved, {len(differing)} texts differ; "
-          f"the last ended {took:.1f} s after the freeze]")
+    print(
+        f"\n[SIGSTOP r1 under {STREAMS} streams (stall timeout {STALL_TIMEOUT_S:.0f} s): "
+        f"{sum(o.done for o in outcomes)} completed, {moved:.0f} moved, {len(differing)} texts differ; "
+        f"the last ended {took:.1f} s after the freeze]"
+    )
     assert all(o.done and not o.error for o in outcomes), [o.error for o in outcomes]
     assert moved >= 1, "no stream was on the frozen replica: the test proved nothing"
     assert not differing, [(uninterrupted[i], outcomes[i].text) for i in differing]
-    stopped = wait_until(lambda: gateway.total("gateway_orphans_stopped_total") - stopped_before >= moved, 90,
-                         "the orphans stopped by key")
-    idle = wait_until(lambda: kv_blocks_used(replicas["r1"]) == 0
-                      and scrape_metrics(replicas["r1"].metrics_url)["llm_num_requests_running"] == 0, 60,
-                      "r1's KV back to idle")
-    print(f"[SIGCONT r1: {moved:.0f} orphans stopped by key {stopped:.1f} s after it, KV idle after "
-          f"{time.monotonic() - resumed_s:.1f} s; outcomes: stopped "
-          f"{gateway.total('gateway_orphans_stopped_total', outcome='stopped'):.0f}, gone "
-          f"{gateway.total('gateway_orphans_stopped_total', outcome='gone'):.0f}]")
+    stopped = wait_until(
+        lambda: gateway.total("gateway_orphans_stopped_total") - stopped_before >= moved,
+        90,
+        "the orphans stopped by key",
+    )
+    idle = wait_until(
+        lambda: (
+            kv_blocks_used(replicas["r1"]) == 0
+            and scrape_metrics(replicas["r1"].metrics_url)["llm_num_requests_running"] == 0
+        ),
+        60,
+        "r1's KV back to idle",
+    )
+    print(
+        f"[SIGCONT r1: {moved:.0f} orphans stopped by key {stopped:.1f} s after it, KV idle after "
+        f"{time.monotonic() - resumed_s:.1f} s; outcomes: stopped "
+        f"{gateway.total('gateway_orphans_stopped_total', outcome='stopped'):.0f}, gone "
+        f"{gateway.total('gateway_orphans_stopped_total', outcome='gone'):.0f}]"
+    )
     assert idle < 60
 
 
-def test_free_keys_never_reach_a_paid_replica_and_paid_spills_over_while_it_is_down(replicas, golden,
-                                                                                    tmp_path_factory):
-    pools = ('gateway.fleet.replicas={"paid0": {"grpc_url": "%s", "metrics_url": "%s", "dedicated_to": ["paid"]}, '  # noqa: UP031 (JSON braces)
-             '"shared": {"grpc_url": "%s", "metrics_url": "%s"}}' % (
-                 replicas["r0"].grpc_url, replicas["r0"].metrics_url, replicas["r1"].grpc_url,
-                 replicas["r1"].metrics_url))
+def test_free_keys_never_reach_a_paid_replica_and_paid_spills_over_while_it_is_down(replicas, golden, tmp_path_factory):
+    pools = (
+        'gateway.fleet.replicas={"paid0": {"grpc_url": "%s", "metrics_url": "%s", "dedicated_to": ["paid"]}, '  # noqa: UP031 (JSON braces)
+        '"shared": {"grpc_url": "%s", "metrics_url": "%s"}}'
+        % (replicas["r0"].grpc_url, replicas["r0"].metrics_url, replicas["r1"].grpc_url, replicas["r1"].metrics_url)
+    )
     gateway = start_fleet_gateway(replicas, tmp_path_factory.mktemp("pools"), golden, pools)
     try:
         gateway.wait_routable(120, paid0=True, shared=True)
@@ -131,8 +149,10 @@ def test_free_keys_never_reach_a_paid_replica_and_paid_spills_over_while_it_is_d
         paid = Load(gateway, 4, max_tokens=8).start().wait()
         assert all(o.done for o in free + paid), [o.error for o in free + paid]
         routed = {name: gateway.routed(name) for name in ("paid0", "shared")}
-        print(f"\n[tier pools: 2 free + 4 paid requests: {routed['paid0']:.0f} to the paid replica, "
-              f"{routed['shared']:.0f} to the shared one]")
+        print(
+            f"\n[tier pools: 2 free + 4 paid requests: {routed['paid0']:.0f} to the paid replica, "
+            f"{routed['shared']:.0f} to the shared one]"
+        )
         assert routed == {"paid0": 4, "shared": 2}, "free keys reached the paid replica, or paid left its own"
         kill_group(replicas["r0"], SIGSTOP)
         try:
@@ -141,8 +161,10 @@ def test_free_keys_never_reach_a_paid_replica_and_paid_spills_over_while_it_is_d
             spill_count = gateway.total("gateway_routed_total", replica="shared", reason="spill_over")
         finally:
             kill_group(replicas["r0"], SIGCONT)
-        print(f"[paid replica frozen, out after {out:.1f} s: 4 paid requests "
-              f"{sum(o.done for o in spilled)} done, {spill_count:.0f} spilled over to the shared one]")
+        print(
+            f"[paid replica frozen, out after {out:.1f} s: 4 paid requests "
+            f"{sum(o.done for o in spilled)} done, {spill_count:.0f} spilled over to the shared one]"
+        )
         assert all(o.done for o in spilled), [o.error for o in spilled]
         assert spill_count == 4
     finally:

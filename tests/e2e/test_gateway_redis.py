@@ -2,6 +2,7 @@
 binary) in front of the real tritonserver enforce ONE request limit and ONE
 token limit for a key: requests alternate between the gateways, and a long
 stream on one puts the key in debt on the other."""
+
 from __future__ import annotations
 
 import json
@@ -36,9 +37,9 @@ sys.exit(serve(GatewayConfig(**raw), "WARNING"))
 """
 
 TIERS = {
-    "q": {"requests_per_second": 0.3},     # 3 per 10 s, for the whole fleet
-    "tk": {"tokens_per_second": 1},        # 60 tokens per 60 s, for the whole fleet
-    "warm": {},                            # unlimited: warms the model up without touching the others
+    "q": {"requests_per_second": 0.3},  # 3 per 10 s, for the whole fleet
+    "tk": {"tokens_per_second": 1},  # 60 tokens per 60 s, for the whole fleet
+    "warm": {},  # unlimited: warms the model up without touching the others
 }
 PARIS = [{"role": "user", "content": "What is the capital of France?"}]
 COUNT = [{"role": "user", "content": "Count from 1 to 100, one number per line."}]
@@ -51,32 +52,46 @@ class Gateway:
 
     def chat(self, key: str, messages: list[dict[str, str]], **body: Any) -> httpx.Response:
         payload = {"model": "ensemble", "messages": messages, "temperature": 0.0, **body}
-        return httpx.post(f"{self.url}/v1/chat/completions", json=payload, timeout=120,
-                          headers={"Authorization": f"Bearer {key}"})
+        return httpx.post(
+            f"{self.url}/v1/chat/completions", json=payload, timeout=120, headers={"Authorization": f"Bearer {key}"}
+        )
 
     def rejections(self, tier: str, kind: str) -> float:
         text = httpx.get(self.metrics_url, timeout=10).text
         prefix = f'gateway_rate_limited_total{{kind="{kind}",tier="{tier}"}} '
-        return sum(float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix))
+        return sum(float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix))
 
 
 @pytest.fixture(scope="module")
-def fleet(triton_server: Any, redis_server: RedisServer,  # noqa: F811
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Gateway], dict[str, str]]]:
+def fleet(
+    triton_server: Any,
+    redis_server: RedisServer,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[list[Gateway], dict[str, str]]]:
     folder = tmp_path_factory.mktemp("gateways")
     store = KeyStore(folder / "keys.json")
     keys = {tier: store.create(tier).key for tier in TIERS}
-    settings = json.dumps({"keys_file": str(store.path), "redis_url": redis_server.url,
-                           "fleet": {"upstream_grpc_url": triton_server.grpc_url}, "tiers": TIERS,
-                           "public_grpc_port": 0})
+    settings = json.dumps(
+        {
+            "keys_file": str(store.path),
+            "redis_url": redis_server.url,
+            "fleet": {"upstream_grpc_url": triton_server.grpc_url},
+            "tiers": TIERS,
+            "public_grpc_port": 0,
+        }
+    )
     gateways: list[Gateway] = []
     try:
         ports = free_local_ports(4)
         for port, ops_port in zip(ports[:2], ports[2:]):
             log = folder / f"gateway-{port}.log"
             with open(log, "wb") as out:
-                process = subprocess.Popen([sys.executable, "-c", _GATEWAY, settings, str(port), str(ops_port)],
-                                           cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
+                process = subprocess.Popen(
+                    [sys.executable, "-c", _GATEWAY, settings, str(port), str(ops_port)],
+                    cwd=REPO_ROOT,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
             gateways.append(Gateway(process, port, log, ops_port))
         for gateway in gateways:
             _wait_ready(gateway)
@@ -108,7 +123,7 @@ def _wait_ready(gateway: Gateway, timeout_s: float = 60.0) -> None:
 def test_two_gateways_enforce_one_qps_limit(fleet: tuple[list[Gateway], dict[str, str]]) -> None:
     (a, b), keys = fleet
     statuses = [g.chat(keys["q"], PARIS, max_tokens=1).status_code for g in (a, b, a)]
-    assert statuses == [200, 200, 200]         # 3 per 10 s, counted across both
+    assert statuses == [200, 200, 200]  # 3 per 10 s, counted across both
     refused = b.chat(keys["q"], PARIS, max_tokens=1)
     assert refused.status_code == 429, refused.text
     assert refused.json()["error"]["type"] == "rate_limit_error"
@@ -121,10 +136,20 @@ def test_two_gateways_enforce_one_qps_limit(fleet: tuple[list[Gateway], dict[str
 def test_a_long_stream_on_one_gateway_is_debt_on_the_other(fleet: tuple[list[Gateway], dict[str, str]]) -> None:
     (a, b), keys = fleet
     usage: dict[str, int] = {}
-    with httpx.stream("POST", f"{a.url}/v1/chat/completions", timeout=300,
-                      headers={"Authorization": f"Bearer {keys['tk']}"},
-                      json={"model": "ensemble", "messages": COUNT, "max_tokens": 120, "temperature": 0.0,
-                            "stream": True, "stream_options": {"include_usage": True}}) as response:
+    with httpx.stream(
+        "POST",
+        f"{a.url}/v1/chat/completions",
+        timeout=300,
+        headers={"Authorization": f"Bearer {keys['tk']}"},
+        json={
+            "model": "ensemble",
+            "messages": COUNT,
+            "max_tokens": 120,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    ) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
             if line.startswith("data: {"):

@@ -5,6 +5,7 @@ real HTTP. A stream whose connection drops mid-way and is resumed with
 text of an uninterrupted greedy run; a stream nobody resumes is stopped after
 its grace period and its KV blocks return to idle; DELETE frees them at once;
 another key's resume gets 404. Times are printed."""
+
 from __future__ import annotations
 
 import json
@@ -38,18 +39,29 @@ class Fleet:
 
 
 @pytest.fixture(scope="module")
-def fleet(triton_server: TritonServer, redis_server: RedisServer,  # noqa: F811
-          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def fleet(
+    triton_server: TritonServer,
+    redis_server: RedisServer,  # noqa: F811
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Fleet]:
     work = tmp_path_factory.mktemp("resume")
     store = KeyStore(work / "keys.json")
     key, other = store.create("resumable").key, store.create("resumable").key
     processes, urls = [], []
     for index, port in enumerate(free_local_ports(2)):
-        process = GatewayProcess([f"gateway.port={port}", "gateway.host=127.0.0.1", "gateway.public_grpc_port=0",
-                                  f"gateway.fleet.upstream_grpc_url={triton_server.grpc_url}",
-                                  f"gateway.keys_file={store.path}", f"gateway.redis_url={redis_server.url}",
-                                  f"gateway.tiers={json.dumps(TIERS)}"],
-                                 log_path=work / f"gateway{index}.log", port=port)
+        process = GatewayProcess(
+            [
+                f"gateway.port={port}",
+                "gateway.host=127.0.0.1",
+                "gateway.public_grpc_port=0",
+                f"gateway.fleet.upstream_grpc_url={triton_server.grpc_url}",
+                f"gateway.keys_file={store.path}",
+                f"gateway.redis_url={redis_server.url}",
+                f"gateway.tiers={json.dumps(TIERS)}",
+            ],
+            log_path=work / f"gateway{index}.log",
+            port=port,
+        )
         process.start()
         processes.append(process)
         urls.append(f"http://127.0.0.1:{port}")
@@ -59,16 +71,30 @@ def fleet(triton_server: TritonServer, redis_server: RedisServer,  # noqa: F811
 
 
 def body(max_tokens: int) -> dict:
-    return {"model": "ensemble", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True}
+    return {
+        "model": "ensemble",
+        "prompt": PROMPT,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+    }
 
 
 def text_of(data: list[str]) -> str:
     return "".join(json.loads(d)["choices"][0]["text"] for d in data if d != "[DONE]")
 
 
-def read_events(url: str, key: str, method: str, path: str, *, stop_after: int | None = None,
-                last_event_id: int | None = None, payload: dict | None = None) -> tuple[str, list[int], list[str]]:
+def read_events(
+    url: str,
+    key: str,
+    method: str,
+    path: str,
+    *,
+    stop_after: int | None = None,
+    last_event_id: int | None = None,
+    payload: dict | None = None,
+) -> tuple[str, list[int], list[str]]:
     """(stream id, event ids, data) of one SSE exchange; with `stop_after`, the
     connection is closed after that many events (the client drops)."""
     headers = {"Authorization": f"Bearer {key}"}
@@ -97,18 +123,23 @@ def kv_blocks_used(triton: TritonServer) -> float:
 def test_a_dropped_stream_resumed_with_last_event_id_equals_an_uninterrupted_run(fleet, resume_on):
     _, _, whole = read_events(fleet.urls[0], fleet.key, "POST", "/v1/completions", payload=body(40))
     reference = text_of(whole)
-    stream_id, first_ids, first = read_events(fleet.urls[0], fleet.key, "POST", "/v1/completions",
-                                              payload=body(40), stop_after=5)
+    stream_id, first_ids, first = read_events(
+        fleet.urls[0], fleet.key, "POST", "/v1/completions", payload=body(40), stop_after=5
+    )
     dropped = time.monotonic()
     with httpx.Client(timeout=30) as client:
-        foreign = client.get(f"{fleet.urls[resume_on]}/v1/streams/{stream_id}",
-                             headers={"Authorization": f"Bearer {fleet.other_key}",
-                                      "Last-Event-ID": str(first_ids[-1])})
+        foreign = client.get(
+            f"{fleet.urls[resume_on]}/v1/streams/{stream_id}",
+            headers={"Authorization": f"Bearer {fleet.other_key}", "Last-Event-ID": str(first_ids[-1])},
+        )
     assert foreign.status_code == 404, foreign.text
-    _, rest_ids, rest = read_events(fleet.urls[resume_on], fleet.key, "GET", f"/v1/streams/{stream_id}",
-                                    last_event_id=first_ids[-1])
-    print(f"\n[resume via gateway {resume_on}: {len(first)} events, dropped, {len(rest)} more after "
-          f"{time.monotonic() - dropped:.2f} s; another key got 404]")
+    _, rest_ids, rest = read_events(
+        fleet.urls[resume_on], fleet.key, "GET", f"/v1/streams/{stream_id}", last_event_id=first_ids[-1]
+    )
+    print(
+        f"\n[resume via gateway {resume_on}: {len(first)} events, dropped, {len(rest)} more after "
+        f"{time.monotonic() - dropped:.2f} s; another key got 404]"
+    )
     ids = first_ids + rest_ids
     assert ids == list(range(1, len(ids) + 1)), "events lost or repeated across the resume"
     assert rest[-1] == "[DONE]"
@@ -130,32 +161,35 @@ def test_a_stream_nobody_resumes_is_stopped_after_the_grace_period(fleet, triton
 
 def test_delete_frees_the_kv_blocks_at_once_through_either_gateway(fleet, triton_server):
     idle = kv_blocks_used(triton_server)
-    stream_id, _, _ = read_events(fleet.urls[0], fleet.key, "POST", "/v1/completions", payload=body(400),
-                                  stop_after=3)
+    stream_id, _, _ = read_events(fleet.urls[0], fleet.key, "POST", "/v1/completions", payload=body(400), stop_after=3)
     assert kv_blocks_used(triton_server) > idle
     with httpx.Client(timeout=30) as client:
-        foreign = client.delete(f"{fleet.urls[1]}/v1/streams/{stream_id}",
-                                headers={"Authorization": f"Bearer {fleet.other_key}"})
+        foreign = client.delete(
+            f"{fleet.urls[1]}/v1/streams/{stream_id}", headers={"Authorization": f"Bearer {fleet.other_key}"}
+        )
         assert foreign.status_code == 404
         started = time.monotonic()
-        deleted = client.delete(f"{fleet.urls[1]}/v1/streams/{stream_id}",
-                                headers={"Authorization": f"Bearer {fleet.key}"})
+        deleted = client.delete(
+            f"{fleet.urls[1]}/v1/streams/{stream_id}", headers={"Authorization": f"Bearer {fleet.key}"}
+        )
     assert deleted.status_code == 204, deleted.text
     took = wait_for(lambda: kv_blocks_used(triton_server) <= idle, timeout_s=30)
-    print(f"\n[DELETE through the other gateway: KV blocks idle {time.monotonic() - started:.2f} s later "
-          f"(grace period {GRACE_S} s)]")
+    print(
+        f"\n[DELETE through the other gateway: KV blocks idle {time.monotonic() - started:.2f} s later "
+        f"(grace period {GRACE_S} s)]"
+    )
     assert took < GRACE_S, "DELETE did not stop the stream before its grace period would have"
 
 
 def test_a_resume_after_the_end_replays_the_tail_and_an_unknown_stream_is_404(fleet):
     stream_id, ids, data = read_events(fleet.urls[0], fleet.key, "POST", "/v1/completions", payload=body(8))
     assert data[-1] == "[DONE]"
-    _, tail_ids, tail = read_events(fleet.urls[1], fleet.key, "GET", f"/v1/streams/{stream_id}",
-                                    last_event_id=ids[-3])
+    _, tail_ids, tail = read_events(fleet.urls[1], fleet.key, "GET", f"/v1/streams/{stream_id}", last_event_id=ids[-3])
     assert tail_ids == ids[-2:] and tail == data[-2:]
     with httpx.Client(timeout=30) as client:
-        missing = client.get(f"{fleet.urls[0]}/v1/streams/strm_unknown",
-                             headers={"Authorization": f"Bearer {fleet.key}"})
+        missing = client.get(
+            f"{fleet.urls[0]}/v1/streams/strm_unknown", headers={"Authorization": f"Bearer {fleet.key}"}
+        )
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "stream_not_found"
 
 
@@ -180,10 +214,13 @@ def test_the_openai_sdk_resumes_a_background_response_with_starting_after(fleet,
     stream.close()
     dropped = time.monotonic()
     response_id = seen[0].response.id
-    rest = list(sdk(fleet.urls[resume_on]).responses.retrieve(response_id, stream=True,
-                                                              starting_after=seen[-1].sequence_number))
-    print(f"\n[Responses API via gateway {resume_on}: {len(seen)} events, dropped, {len(rest)} more after "
-          f"{time.monotonic() - dropped:.2f} s]")
+    rest = list(
+        sdk(fleet.urls[resume_on]).responses.retrieve(response_id, stream=True, starting_after=seen[-1].sequence_number)
+    )
+    print(
+        f"\n[Responses API via gateway {resume_on}: {len(seen)} events, dropped, {len(rest)} more after "
+        f"{time.monotonic() - dropped:.2f} s]"
+    )
     numbers = [e.sequence_number for e in seen + rest]
     assert numbers == list(range(len(numbers))), "events lost or repeated across the resume"
     text = "".join(e.delta for e in seen + rest if e.type == "response.output_text.delta")

@@ -3,6 +3,7 @@ tritonserver, the gateway as its own process with its gRPC door, the real
 tritonclient (grpc and http) and httpx. Greedy answers through the gateway
 equal Triton's own for the same request (text, field set), a call without a
 key is refused before Triton, and a gRPC cancel frees the KV blocks."""
+
 from __future__ import annotations
 
 import asyncio
@@ -43,22 +44,31 @@ class GrpcGateway:
 
 @pytest.fixture(scope="module")
 def door(triton_server: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GrpcGateway]:
-    grpc_port, = free_local_ports(1)
-    gateway = start_gateway(triton_server, tmp_path_factory.mktemp("gateway-triton"),
-                            f"gateway.public_grpc_port={grpc_port}")
+    (grpc_port,) = free_local_ports(1)
+    gateway = start_gateway(
+        triton_server, tmp_path_factory.mktemp("gateway-triton"), f"gateway.public_grpc_port={grpc_port}"
+    )
     yield GrpcGateway(gateway, grpc_port)
     assert gateway.process.stop() == 0
 
 
-def stream_through(door: GrpcGateway, model: str, inputs: dict[str, Any], *, headers: dict[str, str] | None = None,
-                   timeout: float = 120.0) -> tuple[list[Any], str | None]:
+def stream_through(
+    door: GrpcGateway,
+    model: str,
+    inputs: dict[str, Any],
+    *,
+    headers: dict[str, str] | None = None,
+    timeout: float = 120.0,
+) -> tuple[list[Any], str | None]:
     """(responses, error) of one ModelStreamInfer request through the gateway, to its final response."""
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(door.url)
     got: list[Any] = []
     try:
-        client.start_stream(callback=lambda result, error: responses.put((result, error)),
-                            headers=door.headers if headers is None else headers)
+        client.start_stream(
+            callback=lambda result, error: responses.put((result, error)),
+            headers=door.headers if headers is None else headers,
+        )
         try:
             client.async_stream_infer(model, [_grpc_input(k, v) for k, v in inputs.items()], request_id="mine")
         except InferenceServerException as exc:
@@ -79,7 +89,7 @@ def stream_through(door: GrpcGateway, model: str, inputs: dict[str, Any], *, hea
         try:
             client.stop_stream()
         except InferenceServerException:
-            pass        # the stream already ended with the error the caller returned (a refused key)
+            pass  # the stream already ended with the error the caller returned (a refused key)
         client.close()
 
 
@@ -128,8 +138,9 @@ def test_grpc_without_a_key_never_reaches_triton(door, triton_server):
     client = grpcclient.InferenceServerClient(door.url)
     try:
         with pytest.raises(InferenceServerException) as caught:
-            client.infer("ensemble", [_grpc_input(k, v) for k, v in GREEDY.items()],
-                         headers={"authorization": "Bearer sk-wrong"})
+            client.infer(
+                "ensemble", [_grpc_input(k, v) for k, v in GREEDY.items()], headers={"authorization": "Bearer sk-wrong"}
+            )
         assert caught.value.status() == "StatusCode.UNAUTHENTICATED"
     finally:
         client.close()
@@ -145,8 +156,12 @@ def test_a_grpc_cancel_frees_the_kv_blocks(door, triton_server, model):
     idle = kv_blocks_used(triton_server)
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(door.url)
-    inputs = {"text_input": "Write a very long story about the sea.", "max_tokens": 400, "stream": True,
-              "ignore_eos": True}
+    inputs = {
+        "text_input": "Write a very long story about the sea.",
+        "max_tokens": 400,
+        "stream": True,
+        "ignore_eos": True,
+    }
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)), headers=door.headers)
         client.async_stream_infer(model, [_grpc_input(k, v) for k, v in inputs.items()])
@@ -174,14 +189,22 @@ def test_generate_through_the_gateway_equals_triton_direct(door, triton_server, 
     body = {**GREEDY, "id": "abc", "return_output_ids": True}
     direct = httpx.post(f"{triton_server.http_url}/v2/models/{model}/generate", json=body, timeout=120)
     assert direct.status_code == 200, direct.text
-    through = httpx.post(f"{door.gateway.root}/v2/models/{model}/generate", json=body, timeout=120,
-                         headers={"Authorization": f"Bearer {door.gateway.key}"})
+    through = httpx.post(
+        f"{door.gateway.root}/v2/models/{model}/generate",
+        json=body,
+        timeout=120,
+        headers={"Authorization": f"Bearer {door.gateway.key}"},
+    )
     assert through.status_code == 200, through.text
     assert set(through.json()) == set(direct.json()), (sorted(through.json()), sorted(direct.json()))
     assert comparable(through.json()) == comparable(direct.json())
     assert "Paris" in through.json()["text_output"] and through.json()["id"] == "abc"
-    refused = httpx.post(f"{door.gateway.root}/v2/models/{model}/generate", json={**body, "stream": True},
-                         headers={"Authorization": f"Bearer {door.gateway.key}"}, timeout=30)
+    refused = httpx.post(
+        f"{door.gateway.root}/v2/models/{model}/generate",
+        json={**body, "stream": True},
+        headers={"Authorization": f"Bearer {door.gateway.key}"},
+        timeout=30,
+    )
     assert refused.status_code == 400 and refused.json()["error"].startswith("stream: ")
 
 
@@ -193,12 +216,13 @@ def test_generate_stream_through_the_gateway_equals_triton_direct(door, triton_s
     headers = {"Authorization": f"Bearer {door.gateway.key}"}
     events = []
     with httpx.Client(timeout=120) as http:
-        with http.stream("POST", f"{door.gateway.root}/v2/models/{model}/generate_stream", json=body,
-                         headers=headers) as response:
+        with http.stream(
+            "POST", f"{door.gateway.root}/v2/models/{model}/generate_stream", json=body, headers=headers
+        ) as response:
             assert response.status_code == 200
             for line in response.iter_lines():
                 if line.startswith("data: "):
-                    events.append(json.loads(line[len("data: "):]))
+                    events.append(json.loads(line[len("data: ") :]))
     assert "".join(e["text_output"] for e in events) == direct.text
     assert [comparable(e) for e in events] == [comparable(e) for e in direct.events]
 
@@ -235,7 +259,7 @@ def test_the_client_library_over_grpc_through_the_gateway(door, triton_server):
     async def through() -> Any:
         config = ClientConfig(url=door.url, transport="grpc", model="llm_bls", api_key=door.gateway.key)
         async with AsyncLLMClient(config) as client:
-            return await client.generate("", max_tokens=MAX_TOKENS, temperature=0.0,
-                                         messages=json.loads(CHAT_PARIS))
+            return await client.generate("", max_tokens=MAX_TOKENS, temperature=0.0, messages=json.loads(CHAT_PARIS))
+
     result = asyncio.run(through())
     assert result.error is None and result.text == direct.text and result.num_responses > 1

@@ -13,6 +13,7 @@ Asserted: no response >= 500, no connection reset or protocol error, every
 refusal caused by a field is a 400 in Triton's shape `{"error": "<field>:
 ..."}` naming it, and the good bodies are answered 200. The status counts and
 the time are printed."""
+
 from __future__ import annotations
 
 import collections
@@ -35,16 +36,22 @@ pytestmark = pytest.mark.e2e
 
 SEED = 20261202
 BODIES = 2400
-TOKENS_CAP = 4                      # the fuzz tier's max_tokens_cap: a good body generates at most 4 tokens
+TOKENS_CAP = 4  # the fuzz tier's max_tokens_cap: a good body generates at most 4 tokens
 MODELS = ("ensemble", "llm_bls")
 ROUTES = ("generate", "generate_stream", "infer")
 KNOWN = {spec.name: wire_datatype(spec) for spec in PUBLIC_INPUTS}
 WORD_LISTS = {spec.name for spec in PUBLIC_INPUTS if spec.dims == (-1,)}
-_RANGES = {"INT32": (-2 ** 31, 2 ** 31 - 1), "UINT64": (0, 2 ** 64 - 1)}
+_RANGES = {"INT32": (-(2**31), 2**31 - 1), "UINT64": (0, 2**64 - 1)}
 # one value of each JSON type, and which datatypes take it
-_TYPED = {"string": ("x", {"BYTES"}), "integer": (3, {"INT32", "UINT64", "FP32"}), "number": (0.5, {"FP32"}),
-          "boolean": (True, {"BOOL"}), "null": (None, set()), "object": ({"a": 1}, set()),
-          "nested": ([[1]], set())}
+_TYPED = {
+    "string": ("x", {"BYTES"}),
+    "integer": (3, {"INT32", "UINT64", "FP32"}),
+    "number": (0.5, {"FP32"}),
+    "boolean": (True, {"BOOL"}),
+    "null": (None, set()),
+    "object": ({"a": 1}, set()),
+    "nested": ([[1]], set()),
+}
 # what no Triton body may hold, as raw JSON text
 _NON_FINITE = ("NaN", "Infinity", "-Infinity", "1e999", "-1e999")
 _NOT_UTF8 = (b"\xff", b"\xc3", b"\xed\xa0\x80", b"\xf8\x88\x80\x80\x80", b"\x80abc", b"\xe2\x82")
@@ -56,8 +63,8 @@ class Case:
     model: str
     body: bytes
     kind: str
-    culprit: str | None             # the field the refusal must name; None: no field (or none expected)
-    good: bool = False              # must be answered 200
+    culprit: str | None  # the field the refusal must name; None: no field (or none expected)
+    good: bool = False  # must be answered 200
 
 
 def _scalar(name: str, value: object, route: str) -> dict[str, object]:
@@ -74,6 +81,7 @@ class _Raw(str):
 def _encode(route: str, fields: list[tuple[str | bytes, object]]) -> bytes:
     """A body of `fields` (in order, duplicates kept); a key given as bytes and
     a `_Raw` value are spliced in unencoded."""
+
     def text(value: object) -> bytes:
         if isinstance(value, _Raw):
             return value.encode("utf-8", "surrogateescape")
@@ -88,8 +96,10 @@ def _encode(route: str, fields: list[tuple[str | bytes, object]]) -> bytes:
         for name, value in fields:
             key = name if isinstance(name, bytes) else json.dumps(name).encode()[1:-1]
             datatype = KNOWN.get(name, "BYTES") if isinstance(name, str) else "BYTES"
-            tensors.append(b'{"name": "' + key + b'", "datatype": "' + datatype.encode() + b'", "shape": [1], '
-                           b'"data": [' + text(value) + b"]}")
+            tensors.append(
+                b'{"name": "' + key + b'", "datatype": "' + datatype.encode() + b'", "shape": [1], '
+                b'"data": [' + text(value) + b"]}"
+            )
         return b'{"inputs": [' + b", ".join(tensors) + b"]}"
     parts = []
     for name, value in fields:
@@ -123,16 +133,25 @@ def _wrong_type(rng: random.Random, name: str) -> object:
 
 
 BOUNDED = sorted(name for name in KNOWN if name in BOUNDS or KNOWN[name] in _RANGES or KNOWN[name] == "FP32")
-NOT_SENT = {"priority", "request_key"}     # the tier decides; a key is a secret the fuzz need not guess
+NOT_SENT = {"priority", "request_key"}  # the tier decides; a key is a secret the fuzz need not guess
 
 
 def _good(rng: random.Random) -> list[tuple[str, object]]:
-    fields: list[tuple[str, object]] = [("text_input", rng.choice(["Say hello", "1, 2, 3,", "The sky is"])),
-                                        ("max_tokens", rng.randint(1, 50))]
-    for name, value in (("temperature", rng.choice([0.0, 0.7])), ("top_p", rng.choice([0.5, 1.0])),
-                        ("top_k", rng.randint(0, 40)), ("seed", rng.randint(0, 2 ** 64 - 1)),
-                        ("stop_words", ["\n\n"]), ("repetition_penalty", 1.1), ("length_penalty", 1.0),
-                        ("min_tokens", 1), ("return_num_input_tokens", True)):
+    fields: list[tuple[str, object]] = [
+        ("text_input", rng.choice(["Say hello", "1, 2, 3,", "The sky is"])),
+        ("max_tokens", rng.randint(1, 50)),
+    ]
+    for name, value in (
+        ("temperature", rng.choice([0.0, 0.7])),
+        ("top_p", rng.choice([0.5, 1.0])),
+        ("top_k", rng.randint(0, 40)),
+        ("seed", rng.randint(0, 2**64 - 1)),
+        ("stop_words", ["\n\n"]),
+        ("repetition_penalty", 1.1),
+        ("length_penalty", 1.0),
+        ("min_tokens", 1),
+        ("return_num_input_tokens", True),
+    ):
         if rng.random() < 0.3:
             fields.append((name, value))
     return fields
@@ -141,9 +160,24 @@ def _good(rng: random.Random) -> list[tuple[str, object]]:
 def generate_case(rng: random.Random) -> Case:
     route, model = rng.choice(ROUTES), rng.choice(MODELS)
     base: list[tuple[str | bytes, object]] = [("text_input", "Hi"), ("max_tokens", 2)]
-    kind = rng.choices(["range", "type", "unknown", "utf8_value", "utf8_key", "surrogate", "non_finite",
-                        "huge_int", "duplicate", "words", "engine", "not_object", "good"],
-                       weights=[20, 16, 8, 8, 6, 5, 8, 4, 5, 5, 1.2, 4, 1.2])[0]
+    kind = rng.choices(
+        [
+            "range",
+            "type",
+            "unknown",
+            "utf8_value",
+            "utf8_key",
+            "surrogate",
+            "non_finite",
+            "huge_int",
+            "duplicate",
+            "words",
+            "engine",
+            "not_object",
+            "good",
+        ],
+        weights=[20, 16, 8, 8, 6, 5, 8, 4, 5, 5, 1.2, 4, 1.2],
+    )[0]
     culprit: str | None
     if kind == "range":
         culprit = rng.choice([n for n in BOUNDED if n not in NOT_SENT])
@@ -152,7 +186,7 @@ def generate_case(rng: random.Random) -> Case:
         culprit = rng.choice([n for n in KNOWN if n not in NOT_SENT])
         value = _wrong_type(rng, culprit)
         if route == "infer" and isinstance(value, list):
-            value = {"a": 1}              # infer data may nest: an object stays wrong
+            value = {"a": 1}  # infer data may nest: an object stays wrong
     elif kind == "unknown":
         culprit = rng.choice(["foo", "max_token", "Temperature", "top-p", "ünïcode", "n", "logprobs", "x" * 70])
         value = rng.choice([1, "x", True, None, [1]])
@@ -167,8 +201,11 @@ def generate_case(rng: random.Random) -> Case:
         rng.shuffle(fields)
         # named as the caller wrote it, each invalid byte shown as \udcXX; in an
         # infer body the name is a tensor's, named by its place
-        named = (f"inputs[{fields.index((key, 1))}].name" if route == "infer"
-                 else key.decode("utf-8", "surrogateescape").encode("utf-8", "backslashreplace").decode())
+        named = (
+            f"inputs[{fields.index((key, 1))}].name"
+            if route == "infer"
+            else key.decode("utf-8", "surrogateescape").encode("utf-8", "backslashreplace").decode()
+        )
         return Case(route, model, _encode(route, fields), kind, named)
     elif kind == "surrogate":
         culprit = rng.choice(["text_input", "segment", "id" if route != "infer" else "text_input"])
@@ -187,25 +224,51 @@ def generate_case(rng: random.Random) -> Case:
         culprit = rng.choice(sorted(WORD_LISTS - {"continuation_ids"}))
         value = rng.choice([["w"] * (MAX_WORDS + 1), ["x" * (MAX_WORD_CHARS + 1)], ["a", ""]])
         if route == "infer":
-            body = {"inputs": [_scalar("text_input", "Hi", route),
-                               {"name": culprit, "datatype": "BYTES", "shape": [len(value)], "data": value}]}
+            body = {
+                "inputs": [
+                    _scalar("text_input", "Hi", route),
+                    {"name": culprit, "datatype": "BYTES", "shape": [len(value)], "data": value},
+                ]
+            }
             return Case(route, model, json.dumps(body).encode(), kind, culprit)
     elif kind == "engine":
         # values only the text stages can judge: refused upstream, a 400 naming the field
-        culprit, value = rng.choice([
-            ("messages", json.dumps([{"role": "wizard", "content": "hi"}])),
-            ("continuation_ids", [1, 2, 3, 4, 5, 6]),
-        ])
-        fields = [("text_input", ""), ("max_tokens", 2), (culprit, value)] if culprit == "messages" \
+        culprit, value = rng.choice(
+            [
+                ("messages", json.dumps([{"role": "wizard", "content": "hi"}])),
+                ("continuation_ids", [1, 2, 3, 4, 5, 6]),
+            ]
+        )
+        fields = (
+            [("text_input", ""), ("max_tokens", 2), (culprit, value)]
+            if culprit == "messages"
             else [*base, (culprit, value)]
+        )
         if route == "infer" and culprit == "continuation_ids":
-            body = {"inputs": [_scalar("text_input", "Hi", route), _scalar("max_tokens", 2, route),
-                               {"name": culprit, "datatype": "INT32", "shape": [len(value)], "data": value}]}
+            body = {
+                "inputs": [
+                    _scalar("text_input", "Hi", route),
+                    _scalar("max_tokens", 2, route),
+                    {"name": culprit, "datatype": "INT32", "shape": [len(value)], "data": value},
+                ]
+            }
             return Case(route, model, json.dumps(body).encode(), kind, culprit)
         return Case(route, model, _encode(route, fields), kind, culprit)
     elif kind == "not_object":
-        body = rng.choice([b"", b"[]", b"null", b"42", b'"text"', b"{", b'{"text_input": }', b"\xff\xfe",
-                           b'{"inputs": {}}', b"[" * 20 + b"]" * 20])
+        body = rng.choice(
+            [
+                b"",
+                b"[]",
+                b"null",
+                b"42",
+                b'"text"',
+                b"{",
+                b'{"text_input": }',
+                b"\xff\xfe",
+                b'{"inputs": {}}',
+                b"[" * 20 + b"]" * 20,
+            ]
+        )
         return Case(route, model, body, kind, None)
     else:
         fields = list(_good(rng))
@@ -217,8 +280,9 @@ def generate_case(rng: random.Random) -> Case:
 
 @pytest.fixture(scope="module")
 def fuzz_gateway(triton_server: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzGateway]:
-    with fuzz_gateway_process(triton_server, tmp_path_factory.mktemp("gateway-triton-http-fuzz"), tokens_cap=TOKENS_CAP,
-                              label="triton-fuzz") as gateway:
+    with fuzz_gateway_process(
+        triton_server, tmp_path_factory.mktemp("gateway-triton-http-fuzz"), tokens_cap=TOKENS_CAP, label="triton-fuzz"
+    ) as gateway:
         yield gateway
 
 
@@ -226,7 +290,7 @@ def _error_text(response: httpx.Response) -> str:
     """The message of a Triton-shaped error: a JSON body, or generate_stream's one `data:` event."""
     text = response.text
     if text.startswith("data: "):
-        text = text[len("data: "):].strip()
+        text = text[len("data: ") :].strip()
     try:
         body = json.loads(text)
     except ValueError:
@@ -249,7 +313,7 @@ def test_triton_http_routes_answer_every_generated_body_without_5xx(fuzz_gateway
             path = f"/v2/models/{case.model}/{case.route}"
             try:
                 response = client.post(path, content=case.body, headers=headers)
-            except httpx.HTTPError as exc:       # a reset, a protocol error, a timeout
+            except httpx.HTTPError as exc:  # a reset, a protocol error, a timeout
                 broken.append(f"#{index} {case.kind} {path}: {exc!r} body={case.body[:120]!r}")
                 continue
             statuses[response.status_code] += 1
@@ -266,11 +330,13 @@ def test_triton_http_routes_answer_every_generated_body_without_5xx(fuzz_gateway
                 message = _error_text(response)
                 if response.status_code != 400 or not message.startswith(f"{case.culprit}:"):
                     failures.append(f"{where}: {response.status_code} does not name {case.culprit!r}: {message!r}")
-            elif response.status_code == 200:           # generate_stream: the refusal must come before the 200
+            elif response.status_code == 200:  # generate_stream: the refusal must come before the 200
                 failures.append(f"{where}: a refusal after the 200: {response.text[:200]!r}")
     took = time.monotonic() - started
-    print(f"\n[Triton HTTP fuzz: {len(cases)} bodies in {took:.1f} s; statuses {dict(sorted(statuses.items()))}; "
-          f"kinds {dict(sorted(kinds.items()))}; {len(broken)} broken connections]")
+    print(
+        f"\n[Triton HTTP fuzz: {len(cases)} bodies in {took:.1f} s; statuses {dict(sorted(statuses.items()))}; "
+        f"kinds {dict(sorted(kinds.items()))}; {len(broken)} broken connections]"
+    )
     assert not broken, broken[:10]
     assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:20])
     assert sum(statuses.values()) >= 2000

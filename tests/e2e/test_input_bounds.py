@@ -2,6 +2,7 @@
 nested, numerous or huge `messages`, a huge `text_input`, a request without
 `text_input`, a malformed `request_key`. The server stays ready and logs no
 traceback for them."""
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ from tests.e2e.triton_calls import chat
 
 pytestmark = pytest.mark.e2e
 
-DEEP = "[" * 50_000 + "]" * 50_000                 # past Python's recursion limit
+DEEP = "[" * 50_000 + "]" * 50_000  # past Python's recursion limit
 CASES = [
     ("messages nested past the recursion limit", {"text_input": "", "messages": DEEP}, "messages"),
     ("messages nested past the bound", {"text_input": "", "messages": "[" * 9 + "]" * 9}, "messages"),
@@ -29,7 +30,7 @@ CASES = [
 
 def _error(response: httpx.Response) -> str:
     text = response.text
-    if text.startswith("data:"):        # generate_stream answers its 400 as one SSE event
+    if text.startswith("data:"):  # generate_stream answers its 400 as one SSE event
         text = text.split("data:", 1)[1]
     return json.loads(text)["error"]
 
@@ -40,8 +41,9 @@ def _error(response: httpx.Response) -> str:
 def test_bad_input_is_a_400_naming_the_field(triton_server, model, endpoint, case, body, field):
     log_before = len(triton_server.read_log())
     t0 = time.monotonic()
-    response = httpx.post(f"{triton_server.http_url}/v2/models/{model}/{endpoint}",
-                          json={"max_tokens": 8, **body}, timeout=60)
+    response = httpx.post(
+        f"{triton_server.http_url}/v2/models/{model}/{endpoint}", json={"max_tokens": 8, **body}, timeout=60
+    )
     took = time.monotonic() - t0
     assert response.status_code == 400, response.text[:500]
     message = _error(response)

@@ -1,4 +1,5 @@
 """A bounded headless Locust run against the real server: both user types."""
+
 from __future__ import annotations
 
 import json
@@ -12,10 +13,35 @@ pytestmark = pytest.mark.e2e
 
 def test_locust_smoke_both_transports(triton_server, tmp_path):
     out = tmp_path / "results"
-    command = [sys.executable, "-m", "loadtest", "run", "--users", "8", "--duration", "55s", "--shape", "steady",
-               "--user-types", "sse,grpc", "--max-tokens", "16", "--fixed-max-tokens", "--think-time", "0.05",
-               "--http-url", triton_server.http_url, "--grpc-url", triton_server.grpc_url,
-               "--stop-timeout", "30", "--slo-error-rate", "0", "--out", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "loadtest",
+        "run",
+        "--users",
+        "8",
+        "--duration",
+        "55s",
+        "--shape",
+        "steady",
+        "--user-types",
+        "sse,grpc",
+        "--max-tokens",
+        "16",
+        "--fixed-max-tokens",
+        "--think-time",
+        "0.05",
+        "--http-url",
+        triton_server.http_url,
+        "--grpc-url",
+        triton_server.grpc_url,
+        "--stop-timeout",
+        "30",
+        "--slo-error-rate",
+        "0",
+        "--out",
+        str(out),
+    ]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=150)
     print(completed.stdout[-3000:], completed.stderr[-3000:])
     assert completed.returncode == 0, "errors in the run (error-rate SLO 0) or Locust failed"

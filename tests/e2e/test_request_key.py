@@ -2,6 +2,7 @@
 A stop by request id alone, or with a wrong key, changes nothing and says so;
 the right key ends the request, running or still queued, and its KV blocks
 return. On the real server, through `ensemble`, `llm_bls` and `python_llm`."""
+
 from __future__ import annotations
 
 import json
@@ -30,11 +31,17 @@ def _key() -> str:
 
 
 def _body(model: str, key: str, request_id: str, stream: bool = True) -> dict:
-    if model == "python_llm":   # the LLM step takes token ids under TensorRT-LLM's names
-        return {"input_ids": list(range(100, 140)), "request_output_len": LONG["max_tokens"], "ignore_eos": True,
-                "temperature": 0.0, "streaming": stream, "request_key": key, "id": request_id}
-    return {"text_input": "", "messages": CHAT_PARIS, "stream": stream, "request_key": key, "id": request_id,
-            **LONG}
+    if model == "python_llm":  # the LLM step takes token ids under TensorRT-LLM's names
+        return {
+            "input_ids": list(range(100, 140)),
+            "request_output_len": LONG["max_tokens"],
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "streaming": stream,
+            "request_key": key,
+            "id": request_id,
+        }
+    return {"text_input": "", "messages": CHAT_PARIS, "stream": stream, "request_key": key, "id": request_id, **LONG}
 
 
 class OpenStream:
@@ -60,7 +67,7 @@ class OpenStream:
                             break
                         self.events.append(event)
                         self.first.set()
-        except Exception as exc:   # reported by the test's assertions
+        except Exception as exc:  # reported by the test's assertions
             self.error = repr(exc)
         finally:
             self.first.set()
@@ -97,22 +104,24 @@ def test_only_the_key_stops_a_stream(triton_server, model):
     key, request_id = _key(), f"victim-{uuid.uuid4().hex}"
     stream = OpenStream(triton_server.http_url, model, _body(model, key, request_id))
     assert stream.first.wait(IDLE_TIMEOUT_S) and stream.error is None, stream.error
-    assert stream.echoed_keys() == {key}                     # every response carries the key back
+    assert stream.echoed_keys() == {key}  # every response carries the key back
 
     # another connection knows the request id (they are guessable), or guesses a key
     _refused(send_stop(triton_server.http_url, request_id=request_id), "request_key: required")
     _refused(send_stop(triton_server.http_url, request_key=_key(), request_id=request_id), "no live request")
     _refused(send_stop(triton_server.http_url, request_key=_key()), "no live request")
     seen = len(stream.events)
-    wait_for(lambda: len(stream.events) >= seen + 2, IDLE_TIMEOUT_S)   # it kept streaming
+    wait_for(lambda: len(stream.events) >= seen + 2, IDLE_TIMEOUT_S)  # it kept streaming
     assert not stream.done.is_set() and stream.finish_reason is None
 
     t0 = time.monotonic()
     stop = send_stop(triton_server.http_url, request_key=key)
     assert stop.status_code == 200, stop.text
     assert stream.done.wait(IDLE_TIMEOUT_S), "the stream did not end after its key's stop"
-    print(f"\n[{model}: the key's stop ended the stream in {time.monotonic() - t0:.2f} s "
-          f"after {len(stream.events)} responses]")
+    print(
+        f"\n[{model}: the key's stop ended the stream in {time.monotonic() - t0:.2f} s "
+        f"after {len(stream.events)} responses]"
+    )
     stream.join()
     assert stream.error is None and stream.finish_reason == "cancelled", (stream.error, stream.events[-1:])
     _wait_idle(triton_server, f"{model} stopped by key")
@@ -136,10 +145,11 @@ def test_the_key_stops_a_queued_request_streaming_or_not(one_seat_server):
     queued = OpenStream(server.http_url, "ensemble", _body("ensemble", queued_key, f"queued-{uuid.uuid4().hex}"))
     with ThreadPoolExecutor(1) as pool:
         # stream: false answers once, at the end: the caller's own key is its only handle
-        whole = pool.submit(generate, server.http_url, "llm_bls",
-                            _body("llm_bls", whole_key, f"whole-{uuid.uuid4().hex}", stream=False))
+        whole = pool.submit(
+            generate, server.http_url, "llm_bls", _body("llm_bls", whole_key, f"whole-{uuid.uuid4().hex}", stream=False)
+        )
         wait_for(lambda: scrape_metrics(server.metrics_url)["llm_num_requests_waiting"] == 2, IDLE_TIMEOUT_S)
-        assert not queued.first.is_set()                     # still waiting for the seat
+        assert not queued.first.is_set()  # still waiting for the seat
 
         _refused(send_stop(server.http_url, request_key=_key()), "no live request")
         t0 = time.monotonic()
@@ -150,7 +160,7 @@ def test_the_key_stops_a_queued_request_streaming_or_not(one_seat_server):
         print(f"\n[two queued requests stopped by key in {time.monotonic() - t0:.2f} s while another ran]")
     assert queued.error is None and queued.finish_reason == "cancelled", (queued.error, queued.events)
     assert status == 200 and answer["finish_reason"] == "cancelled" and answer["request_key"] == whole_key, answer
-    assert not running.done.is_set()                         # the running one was not touched
+    assert not running.done.is_set()  # the running one was not touched
 
     assert send_stop(server.http_url, request_key=running_key).status_code == 200
     assert running.done.wait(IDLE_TIMEOUT_S) and running.finish_reason == "cancelled"

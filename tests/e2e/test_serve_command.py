@@ -4,6 +4,7 @@ own front closed (loopback only, admin APIs behind the key it writes 0600;
 the gateway is the one listener beyond loopback), and stops cleanly on
 Ctrl-C. One server for the module, started with serve's defaults (no
 --address) but a free gateway port."""
+
 from __future__ import annotations
 
 import ipaddress
@@ -48,7 +49,7 @@ class Serve:
     metrics: int
     gateway: int
     gateway_grpc: int
-    ops: int                 # the gateway's ops port (/metrics, /admin/*), loopback
+    ops: int  # the gateway's ops port (/metrics, /admin/*), loopback
     output: list[str] = field(default_factory=list)
 
     @property
@@ -65,12 +66,31 @@ def serve(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     build_dir = tmp_path_factory.mktemp("serve")
     http, grpc, metrics, gateway, gateway_grpc, ops = free_local_ports(6)
     env = {**os.environ, "LLM_BUILD_DIR": str(build_dir), "LLM_MODEL_DIR": str(model_dir)}
-    env.pop(ADMIN_KEY_ENV, None)     # serve's own default: a generated key
-    proc = subprocess.Popen([sys.executable, "-m", "serving", "serve", "--http-port", str(http),
-                             "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-                             "--set", f"gateway.port={gateway}", "--set", f"gateway.public_grpc_port={gateway_grpc}",
-                             "--set", f"gateway.ops_port={ops}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    env.pop(ADMIN_KEY_ENV, None)  # serve's own default: a generated key
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "serving",
+            "serve",
+            "--http-port",
+            str(http),
+            "--grpc-port",
+            str(grpc),
+            "--metrics-port",
+            str(metrics),
+            "--set",
+            f"gateway.port={gateway}",
+            "--set",
+            f"gateway.public_grpc_port={gateway_grpc}",
+            "--set",
+            f"gateway.ops_port={ops}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     started = Serve(proc, build_dir, http, grpc, metrics, gateway, gateway_grpc, ops)
     try:
         t0 = time.monotonic()
@@ -128,8 +148,10 @@ def test_triton_listens_on_loopback_only(serve: Serve):
                 assert http.get(f"http://127.0.0.1:{serve.ops}/metrics").status_code == 200
             continue
         assert {address for address, _ in listening} <= {"127.0.0.1", "::1"}, process
-    print(f"[tritonserver {triton[0].pid} listens on {sorted(sockets)}; checked {len(tree)} processes "
-          f"in {time.monotonic() - t0:.2f} s]")
+    print(
+        f"[tritonserver {triton[0].pid} listens on {sorted(sockets)}; checked {len(tree)} processes "
+        f"in {time.monotonic() - t0:.2f} s]"
+    )
 
 
 def _admin_key(serve: Serve) -> tuple[Path, str]:
@@ -170,7 +192,7 @@ def test_admin_apis_need_the_key_and_the_public_ones_do_not(serve: Serve):
         with pytest.raises(InferenceServerException, match="restricted"):
             grpc.get_inference_statistics()
         with pytest.raises(InferenceServerException, match="restricted"):
-            grpc.get_inference_statistics(headers={ADMIN_KEY_HEADER: key})    # gRPC wants the prefixed name
+            grpc.get_inference_statistics(headers={ADMIN_KEY_HEADER: key})  # gRPC wants the prefixed name
         assert grpc.get_inference_statistics(headers={ADMIN_KEY_GRPC_METADATA: key}) is not None
     finally:
         grpc.close()
@@ -191,7 +213,7 @@ def test_serve_stops_within_10_s_of_ctrl_c_after_a_cancelled_stream(serve: Serve
     rest = serve.proc.stdout.read()
     print(f"[a stream hung up after {hung_up:.1f} s; serve (1 replica) stopped {took:.1f} s after Ctrl-C]\n{rest}")
     assert serve.proc.returncode == 0, serve.text + rest
-    assert "stopping tritonserver... (each waits up to" in rest, rest     # what it waits for, said
+    assert "stopping tritonserver... (each waits up to" in rest, rest  # what it waits for, said
     assert took <= 10.0, f"Ctrl-C took {took:.1f} s (bound 10 s)\n{rest}"
     _, alive = psutil.wait_procs(tree, timeout=5)
     assert not alive, [(p.pid, p.name()) for p in alive]
@@ -199,19 +221,41 @@ def test_serve_stops_within_10_s_of_ctrl_c_after_a_cancelled_stream(serve: Serve
     assert not bound_ports([serve.http, serve.grpc, serve.metrics, serve.gateway, serve.ops])
 
 
-def test_a_sigkilled_serve_leaves_no_process_port_or_shm_behind(model_dir: Path,
-                                                                tmp_path_factory: pytest.TempPathFactory):
+def test_a_sigkilled_serve_leaves_no_process_port_or_shm_behind(
+    model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+):
     """A launcher killed by SIGKILL (no handler runs) takes its tritonserver,
     the stubs, the reaper and the gateway with it (parent-death signals), and
     the /dev/shm files are removed by the reaper."""
     build_dir = tmp_path_factory.mktemp("serve-killed")
     http, grpc, metrics, gateway, ops = free_local_ports(5)
     env = {**os.environ, "LLM_BUILD_DIR": str(build_dir), "LLM_MODEL_DIR": str(model_dir)}
-    proc = subprocess.Popen([sys.executable, "-m", "serving", "serve", "--http-port", str(http),
-                             "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-                             "--set", f"gateway.port={gateway}", "--set", "gateway.public_grpc_port=0",
-                             "--set", f"gateway.ops_port={ops}", "--set", "server.supervisor_metrics_port=0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "serving",
+            "serve",
+            "--http-port",
+            str(http),
+            "--grpc-port",
+            str(grpc),
+            "--metrics-port",
+            str(metrics),
+            "--set",
+            f"gateway.port={gateway}",
+            "--set",
+            "gateway.public_grpc_port=0",
+            "--set",
+            f"gateway.ops_port={ops}",
+            "--set",
+            "server.supervisor_metrics_port=0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     output: list[str] = []
     tree: list[psutil.Process] = []
     try:
@@ -221,11 +265,10 @@ def test_a_sigkilled_serve_leaves_no_process_port_or_shm_behind(model_dir: Path,
         names = sorted(p.name() for p in tree)
         assert "tritonserver" in names and any("gateway" in " ".join(p.cmdline()) for p in tree), names
         assert shm_files([build_dir]), "the server's shm segments should carry its prefix"
-        hang_up_a_stream(gateway, api_key("".join(output)))      # an in-flight request left behind, too
+        hang_up_a_stream(gateway, api_key("".join(output)))  # an in-flight request left behind, too
         proc.kill()
         proc.wait(10)
-        took, left = gone_within(30, lambda: [p for p in tree if p.is_running()
-                                             and p.status() != psutil.STATUS_ZOMBIE])
+        took, left = gone_within(30, lambda: [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE])
         print(f"\n[serve SIGKILLed: its {len(tree)} processes ({', '.join(names)}) gone in {took:.1f} s]")
         assert not left, [(p.pid, p.name()) for p in left]
         shm_took, shm = gone_within(10, lambda: shm_files([build_dir]))
@@ -238,7 +281,7 @@ def test_a_sigkilled_serve_leaves_no_process_port_or_shm_behind(model_dir: Path,
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for process in tree:        # whatever the test found alive: never left to the next test
+        for process in tree:  # whatever the test found alive: never left to the next test
             try:
                 process.kill()
             except psutil.Error:

@@ -4,6 +4,7 @@ answering the inference probe exactly as its golden file says, one gateway
 given both replicas and the golden file; a replica killed under traffic is
 restarted by serve and routed to again; and everything gone within 10 s of
 Ctrl-C after a cancelled stream, the gateway stopped first."""
+
 from __future__ import annotations
 
 import asyncio
@@ -47,8 +48,8 @@ class Fleet:
     build_dir: Path
     layout: list[Ports]
     gateway: int
-    ops: int                  # the gateway's /metrics
-    supervisor: int           # serve's own /metrics (serving_replica_restarts_total)
+    ops: int  # the gateway's /metrics
+    supervisor: int  # serve's own /metrics (serving_replica_restarts_total)
     started_s: float = 0.0
     output: list[str] = field(default_factory=list)
 
@@ -56,8 +57,11 @@ class Fleet:
         """A sample summed over the series that carry `labels` (0 when none)."""
         wanted = [f'{k}="{v}"' for k, v in labels.items()]
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name + "{") and all(w in line for w in wanted))
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name + "{") and all(w in line for w in wanted)
+        )
 
     @property
     def text(self) -> str:
@@ -74,20 +78,41 @@ def fleet(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     env = {**os.environ, "LLM_BUILD_DIR": str(build_dir), "LLM_MODEL_DIR": str(model_dir)}
     env.pop(ADMIN_KEY_ENV, None)
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "serving", "serve", "--replicas", str(REPLICAS),
-                             "--http-port", str(base.http), "--grpc-port", str(base.grpc),
-                             "--metrics-port", str(base.metrics),
-                             "--set", f"gateway.port={gateway}", "--set", "gateway.public_grpc_port=0",
-                             "--set", f"gateway.ops_port={ops}",
-                             "--set", f"server.supervisor_metrics_port={supervisor}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "serving",
+            "serve",
+            "--replicas",
+            str(REPLICAS),
+            "--http-port",
+            str(base.http),
+            "--grpc-port",
+            str(base.grpc),
+            "--metrics-port",
+            str(base.metrics),
+            "--set",
+            f"gateway.port={gateway}",
+            "--set",
+            "gateway.public_grpc_port=0",
+            "--set",
+            f"gateway.ops_port={ops}",
+            "--set",
+            f"server.supervisor_metrics_port={supervisor}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
     started = Fleet(proc, build_dir, layout, gateway, ops, supervisor)
     try:
         read_until_banner(proc, started.output, 300)
         started.started_s = time.monotonic() - t0
         print(f"\n[{REPLICAS} replicas + gateway ready in {started.started_s:.1f} s]")
         assert "ready." in started.text, started.text
-        follow(proc, started.output)      # the supervisor's lines and the stop's, for the tests below
+        follow(proc, started.output)  # the supervisor's lines and the stop's, for the tests below
         yield started
     finally:
         stop_with_ctrl_c(proc, 90)
@@ -101,7 +126,7 @@ def test_the_banner_lists_every_replica_and_its_thread_share(fleet: Fleet):
         assert f"  r{i}   HTTP     http://127.0.0.1:{ports.http}" in fleet.text, fleet.text
         assert f"gRPC     127.0.0.1:{ports.grpc}" in fleet.text
         assert f"admin    key in {fleet.build_dir / 'replicas' / f'r{i}' / 'admin_key'}" in fleet.text
-        config = (fleet.build_dir / "replicas" / f"r{i}" / "model_repository" / "python_llm" / "config.pbtxt")
+        config = fleet.build_dir / "replicas" / f"r{i}" / "model_repository" / "python_llm" / "config.pbtxt"
         block = config.read_text().split('key: "num_threads"', 1)[1][:80]
         assert f'string_value: "{threads}"' in block, block
 
@@ -112,15 +137,20 @@ def test_each_replica_is_ready_and_answers_the_probe_as_the_golden_says(fleet: F
     golden = load_golden(path)
 
     async def ready(ports: Ports) -> tuple[bool, bool]:
-        async with AsyncLLMClient(ClientConfig(url=f"127.0.0.1:{ports.grpc}", transport="grpc")) as grpc, \
-                AsyncLLMClient(ClientConfig(url=f"http://127.0.0.1:{ports.http}")) as sse:
+        async with (
+            AsyncLLMClient(ClientConfig(url=f"127.0.0.1:{ports.grpc}", transport="grpc")) as grpc,
+            AsyncLLMClient(ClientConfig(url=f"http://127.0.0.1:{ports.http}")) as sse,
+        ):
             return await grpc.ready(), await sse.ready()
 
     for ports in fleet.layout:
         assert asyncio.run(ready(ports)) == (True, True)
         t0 = time.monotonic()
-        answer = httpx.post(f"http://127.0.0.1:{ports.http}/v2/models/{golden.model}/generate", timeout=120,
-                            json={"text_input": golden.prompt, **golden.request})
+        answer = httpx.post(
+            f"http://127.0.0.1:{ports.http}/v2/models/{golden.model}/generate",
+            timeout=120,
+            json={"text_input": golden.prompt, **golden.request},
+        )
         assert answer.status_code == 200, answer.text
         body = answer.json()
         print(f"[probe on :{ports.http} answered in {time.monotonic() - t0:.2f} s: {body['text_output']!r}]")
@@ -130,13 +160,15 @@ def test_each_replica_is_ready_and_answers_the_probe_as_the_golden_says(fleet: F
 
 def test_the_gateway_is_up_and_given_both_replicas_and_the_golden(fleet: Fleet, model_dir: Path):
     assert httpx.get(f"http://127.0.0.1:{fleet.gateway}/health", timeout=10).status_code == 200
-    (gateway,) = [p for p in psutil.Process(fleet.proc.pid).children(recursive=True)
-                  if "gateway" in " ".join(p.cmdline())]
+    (gateway,) = [
+        p for p in psutil.Process(fleet.proc.pid).children(recursive=True) if "gateway" in " ".join(p.cmdline())
+    ]
     cmdline = gateway.cmdline()
     settings = dict(cmdline[i + 1].split("=", 1) for i, arg in enumerate(cmdline) if arg == "--set")
     assert json.loads(settings["gateway.fleet.replicas"]) == {
         f"r{i}": {"grpc_url": f"127.0.0.1:{ports.grpc}", "metrics_url": f"http://127.0.0.1:{ports.metrics}/metrics"}
-        for i, ports in enumerate(fleet.layout)}
+        for i, ports in enumerate(fleet.layout)
+    }
     assert settings["gateway.fleet.probe_golden_file"] == str(golden_path(model_dir, fleet.build_dir))
 
 
@@ -162,21 +194,22 @@ def _wait(bound_s: float, what: str, predicate, explain=lambda: "") -> float:
 
 def test_a_replica_killed_under_traffic_is_restarted_and_routed_to_again(fleet: Fleet):
     key = api_key(fleet.text)
-    routed = lambda: fleet.metric(fleet.ops, "gateway_routed_total", replica="r1")    # noqa: E731
-    routable = lambda: fleet.metric(fleet.ops, "gateway_replica_routable", replica="r1") == 1.0    # noqa: E731
+    routed = lambda: fleet.metric(fleet.ops, "gateway_routed_total", replica="r1")  # noqa: E731
+    routable = lambda: fleet.metric(fleet.ops, "gateway_replica_routable", replica="r1") == 1.0  # noqa: E731
     _wait(120, "r1 routable before the kill", routable)
     outcomes: list[int | str] = []
     going = threading.Event()
     going.set()
 
-    def traffic() -> None:        # short greedy completions, back to back, until told to stop
+    def traffic() -> None:  # short greedy completions, back to back, until told to stop
         with httpx.Client(timeout=httpx.Timeout(30.0, read=120.0)) as client:
             while going.is_set():
                 try:
-                    answer = client.post(f"http://127.0.0.1:{fleet.gateway}/v1/completions",
-                                         headers={"Authorization": f"Bearer {key}"},
-                                         json={"model": "ensemble", "prompt": "Count: 1, 2, 3,", "max_tokens": 8,
-                                               "temperature": 0})
+                    answer = client.post(
+                        f"http://127.0.0.1:{fleet.gateway}/v1/completions",
+                        headers={"Authorization": f"Bearer {key}"},
+                        json={"model": "ensemble", "prompt": "Count: 1, 2, 3,", "max_tokens": 8, "temperature": 0},
+                    )
                     outcomes.append(answer.status_code)
                 except httpx.HTTPError as exc:
                     outcomes.append(repr(exc))
@@ -190,9 +223,13 @@ def test_a_replica_killed_under_traffic_is_restarted_and_routed_to_again(fleet: 
         assert old is not None
         stubs = old.children()
         killed = time.monotonic()
-        old.send_signal(signal.SIGKILL)              # a crash: the server alone, not its group
-        _wait(240, "r1 restarted by serve", lambda: "replica r1: restarted, ready in" in fleet.text,
-              lambda: fleet.text[-3000:])
+        old.send_signal(signal.SIGKILL)  # a crash: the server alone, not its group
+        _wait(
+            240,
+            "r1 restarted by serve",
+            lambda: "replica r1: restarted, ready in" in fleet.text,
+            lambda: fleet.text[-3000:],
+        )
         restarted_s = time.monotonic() - killed
         back_s = _wait(240, "r1 routable again", routable) + restarted_s
         before = routed()
@@ -204,9 +241,11 @@ def test_a_replica_killed_under_traffic_is_restarted_and_routed_to_again(fleet: 
             sender.join(150)
     new = _tritonserver(fleet, "r1")
     refused = [o for o in outcomes if o != 200]
-    print(f"\n[kill -9 of r1's tritonserver under traffic: restarted (ready) {restarted_s:.1f} s later, routable "
-          f"again {back_s:.1f} s later, first request routed to it {routed_s:.1f} s later; {len(outcomes)} "
-          f"requests, {len(refused)} not 200: {refused[:5]}]")
+    print(
+        f"\n[kill -9 of r1's tritonserver under traffic: restarted (ready) {restarted_s:.1f} s later, routable "
+        f"again {back_s:.1f} s later, first request routed to it {routed_s:.1f} s later; {len(outcomes)} "
+        f"requests, {len(refused)} not 200: {refused[:5]}]"
+    )
     assert new is not None and new.pid != old.pid
     assert "replica r1: tritonserver exited on its own (killed by SIGKILL); restarting it in" in fleet.text
     assert fleet.metric(fleet.supervisor, "serving_replica_restarts_total", replica="r1", cause="SIGKILL") == 1
@@ -223,10 +262,12 @@ def test_ctrl_c_stops_the_gateway_first_then_every_replica_within_10_s(fleet: Fl
     t0 = time.monotonic()
     stop_with_ctrl_c(fleet.proc, 90)
     took = time.monotonic() - t0
-    time.sleep(0.5)                        # the follower's last lines
+    time.sleep(0.5)  # the follower's last lines
     rest = "".join(fleet.output[mark:])
-    print(f"[a stream hung up after {hung_up:.1f} s; serve --replicas {REPLICAS} stopped {took:.1f} s after "
-          f"Ctrl-C; {len(tree)} processes checked]\n{rest}")
+    print(
+        f"[a stream hung up after {hung_up:.1f} s; serve --replicas {REPLICAS} stopped {took:.1f} s after "
+        f"Ctrl-C; {len(tree)} processes checked]\n{rest}"
+    )
     assert fleet.proc.returncode == 0, fleet.text
     assert rest.index("stopping the gateway...") < rest.index(f"stopping {REPLICAS} tritonservers..."), rest
     assert "stopped (exit codes r0 " in rest, rest
@@ -234,5 +275,6 @@ def test_ctrl_c_stops_the_gateway_first_then_every_replica_within_10_s(fleet: Fl
     _, alive = psutil.wait_procs(tree, timeout=10)
     assert not alive, [(p.pid, p.name()) for p in alive]
     assert not shm_files([fleet.build_dir / "replicas" / f"r{i}" for i in range(REPLICAS)])
-    assert not bound_ports([p for ports in fleet.layout for p in ports.all()] + [fleet.gateway, fleet.ops,
-                                                                                  fleet.supervisor])
+    assert not bound_ports(
+        [p for ports in fleet.layout for p in ports.all()] + [fleet.gateway, fleet.ops, fleet.supervisor]
+    )

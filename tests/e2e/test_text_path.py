@@ -1,5 +1,6 @@
 """The text path end to end on the real server, through both public
 entry points (`ensemble` and `llm_bls`), over SSE and gRPC."""
+
 from __future__ import annotations
 
 import json
@@ -93,15 +94,19 @@ def _tokens_covering(text: str, word: str, tokenizer: Tokenizer) -> int:
 
 # -- 1. many mixed-script streams at once ---------------------------------------
 
+
 def test_64_mixed_script_streams_are_clean_and_match_their_ids(triton_server, tokenizer):
     # every prompt through both entry points and both transports, twice
-    cases = [(i, ENTRY_POINTS[(i // 8) % 2], ("sse", "grpc")[(i // 16) % 2], MIXED_PROMPTS[i % 8])
-             for i in range(64)]
+    cases = [(i, ENTRY_POINTS[(i // 8) % 2], ("sse", "grpc")[(i // 16) % 2], MIXED_PROMPTS[i % 8]) for i in range(64)]
 
     def run(case):
         _, model, transport, prompt = case
-        return _stream(triton_server, model, transport, {"messages": chat(prompt), "max_tokens": 24,
-                                                         "return_output_ids": True, **GREEDY})
+        return _stream(
+            triton_server,
+            model,
+            transport,
+            {"messages": chat(prompt), "max_tokens": 24, "return_output_ids": True, **GREEDY},
+        )
 
     t0 = time.monotonic()
     with ThreadPoolExecutor(len(cases)) as pool:
@@ -138,6 +143,7 @@ def test_64_mixed_script_streams_are_clean_and_match_their_ids(triton_server, to
 
 # -- 2. streamed and whole answers agree ----------------------------------------
 
+
 @pytest.mark.parametrize("model", ENTRY_POINTS)
 def test_streamed_and_non_streamed_text_are_identical(triton_server, model):
     body = {"text_input": "", "messages": chat("用中文介绍一下北京。"), "max_tokens": 24, **GREEDY}
@@ -151,11 +157,21 @@ def test_streamed_and_non_streamed_text_are_identical(triton_server, model):
 
 # -- 3. stop strings across token boundaries ------------------------------------
 
+
 @pytest.mark.parametrize("model", ENTRY_POINTS)
 def test_stop_string_across_tokens_stops_and_frees_the_kv(triton_server, tokenizer, model):
-    plain = sse_stream(triton_server.http_url, model,
-                       {"text_input": "", "messages": CHAT_PARIS, "stream": True, "max_tokens": 24,
-                        "return_output_ids": True, **GREEDY})
+    plain = sse_stream(
+        triton_server.http_url,
+        model,
+        {
+            "text_input": "",
+            "messages": CHAT_PARIS,
+            "stream": True,
+            "max_tokens": 24,
+            "return_output_ids": True,
+            **GREEDY,
+        },
+    )
     assert "France is Paris" in plain.text, plain.text
     ids = stream_output_ids(plain)
     stop = "ance is Pa"
@@ -168,9 +184,19 @@ def test_stop_string_across_tokens_stops_and_frees_the_kv(triton_server, tokeniz
     assert sum(1 for a, b in spans if a < start + len(stop) and b > start) >= 3
 
     generated_before = _metric(triton_server, "llm_generation_tokens_total")
-    result = sse_stream(triton_server.http_url, model,
-                        {"text_input": "", "messages": CHAT_PARIS, "stream": True, "max_tokens": 200,
-                         "ignore_eos": True, "stop_words": [stop], **GREEDY})
+    result = sse_stream(
+        triton_server.http_url,
+        model,
+        {
+            "text_input": "",
+            "messages": CHAT_PARIS,
+            "stream": True,
+            "max_tokens": 200,
+            "ignore_eos": True,
+            "stop_words": [stop],
+            **GREEDY,
+        },
+    )
     assert result.error is None, result.error
     assert result.finish_reason == "stop"
     assert result.text == plain.text[:start]
@@ -184,15 +210,18 @@ def test_stop_string_across_tokens_stops_and_frees_the_kv(triton_server, tokeniz
 
 # -- 4. the context policy -------------------------------------------------------
 
+
 @pytest.mark.parametrize("model", ENTRY_POINTS)
 def test_too_long_conversation_drops_the_oldest_turn(triton_server, model):
     recent = ["My name is Ada.", "Nice to meet you, Ada!", "What is my name?"]
-    long_conversation = chat("hello " * 9000, "Hi!", *recent)    # > 8192 tokens
-    status, direct = generate(triton_server.http_url, model,
-                              {"text_input": "", "messages": chat(*recent), "max_tokens": 16, **GREEDY})
+    long_conversation = chat("hello " * 9000, "Hi!", *recent)  # > 8192 tokens
+    status, direct = generate(
+        triton_server.http_url, model, {"text_input": "", "messages": chat(*recent), "max_tokens": 16, **GREEDY}
+    )
     assert status == 200, direct
-    status, cut = generate(triton_server.http_url, model,
-                           {"text_input": "", "messages": long_conversation, "max_tokens": 16, **GREEDY})
+    status, cut = generate(
+        triton_server.http_url, model, {"text_input": "", "messages": long_conversation, "max_tokens": 16, **GREEDY}
+    )
     assert status == 200, cut
     # exactly the oldest turn went: the model saw the same prompt as `direct`
     assert cut["num_input_tokens"] == direct["num_input_tokens"] < 200
@@ -218,8 +247,7 @@ FILTER_CASES = {  # prompt -> (word in its greedy answer, action)
 }
 
 
-def test_content_filter_catches_chinese_words_split_across_tokens(triton_server, start_triton, tokenizer,
-                                                                  tmp_path):
+def test_content_filter_catches_chinese_words_split_across_tokens(triton_server, start_triton, tokenizer, tmp_path):
     body = {"text_input": "", "stream": True, "max_tokens": 32, **GREEDY}
     plain = {}
     for prompt, (word, _) in FILTER_CASES.items():
@@ -229,8 +257,12 @@ def test_content_filter_catches_chinese_words_split_across_tokens(triton_server,
         plain[prompt] = result.text
 
     rules = tmp_path / "rules.json"
-    rules.write_text(json.dumps({"rules": [{"pattern": w, "action": a, "name": f"{a}-rule"}
-                                           for w, a in FILTER_CASES.values()]}, ensure_ascii=False))
+    rules.write_text(
+        json.dumps(
+            {"rules": [{"pattern": w, "action": a, "name": f"{a}-rule"} for w, a in FILTER_CASES.values()]},
+            ensure_ascii=False,
+        )
+    )
     server = start_triton(content_filter_rules=str(rules))
     try:
         for model in ENTRY_POINTS:
@@ -242,7 +274,7 @@ def test_content_filter_catches_chinese_words_split_across_tokens(triton_server,
                     assert word not in result.text, where
                     if action == "stop":
                         assert result.finish_reason == "content_filter", where
-                        assert result.text == plain[prompt][:plain[prompt].index(word)], where
+                        assert result.text == plain[prompt][: plain[prompt].index(word)], where
                     else:
                         assert result.finish_reason != "content_filter", where
                         assert result.text == plain[prompt].replace(word, "*" * len(word)), where
@@ -271,10 +303,11 @@ def _cancel_wave(server, starters: list[Starter], label: str) -> list[StreamResu
         def on_first() -> None:
             reported.set()
             arrived.release()
+
         try:
             return start(on_first, go)
         finally:
-            if not reported.is_set():   # failed early: do not keep the others waiting
+            if not reported.is_set():  # failed early: do not keep the others waiting
                 arrived.release()
 
     with ThreadPoolExecutor(count) as pool:
@@ -295,8 +328,11 @@ def _cancel_wave(server, starters: list[Starter], label: str) -> list[StreamResu
 
     def idle_and_counted() -> bool:
         values = scrape_metrics(server.metrics_url)
-        return (values["llm_kv_cache_blocks_used"] == 0
-                and values["llm_requests_cancelled_total"] - cancelled_before >= count)
+        return (
+            values["llm_kv_cache_blocks_used"] == 0
+            and values["llm_requests_cancelled_total"] - cancelled_before >= count
+        )
+
     wait_for(idle_and_counted, IDLE_TIMEOUT_S, interval_s=0.1)
     print(f"\n[{label}: {count} cancels -> engine idle in {time.monotonic() - t0:.2f} s]")
     assert _metric(server, "llm_requests_cancelled_total") - cancelled_before == count
@@ -314,8 +350,7 @@ def test_cancellation_frees_the_engine_on_both_entry_points(triton_server):
 
     def ensemble_stop(on_first, go):
         with_key = {**body, "id": f"cancel-{uuid.uuid4().hex}", "request_key": secrets.token_urlsafe(24)}
-        return sse_stream_cancelled(triton_server.http_url, "ensemble", with_key, on_first, go,
-                                    send_stop_for_key=True)
+        return sse_stream_cancelled(triton_server.http_url, "ensemble", with_key, on_first, go, send_stop_for_key=True)
 
     _cancel_wave(triton_server, [sse_disconnect] * 25 + [grpc_cancel] * 25, "llm_bls")
     results = _cancel_wave(triton_server, [ensemble_stop] * 50, "ensemble")

@@ -2,6 +2,7 @@
 `nv_trt_llm_request_metrics` and `nv_trt_llm_kv_cache_block_metrics` move with
 `llm_num_requests_*` and `llm_kv_cache_*` (same values at the same scrape, as
 TensorRT-LLM defines them), and both go back to idle after."""
+
 from __future__ import annotations
 
 import re
@@ -60,7 +61,7 @@ def _agreeing_scrape(url: str) -> tuple[dict[str, float], dict[str, float], bool
         except AssertionError:
             if attempt == RACE_RETRIES:
                 raise
-    raise AssertionError("unreachable")   # pragma: no cover
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def test_router_metrics_move_with_the_engines_own(start_triton):
@@ -84,15 +85,20 @@ def test_router_metrics_move_with_the_engines_own(start_triton):
             time.sleep(0.2)
     assert races <= scrapes // 5, f"{races} of {scrapes} scrapes fell between the two views' updates"
     # moved with the load
-    assert seen_waiting >= 1 and seen_scheduled >= 1 and seen_fraction > 0, (seen_waiting, seen_scheduled,
-                                                                              seen_fraction)
+    assert seen_waiting >= 1 and seen_scheduled >= 1 and seen_fraction > 0, (
+        seen_waiting,
+        seen_scheduled,
+        seen_fraction,
+    )
 
     def idle() -> bool:
         requests, kv, _ = _agreeing_scrape(server.metrics_url)
         return requests["active"] == 0 and kv["used"] == 0 and kv["fraction"] == 0
 
     wait_until(idle, 60, "idle again")
-    print(f"\n[{scrapes} scrapes under load in {time.monotonic() - started:.1f} s ({races} raced an update): "
-          f"waiting up to {seen_waiting:.0f}, "
-          f"scheduled up to {seen_scheduled:.0f}, KV fraction up to {seen_fraction:.3f}]")
+    print(
+        f"\n[{scrapes} scrapes under load in {time.monotonic() - started:.1f} s ({races} raced an update): "
+        f"waiting up to {seen_waiting:.0f}, "
+        f"scheduled up to {seen_scheduled:.0f}, KV fraction up to {seen_fraction:.3f}]"
+    )
     server.stop()

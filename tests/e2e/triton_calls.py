@@ -1,6 +1,7 @@
 """Plain calls to the real server for end-to-end tests: SSE via httpx +
 httpx-sse, gRPC via tritonclient, metrics scraping. Deliberately independent of
 the project's client library so these tests check the server, not the client."""
+
 from __future__ import annotations
 
 import json
@@ -88,17 +89,27 @@ def _grpc_input(name: str, value: Any) -> grpcclient.InferInput:
     return tensor
 
 
-def grpc_stream(grpc_url: str, model: str, inputs: dict[str, Any], timeout: float = 120.0,
-                request_id: str = "", outputs: list[str] | None = None) -> StreamResult:
+def grpc_stream(
+    grpc_url: str,
+    model: str,
+    inputs: dict[str, Any],
+    timeout: float = 120.0,
+    request_id: str = "",
+    outputs: list[str] | None = None,
+) -> StreamResult:
     result = StreamResult()
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(grpc_url)
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
         requested = [grpcclient.InferRequestedOutput(n) for n in outputs] if outputs else None
-        client.async_stream_infer(model, [_grpc_input(k, v) for k, v in inputs.items()],
-                                  request_id=request_id, outputs=requested,
-                                  enable_empty_final_response=True)
+        client.async_stream_infer(
+            model,
+            [_grpc_input(k, v) for k, v in inputs.items()],
+            request_id=request_id,
+            outputs=requested,
+            enable_empty_final_response=True,
+        )
         deadline = time.monotonic() + timeout
         while True:
             res, err = responses.get(timeout=max(0.1, deadline - time.monotonic()))
@@ -129,7 +140,7 @@ def grpc_stream(grpc_url: str, model: str, inputs: dict[str, Any], timeout: floa
     return result
 
 
-_SAMPLE = re.compile(r'^(\w+)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN|\+Inf|-Inf)$')
+_SAMPLE = re.compile(r"^(\w+)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN|\+Inf|-Inf)$")
 
 
 def scrape_metrics(metrics_url: str) -> dict[str, float]:
@@ -204,8 +215,13 @@ def stream_num_output_tokens(result: StreamResult) -> int:
     return sum(event_num_output_tokens(event) for event in result.events)
 
 
-def send_stop(http_url: str, request_key: str | None = None, request_id: str | None = None,
-              model: str = "python_llm", timeout: float = 30.0) -> httpx.Response:
+def send_stop(
+    http_url: str,
+    request_key: str | None = None,
+    request_id: str | None = None,
+    model: str = "python_llm",
+    timeout: float = 30.0,
+) -> httpx.Response:
     """A `stop` to the LLM step (through `generate`, since Triton's `infer`
     refuses decoupled models): by the request key, and/or by the Triton
     request id as TensorRT-LLM clients do (which this stack refuses)."""
@@ -217,9 +233,15 @@ def send_stop(http_url: str, request_key: str | None = None, request_id: str | N
     return httpx.post(f"{http_url}/v2/models/{model}/generate", json=body, timeout=timeout)
 
 
-def sse_stream_cancelled(http_url: str, model: str, body: dict[str, Any], on_first: Callable[[], None],
-                         go: threading.Event, send_stop_for_key: bool = False,
-                         timeout: float = 120.0) -> StreamResult:
+def sse_stream_cancelled(
+    http_url: str,
+    model: str,
+    body: dict[str, Any],
+    on_first: Callable[[], None],
+    go: threading.Event,
+    send_stop_for_key: bool = False,
+    timeout: float = 120.0,
+) -> StreamResult:
     """Read the first event, call `on_first`, wait for `go`, then cancel: by
     closing the connection, or (`send_stop_for_key`) by sending `stop` with
     body["request_key"] and reading the stream to its end."""
@@ -235,7 +257,7 @@ def sse_stream_cancelled(http_url: str, model: str, body: dict[str, Any], on_fir
             if not go.wait(timeout):
                 raise TimeoutError("cancel signal never came")
             if not send_stop_for_key:
-                return result      # leaving the with-blocks closes the connection
+                return result  # leaving the with-blocks closes the connection
             stop = send_stop(http_url, body["request_key"])
             if stop.status_code != 200:
                 result.error = f"stop answered {stop.status_code}: {stop.text}"
@@ -249,8 +271,14 @@ def sse_stream_cancelled(http_url: str, model: str, body: dict[str, Any], on_fir
     return result
 
 
-def grpc_stream_cancelled(grpc_url: str, model: str, inputs: dict[str, Any], on_first: Callable[[], None],
-                          go: threading.Event, timeout: float = 120.0) -> StreamResult:
+def grpc_stream_cancelled(
+    grpc_url: str,
+    model: str,
+    inputs: dict[str, Any],
+    on_first: Callable[[], None],
+    go: threading.Event,
+    timeout: float = 120.0,
+) -> StreamResult:
     """Read the first response, call `on_first`, wait for `go`, then cancel
     the request through gRPC (`stop_stream(cancel_requests=True)`)."""
     result = StreamResult()
@@ -259,8 +287,9 @@ def grpc_stream_cancelled(grpc_url: str, model: str, inputs: dict[str, Any], on_
     cancelled = False
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)))
-        client.async_stream_infer(model, [_grpc_input(k, v) for k, v in inputs.items()],
-                                  enable_empty_final_response=True)
+        client.async_stream_infer(
+            model, [_grpc_input(k, v) for k, v in inputs.items()], enable_empty_final_response=True
+        )
         res, err = responses.get(timeout=timeout)
         if err is not None:
             result.error = str(err)

@@ -1,6 +1,7 @@
 """The tensorrt_llm variant's repository with a test double in place of
 TensorRT-LLM's backend (GPU only): the rendered config with only the backend
 swapped, and tests/data/trtllm/fake_engine/model.py as the model."""
+
 from __future__ import annotations
 
 import shutil
@@ -28,9 +29,19 @@ def repository_with_fake_engine(source: Path) -> Path:
 
 def trtllm_variant_server(model_dir: Path, source: Path, work_dir: Path) -> TritonServer:
     """A tritonserver (not started) serving the variant from `source`."""
-    settings = DeploymentSettings.load(environ={}, model_dir=str(model_dir),
-                                       **{"server.llm_model_name": "tensorrt_llm"})
+    settings = DeploymentSettings.load(
+        environ={}, model_dir=str(model_dir), **{"server.llm_model_name": "tensorrt_llm"}
+    )
     http, grpc, metrics = free_local_ports(3)
-    return TritonServer(LaunchOptions(settings=settings, http_port=http, grpc_port=grpc, metrics_port=metrics,
-                                      address="127.0.0.1", work_dir=work_dir, repository_source=source,
-                                      ready_timeout_s=300))
+    return TritonServer(
+        LaunchOptions(
+            settings=settings,
+            http_port=http,
+            grpc_port=grpc,
+            metrics_port=metrics,
+            address="127.0.0.1",
+            work_dir=work_dir,
+            repository_source=source,
+            ready_timeout_s=300,
+        )
+    )

@@ -2,6 +2,7 @@
 through Triton's model config): a stall per step (`debug_step_delay_ms`) and
 a failing step (`debug_fail_after_steps`). They wrap the runner when the
 engine is built, so the step loop itself has no test-only branch."""
+
 from __future__ import annotations
 
 import time

@@ -5,6 +5,7 @@ the caller of `step()` offline, or the loop thread after `start()`. Other
 threads only post to the intake and abort queues, so a cancel is applied
 between steps and can never free blocks the running step still writes.
 """
+
 from __future__ import annotations
 
 import gc
@@ -31,53 +32,67 @@ from .debug_faults import with_debug_faults
 from .request_builder import RequestBuilder
 
 log = logging.getLogger(__name__)
-IDLE_RECHECK_S = 0.05   # cap on a wait while requests exist but nothing was schedulable
+IDLE_RECHECK_S = 0.05  # cap on a wait while requests exist but nothing was schedulable
 
 
 @dataclass
 class EngineStats:
     running: int
-    waiting: int            # scheduler queue + intake not yet drained
+    waiting: int  # scheduler queue + intake not yet drained
     blocks_used: int
     blocks_free: int
     blocks_capacity: int
     steps: int
-    preemptions: int        # requests preempted (recomputed later), as llm_preemptions_total
+    preemptions: int  # requests preempted (recomputed later), as llm_preemptions_total
     prefix_cache_hit_tokens: int  # prompt tokens served from the prefix cache, as llm_prefix_cache_hit_tokens_total
-    step_seconds: float     # wall time of steps that ran the model
-    model_seconds: float    # of which inside the model (RunnerOutput.model_seconds)
+    step_seconds: float  # wall time of steps that ran the model
+    model_seconds: float  # of which inside the model (RunnerOutput.model_seconds)
     healthy: bool
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, runner: Runner | None = None, metrics: MetricsSink | None = None,
-                 on_dead: Callable[[BaseException], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        runner: Runner | None = None,
+        metrics: MetricsSink | None = None,
+        on_dead: Callable[[BaseException], None] | None = None,
+    ) -> None:
         if runner is None:
             from .worker.runner import ModelRunner  # torch and weights only when really serving
+
             runner = ModelRunner(config)
         self.config = config
         self.runner = with_debug_faults(runner, config)
         self.model_info = info = runner.model_info
         self.metrics = metrics if metrics is not None else MetricsSink()
         self._on_dead = on_dead
-        max_len = info.max_model_len if config.max_model_len is None else min(info.max_model_len,
-                                                                              config.max_model_len)
-        self.limits = RequestLimits(max_tokens_limit=config.max_tokens_limit, vocab_size=info.vocab_size,
-                                    max_model_len=max_len, kv_capacity_tokens=runner.num_blocks * config.block_size,
-                                    prompt_token_budget=None if config.enable_chunked_context
-                                    else config.max_num_batched_tokens)
+        max_len = info.max_model_len if config.max_model_len is None else min(info.max_model_len, config.max_model_len)
+        self.limits = RequestLimits(
+            max_tokens_limit=config.max_tokens_limit,
+            vocab_size=info.vocab_size,
+            max_model_len=max_len,
+            kv_capacity_tokens=runner.num_blocks * config.block_size,
+            prompt_token_budget=None if config.enable_chunked_context else config.max_num_batched_tokens,
+        )
         self._requests = RequestBuilder(config, self.limits, info.eos_token_ids)
-        self.scheduler = Scheduler(config, runner.num_blocks, max_len, self.metrics, info.attention_parity_context,
-                                   info.num_layers if runner.runs_layer_slices else 0)
+        self.scheduler = Scheduler(
+            config,
+            runner.num_blocks,
+            max_len,
+            self.metrics,
+            info.attention_parity_context,
+            info.num_layers if runner.runs_layer_slices else 0,
+        )
 
         self._cv = threading.Condition()
         self._intake: deque[Request] = deque()
         self._aborts: deque[tuple[Request, FinishReason]] = deque()
-        self._live: dict[str, Request] = {}    # every accepted, unfinished request
+        self._live: dict[str, Request] = {}  # every accepted, unfinished request
         self._dead_error: str | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._heap_frozen = False   # freeze_heap() (launch() calls it) froze the heap; shutdown() thaws it
+        self._heap_frozen = False  # freeze_heap() (launch() calls it) froze the heap; shutdown() thaws it
         self._generate_count = 0
         self._steps = 0
         self._step_seconds = 0.0
@@ -85,14 +100,22 @@ class LLMEngine:
         self.metrics.gauge_set(m.KV_BLOCKS_CAPACITY, self.scheduler.kv.capacity)
 
     # -- intake (any thread) ---------------------------------------------------
-    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingParams,
-                    priority: int = 0, on_output: OutputCallback | None = None,
-                    continuation_ids: Sequence[int] = ()) -> None:
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        priority: int = 0,
+        on_output: OutputCallback | None = None,
+        continuation_ids: Sequence[int] = (),
+    ) -> None:
         """Queue a request. Raises InvalidRequestError, OverloadedError,
         DuplicateRequestError or EngineDeadError at once, never later.
         `continuation_ids`: output already generated elsewhere (see Request)."""
-        self._submit(self._make_request(request_id, prompt_token_ids, sampling, priority, on_output,
-                                        continuation_ids), enforce_queue_limit=True)
+        self._submit(
+            self._make_request(request_id, prompt_token_ids, sampling, priority, on_output, continuation_ids),
+            enforce_queue_limit=True,
+        )
 
     def abort(self, request_id: str, reason: str | FinishReason = FinishReason.CANCELLED) -> bool:
         """Ask the loop to end a live request before its next step. False when
@@ -106,10 +129,16 @@ class LLMEngine:
             self._cv.notify()
         return True
 
-    def _make_request(self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingParams,
-                      priority: int, on_output: OutputCallback | None,
-                      continuation_ids: Sequence[int] = ()) -> Request:
-        if self._dead_error is not None:   # before any complaint about the request
+    def _make_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        priority: int,
+        on_output: OutputCallback | None,
+        continuation_ids: Sequence[int] = (),
+    ) -> Request:
+        if self._dead_error is not None:  # before any complaint about the request
             raise EngineDeadError(self._dead_error)
         return self._requests.build(request_id, prompt_token_ids, sampling, priority, on_output, continuation_ids)
 
@@ -136,14 +165,19 @@ class LLMEngine:
 
     def stats(self) -> EngineStats:
         kv = self.scheduler.kv
-        return EngineStats(running=self.scheduler.num_running,
-                           waiting=self.scheduler.num_waiting + len(self._intake),
-                           blocks_used=kv.num_used_blocks, blocks_free=kv.num_free_blocks,
-                           blocks_capacity=kv.capacity, steps=self._steps,
-                           preemptions=self.scheduler.num_preemptions,
-                           prefix_cache_hit_tokens=self.scheduler.num_prefix_cache_hit_tokens,
-                           step_seconds=self._step_seconds,
-                           model_seconds=self._model_seconds, healthy=self.is_healthy())
+        return EngineStats(
+            running=self.scheduler.num_running,
+            waiting=self.scheduler.num_waiting + len(self._intake),
+            blocks_used=kv.num_used_blocks,
+            blocks_free=kv.num_free_blocks,
+            blocks_capacity=kv.capacity,
+            steps=self._steps,
+            preemptions=self.scheduler.num_preemptions,
+            prefix_cache_hit_tokens=self.scheduler.num_prefix_cache_hit_tokens,
+            step_seconds=self._step_seconds,
+            model_seconds=self._model_seconds,
+            healthy=self.is_healthy(),
+        )
 
     def num_live_requests(self) -> int:
         return len(self._live)
@@ -183,9 +217,13 @@ class LLMEngine:
 
     # -- served mode -----------------------------------------------------------
     @classmethod
-    def launch(cls, config: EngineConfig, metrics: MetricsSink | None = None,
-               on_dead: Callable[[BaseException], None] | None = None,
-               make_runner: Callable[[], Runner] | None = None) -> LLMEngine:
+    def launch(
+        cls,
+        config: EngineConfig,
+        metrics: MetricsSink | None = None,
+        on_dead: Callable[[BaseException], None] | None = None,
+        make_runner: Callable[[], Runner] | None = None,
+    ) -> LLMEngine:
         """Build an engine (its runner from `make_runner`, by default the
         model runner) on a new thread that then runs its loop; returns it once
         built, or raises what building raised.
@@ -248,7 +286,7 @@ class LLMEngine:
                 log.warning("engine loop did not stop within %ss", timeout)
         else:
             self._end_everything("engine shut down")
-        if self._heap_frozen:   # the engine's objects may be collected again
+        if self._heap_frozen:  # the engine's objects may be collected again
             gc.unfreeze()
             self._heap_frozen = False
 
@@ -256,8 +294,9 @@ class LLMEngine:
         try:
             while True:
                 with self._cv:
-                    while not (self._stopping or self._intake or self._aborts
-                               or self.scheduler.has_unfinished_requests()):
+                    while not (
+                        self._stopping or self._intake or self._aborts or self.scheduler.has_unfinished_requests()
+                    ):
                         self._cv.wait()
                     if self._stopping:
                         break
@@ -346,9 +385,10 @@ class LLMEngine:
             try:
                 callback(out)
             except Exception as exc:
-                req.on_output = None   # never call a broken callback again
-                log.warning("output callback failed request_id=%s error=%s: %s",
-                            out.request_id, type(exc).__name__, exc)
+                req.on_output = None  # never call a broken callback again
+                log.warning(
+                    "output callback failed request_id=%s error=%s: %s", out.request_id, type(exc).__name__, exc
+                )
                 if not out.finished:
                     failed.append((out.request_id, f"output callback failed: {type(exc).__name__}: {exc}"))
         for rid, error in failed:
@@ -385,7 +425,7 @@ class LLMEngine:
             for req in new:
                 self.scheduler.add_request(req)
             outputs = self.scheduler.abort_all(FinishReason.ERROR, text)
-        except Exception:   # the scheduler may be what broke: answer from our own table
+        except Exception:  # the scheduler may be what broke: answer from our own table
             log.exception("could not release requests through the scheduler")
             ended = {o.request_id for o in outputs}
             for rid, req in list(self._live.items()):

@@ -1,6 +1,7 @@
 """Engine requests from what callers submit: checked against the engine's
 limits (`RequestLimits`), and the engine's defaults filled in where the
 request left them to it (None)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,8 +20,15 @@ class RequestBuilder:
         self.limits = limits
         self.eos_token_ids = [int(t) for t in eos_token_ids]
 
-    def build(self, request_id: str, prompt_token_ids: Sequence[int], sampling: SamplingParams, priority: int,
-              on_output: OutputCallback | None, continuation_ids: Sequence[int] = ()) -> Request:
+    def build(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        sampling: SamplingParams,
+        priority: int,
+        on_output: OutputCallback | None,
+        continuation_ids: Sequence[int] = (),
+    ) -> Request:
         """Raises InvalidRequestError naming the field."""
         prompt = [int(t) for t in prompt_token_ids]
         continuation = [int(t) for t in continuation_ids]
@@ -33,5 +41,12 @@ class RequestBuilder:
         timeout_ms = sampling.token_timeout_ms
         if timeout_ms is None:
             timeout_ms = self.default_token_timeout_ms
-        return Request(request_id, prompt, sampling, priority=int(priority),
-                       token_timeout_ms=timeout_ms, on_output=on_output, continuation_ids=continuation)
+        return Request(
+            request_id,
+            prompt,
+            sampling,
+            priority=int(priority),
+            token_timeout_ms=timeout_ms,
+            on_output=on_output,
+            continuation_ids=continuation,
+        )

@@ -1,6 +1,7 @@
 """Triton adapter for `postprocessing`: one LLM response → one text delta.
 Stream state moves between instances through ensemble.outbound.shared_state; the
 logic lives in ensemble.outbound.stream_postprocessor."""
+
 from __future__ import annotations
 
 import hashlib
@@ -36,8 +37,9 @@ class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         settings = TextStageSettings.from_model_config(args["model_config"])
         self.llm_model = settings.llm_model_name
-        self.steps = StreamPostprocessor(settings.tokenizer_info.tokenizer,
-                                         _state_store(args, settings.instance_count), settings.content_filter())
+        self.steps = StreamPostprocessor(
+            settings.tokenizer_info.tokenizer, _state_store(args, settings.instance_count), settings.content_filter()
+        )
 
     def execute(self, requests: list) -> list:
         # in arrival order: a later delta of a stream may wait for an earlier one
@@ -52,16 +54,22 @@ class TritonPythonModel:
             llm = llm_response_from(get)
             context = RequestContext.from_json(scalar(get, "request_context"))
             key = context.key
-            delta = LLMDelta(key=key, token_ids=llm.token_ids, sequence_length=llm.sequence_length,
-                             engine_finish_reason=llm.finish_reason, streaming=context.stream)
+            delta = LLMDelta(
+                key=key,
+                token_ids=llm.token_ids,
+                sequence_length=llm.sequence_length,
+                engine_finish_reason=llm.finish_reason,
+                streaming=context.stream,
+            )
             result = self.steps.process(delta, context.stop_words, context.segment, context.primed_ids)
         except (InvalidInputError, StreamOrderError) as exc:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc)))
         if result.stop_engine:
             self._stop_engine(key)
         arrays = public_output_arrays(result.text, result.finish_reason, llm, ReturnFlags.of(context), key)
-        return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor(postprocessing_output_name(name), value) for name, value in arrays.items()])
+        return pb_utils.InferenceResponse(
+            output_tensors=[pb_utils.Tensor(postprocessing_output_name(name), value) for name, value in arrays.items()]
+        )
 
     def _stop_engine(self, key: str) -> None:
         """A stop string or filter ended the stream: free the engine request now."""

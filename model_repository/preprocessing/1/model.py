@@ -1,6 +1,7 @@
 """Triton adapter for `preprocessing`: request tensors → prompt ids, word
 lists, the request key (the caller's, or a fresh one) and the request_context
 for the steps after the LLM step. Logic lives in ensemble.inbound.llm_request."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -2,6 +2,7 @@
 project's LLM-step tensors in front of TensorRT-LLM's backend model
 (`tensorrt_llm_engine`), called over BLS. Decoupled: each request runs on a
 worker thread of its own; the logic lives in `ensemble.trtllm_bridge`."""
+
 from __future__ import annotations
 
 import json
@@ -59,13 +60,16 @@ class TritonPythonModel:
         self.registry = LiveStreamTable()
         self.retired = RetiredResponses()
         self.deadlines = Deadlines()
-        self.pool = ThreadPoolExecutor(max_workers=self.settings.max_live_requests + 8,
-                                       thread_name_prefix="tensorrt_llm")
+        self.pool = ThreadPoolExecutor(
+            max_workers=self.settings.max_live_requests + 8, thread_name_prefix="tensorrt_llm"
+        )
         self._closing = threading.Event()
         self._watchdog = threading.Thread(target=self._watch_timeouts, name="tensorrt_llm-timeouts", daemon=True)
         self._watchdog.start()
-        log.info("tensorrt_llm ready: %s", {"engine_model": self.settings.engine_model,
-                                             "model_dir": self.settings.engine.model_dir})
+        log.info(
+            "tensorrt_llm ready: %s",
+            {"engine_model": self.settings.engine_model, "model_dir": self.settings.engine.model_dir},
+        )
 
     # -- requests ------------------------------------------------------------
     def execute(self, requests: list) -> None:
@@ -81,18 +85,30 @@ class TritonPythonModel:
         except InvalidRequestError as exc:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=FINAL)
             return
-        if not isinstance(call, EngineCall):     # a stop
+        if not isinstance(call, EngineCall):  # a stop
             self.pool.submit(self._stop, sender, call.request_key, client_id)
             return
         if len(self.registry) >= self.settings.max_live_requests:
-            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                f"{OVERLOADED_MARKER} tensorrt_llm holds {len(self.registry)} requests, its most")), flags=FINAL)
+            sender.send(
+                pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(
+                        f"{OVERLOADED_MARKER} tensorrt_llm holds {len(self.registry)} requests, its most"
+                    )
+                ),
+                flags=FINAL,
+            )
             return
         # the engine's request id: this step's own, never shown; the key is the credential
         engine_id = uuid.uuid4().hex
-        stream = LiveStream(engine_id, call.key or mint_request_key(), client_id, sender,
-                            EngineStream(call), call.request.context,
-                            requested_outputs=frozenset(request.requested_output_names()))
+        stream = LiveStream(
+            engine_id,
+            call.key or mint_request_key(),
+            client_id,
+            sender,
+            EngineStream(call),
+            call.request.context,
+            requested_outputs=frozenset(request.requested_output_names()),
+        )
         try:
             self.registry.register(stream)
         except DuplicateRequestError as exc:
@@ -119,14 +135,16 @@ class TritonPythonModel:
         """The engine's responses to the caller; returns the final reply."""
         engine: EngineStream = stream.assembly
         inference = pb_utils.InferenceRequest(
-            model_name=self.settings.engine_model, request_id=stream.engine_id,
+            model_name=self.settings.engine_model,
+            request_id=stream.engine_id,
             inputs=[pb_utils.Tensor(k, v) for k, v in engine.call.inputs.items()],
-            requested_output_names=list(ENGINE_OUTPUT_NAMES))
+            requested_output_names=list(ENGINE_OUTPUT_NAMES),
+        )
         for response in decoupled_responses(inference, self.retired):
             if response.has_error():
                 return engine.on_error(response.error().message())
             if not response.output_tensors():
-                continue      # the engine's empty final marker
+                continue  # the engine's empty final marker
             self.deadlines.touch(stream.engine_id)
             # the caller's disconnect, checked on the thread that sends (python_llm's rule)
             if self.registry.is_newly_cancelled(stream) and engine.request_stop("cancelled"):
@@ -153,8 +171,9 @@ class TritonPythonModel:
         if reply.error is not None:
             response = pb_utils.InferenceResponse(error=pb_utils.TritonError(reply.error))
         else:
-            arrays = requested_only(reply_arrays(stream.assembly, reply, stream.context, stream.key),
-                                    stream.requested_outputs)
+            arrays = requested_only(
+                reply_arrays(stream.assembly, reply, stream.context, stream.key), stream.requested_outputs
+            )
             response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()])
         try:
             stream.send(response, FINAL if reply.final else 0, final=reply.final)
@@ -169,8 +188,9 @@ class TritonPythonModel:
         stream = None
         if key is None:
             refusal = STOP_NEEDS_KEY
-        elif (engine_id := self.registry.engine_id_for_key(key)) is None or \
-                (stream := self.registry.get(engine_id)) is None:
+        elif (engine_id := self.registry.engine_id_for_key(key)) is None or (
+            stream := self.registry.get(engine_id)
+        ) is None:
             refusal = STOP_UNKNOWN_KEY
         else:
             if stream.assembly.request_stop("cancelled"):
@@ -178,14 +198,19 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse(output_tensors=[]), flags=FINAL)
             return
         log.info("stop refused: %s", {"request_id": client_id, "reason": refusal})
-        sender.send(pb_utils.InferenceResponse(
-            error=pb_utils.TritonError(refusal, pb_utils.TritonError.INVALID_ARG)), flags=FINAL)
+        sender.send(
+            pb_utils.InferenceResponse(error=pb_utils.TritonError(refusal, pb_utils.TritonError.INVALID_ARG)),
+            flags=FINAL,
+        )
 
     def _stop_engine(self, engine_id: str) -> None:
         """TensorRT-LLM's stop: its `stop` input under the request id this step gave the request."""
         stop = pb_utils.InferenceRequest(
-            model_name=self.settings.engine_model, request_id=engine_id, requested_output_names=[],
-            inputs=[pb_utils.Tensor(k, v) for k, v in engine_stop_inputs().items()])
+            model_name=self.settings.engine_model,
+            request_id=engine_id,
+            requested_output_names=[],
+            inputs=[pb_utils.Tensor(k, v) for k, v in engine_stop_inputs().items()],
+        )
         try:
             for response in stop.exec(decoupled=True):
                 if response.has_error():

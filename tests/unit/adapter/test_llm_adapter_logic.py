@@ -1,5 +1,6 @@
 """The python_llm adapter's Triton-free parts: parameters, input tensors,
 stream bookkeeping."""
+
 from __future__ import annotations
 
 import time
@@ -27,9 +28,16 @@ OUTPUTS = frozenset({"output_ids", "sequence_length"})
 
 
 def test_parameters_become_a_validated_engine_config():
-    config = engine_config_from_parameters({
-        "model_dir": "/m", "max_queue_size": "3", "enable_kv_cache_reuse": "false", "dtype": "bfloat16",
-        "gpt_model_type": "inflight_fused_batching", "kv_cache_free_gpu_mem_fraction": "0.5"})
+    config = engine_config_from_parameters(
+        {
+            "model_dir": "/m",
+            "max_queue_size": "3",
+            "enable_kv_cache_reuse": "false",
+            "dtype": "bfloat16",
+            "gpt_model_type": "inflight_fused_batching",
+            "kv_cache_free_gpu_mem_fraction": "0.5",
+        }
+    )
     assert (config.max_queue_size, config.enable_kv_cache_reuse, config.dtype) == (3, False, "bfloat16")
     assert config.kv_cache_free_gpu_mem_fraction == 0.5
     with pytest.raises(ConfigError, match="model_dir"):
@@ -40,9 +48,11 @@ def test_parameters_become_a_validated_engine_config():
 
 def test_word_lists_in_tensorrt_llm_layout_reach_the_sampling_params():
     # the LLM step reads them with the text stages' parser (ensemble/inbound/word_lists.py)
-    words = {"input_ids": np.array([[1, 2]], dtype=np.int32),
-             "stop_words_list": np.array([[[5, 6, 7, 0], [2, 3, -1, -1]]], dtype=np.int32),
-             "bad_words_list": np.zeros((1, 2, 0), dtype=np.int32)}
+    words = {
+        "input_ids": np.array([[1, 2]], dtype=np.int32),
+        "stop_words_list": np.array([[[5, 6, 7, 0], [2, 3, -1, -1]]], dtype=np.int32),
+        "bad_words_list": np.zeros((1, 2, 0), dtype=np.int32),
+    }
     request = parse_llm_request(words)
     assert request.sampling.stop_words_ids == [[5, 6], [7]] and request.sampling.bad_words_ids == []
     with pytest.raises(InvalidRequestError, match=r"^stop_words_list: offsets must increase"):
@@ -50,22 +60,28 @@ def test_word_lists_in_tensorrt_llm_layout_reach_the_sampling_params():
 
 
 def test_inputs_become_an_engine_request():
-    tensors = {"input_ids": np.array([[1, 2, 3, 4]], dtype=np.int32), "input_lengths": np.array([[3]]),
-               "request_output_len": np.array([[9]]), "temperature": np.array([[0.0]], dtype=np.float32),
-               "end_id": np.array([[-1]]), "streaming": np.array([[True]]),
-               "request_key": np.array([[KEY_1.encode()]], dtype=object)}
+    tensors = {
+        "input_ids": np.array([[1, 2, 3, 4]], dtype=np.int32),
+        "input_lengths": np.array([[3]]),
+        "request_output_len": np.array([[9]]),
+        "temperature": np.array([[0.0]], dtype=np.float32),
+        "end_id": np.array([[-1]]),
+        "streaming": np.array([[True]]),
+        "request_key": np.array([[KEY_1.encode()]], dtype=object),
+    }
     request = parse_llm_request(tensors)
     assert request.prompt_token_ids == [1, 2, 3]
     assert request.sampling.max_tokens == 9 and request.sampling.greedy
-    assert request.sampling.stop_token_ids is None            # -1: all of the model's EOS ids
+    assert request.sampling.stop_token_ids is None  # -1: all of the model's EOS ids
     assert parse_llm_request({**tensors, "end_id": np.array([[5]])}).sampling.stop_token_ids == [5]
     assert request.streaming and request.request_key == KEY_1
     # absent request_output_len: None, the engine's default_max_tokens
     without_len = {k: v for k, v in tensors.items() if k != "request_output_len"}
     assert parse_llm_request(without_len).sampling.max_tokens is None
     # it only converts: the engine validates each value once, at intake
-    unchecked = parse_llm_request({**tensors, "request_output_len": np.array([[101]]),
-                                   "temperature": np.array([[-1.0]])})
+    unchecked = parse_llm_request(
+        {**tensors, "request_output_len": np.array([[101]]), "temperature": np.array([[-1.0]])}
+    )
     assert (unchecked.sampling.max_tokens, unchecked.sampling.temperature) == (101, -1.0)
     with pytest.raises(InvalidRequestError, match="input_ids"):
         parse_llm_request({})
@@ -74,8 +90,9 @@ def test_inputs_become_an_engine_request():
     assert parse_llm_request({"stop": np.array([[True]])}).request_key is None
 
 
-@pytest.mark.parametrize("key", [b"k1", b"x" * 31, b"x" * 129, b"spaces are not allowed in a key ok",
-                                 "é".encode() * 32])
+@pytest.mark.parametrize(
+    "key", [b"k1", b"x" * 31, b"x" * 129, b"spaces are not allowed in a key ok", "é".encode() * 32]
+)
 def test_a_malformed_request_key_is_refused_naming_it(key):
     tensors = {"input_ids": np.array([[1, 2]], dtype=np.int32), "request_key": np.array([[key]], dtype=object)}
     with pytest.raises(InvalidRequestError, match="^request_key: must be 32 to 128 characters"):
@@ -88,7 +105,7 @@ class FakeSender:
     def __init__(self, check_seconds: float = 0.0) -> None:
         self.cancelled = False
         self.cancel_checks = 0
-        self.check_seconds = check_seconds   # how long a check's round trip takes
+        self.check_seconds = check_seconds  # how long a check's round trip takes
         self.sent: list[tuple[object, int]] = []
 
     def is_cancelled(self) -> bool:
@@ -115,7 +132,7 @@ def test_registry_names_cancels_and_closes_streams():
         registry.register(live("engine-2", KEY_2, "client-1", FakeSender()))
     with pytest.raises(DuplicateRequestError, match="^request_key: already used") as refused:
         registry.register(live("engine-3", KEY_1, "client-3", FakeSender()))
-    assert KEY_1 not in str(refused.value)                   # a refusal never echoes a key
+    assert KEY_1 not in str(refused.value)  # a refusal never echoes a key
     assert registry.engine_id_for_key(KEY_1) == "engine-1"
     # the request id and the engine id are not credentials
     assert registry.engine_id_for_key("client-1") is None and registry.engine_id_for_key("engine-1") is None
@@ -128,7 +145,7 @@ def test_registry_names_cancels_and_closes_streams():
     assert registry.is_newly_cancelled(stream, now=100.0 + CANCEL_CHECK_INTERVAL_S)
     assert not registry.is_newly_cancelled(stream, now=200.0)  # reported once
     stream.send("last", 1, final=True)
-    stream.send("after", 0, final=False)                     # never touches a closed sender
+    stream.send("after", 0, final=False)  # never touches a closed sender
     assert sender.sent == [("last", 1)]
     registry.remove("engine-1")
     assert registry.engine_id_for_key(KEY_1) is None and len(registry) == 0
@@ -137,12 +154,11 @@ def test_registry_names_cancels_and_closes_streams():
 
 def test_cancel_checks_of_many_streams_are_spaced_to_their_share_of_the_callers_time():
     registry = LiveStreamTable()
-    slow = 0.002   # a round trip of 2 ms: sleep() lasts at least that
-    streams = [live(f"engine-{i}", f"{KEY_1[:-2]}{i:02d}", None, FakeSender(slow))
-               for i in range(5)]
+    slow = 0.002  # a round trip of 2 ms: sleep() lasts at least that
+    streams = [live(f"engine-{i}", f"{KEY_1[:-2]}{i:02d}", None, FakeSender(slow)) for i in range(5)]
     for stream in streams:
         registry.register(stream)
-    assert registry.cancel_check_interval() == CANCEL_CHECK_INTERVAL_S   # nothing measured yet
+    assert registry.cancel_check_interval() == CANCEL_CHECK_INTERVAL_S  # nothing measured yet
     first = streams[0]
     assert not registry.is_newly_cancelled(first, now=100.0)
     assert registry.cancel_check_seconds >= slow
@@ -185,6 +201,7 @@ def test_a_request_whose_answer_failed_leaves_the_registry_and_its_client_gets_a
 
     def refuse(response=None, flags=0):
         raise RuntimeError("the client is gone")
+
     broken.send = refuse
     registry.register(live("e-3", KEY_1, "c-3", broken))
     assert not registry.end_failed("e-3", "error", 1) and len(registry) == 0

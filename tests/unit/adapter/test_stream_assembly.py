@@ -1,5 +1,6 @@
 """The LLM step's answers to engine outputs (stream_assembly.py): streamed
 deltas, non-streamed accumulation, prompt echo, errors, final flags."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,10 +12,29 @@ from python_llm.stream_assembly import Reply, StreamAssembly
 PROMPT = [1, 2, 3]
 
 
-def out(ids: list[int], finished: bool = False, reason: str | None = None, error: str | None = None,
-        logprobs: list[float] | None = None, returned: int = 0) -> RequestOutput:
-    return RequestOutput("r", ids, logprobs, finished, reason, error, len(PROMPT), returned, 0,
-                         None if logprobs is None else sum(logprobs), 1, 2, 3)
+def out(
+    ids: list[int],
+    finished: bool = False,
+    reason: str | None = None,
+    error: str | None = None,
+    logprobs: list[float] | None = None,
+    returned: int = 0,
+) -> RequestOutput:
+    return RequestOutput(
+        "r",
+        ids,
+        logprobs,
+        finished,
+        reason,
+        error,
+        len(PROMPT),
+        returned,
+        0,
+        None if logprobs is None else sum(logprobs),
+        1,
+        2,
+        3,
+    )
 
 
 def replies(assembly: StreamAssembly, outputs: list[RequestOutput]) -> list[Reply | None]:
@@ -41,8 +61,9 @@ def test_streaming_echoes_the_prompt_once_before_the_first_delta() -> None:
 
 def test_non_streaming_accumulates_into_one_final_response() -> None:
     assembly = StreamAssembly(streaming=False, prompt_ids=PROMPT, exclude_input=True)
-    got = replies(assembly, [out([5], logprobs=[-0.5]), out([6], logprobs=[-0.25]),
-                             out([7], True, "length", logprobs=[-1.0])])
+    got = replies(
+        assembly, [out([5], logprobs=[-0.5]), out([6], logprobs=[-0.25]), out([7], True, "length", logprobs=[-1.0])]
+    )
     assert got == [None, None, Reply([5, 6, 7], [-0.5, -0.25, -1.0], True)]
 
 
@@ -56,19 +77,22 @@ def test_an_error_before_the_first_response_is_an_error_response() -> None:
     for streaming in (True, False):
         assembly = StreamAssembly(streaming=streaming, prompt_ids=PROMPT, exclude_input=False)
         assert assembly.respond(out([], True, "error", "engine failed: boom")) == Reply(
-            [], None, True, "engine failed: boom")
+            [], None, True, "engine failed: boom"
+        )
     # non-streaming: tokens were made but nothing was answered yet
     assembly = StreamAssembly(streaming=False, prompt_ids=PROMPT, exclude_input=True)
     assert assembly.respond(out([5])) is None
     assert assembly.respond(out([], True, "cancelled", "output callback failed")) == Reply(
-        [], None, True, "output callback failed")
+        [], None, True, "output callback failed"
+    )
 
 
 def test_an_error_after_the_first_response_ends_with_an_error_only_when_the_request_failed() -> None:
     assembly = StreamAssembly(streaming=True, prompt_ids=PROMPT, exclude_input=True)
     assert assembly.respond(out([5])) == Reply([5], None, False)
-    assert (assembly.respond(out([], True, "error", "engine failed: boom"))
-            == Reply([], None, True, "engine failed: boom"))
+    assert assembly.respond(out([], True, "error", "engine failed: boom")) == Reply(
+        [], None, True, "engine failed: boom"
+    )
     # any other ending keeps its finish_reason and sends the usual final response
     assembly = StreamAssembly(streaming=True, prompt_ids=PROMPT, exclude_input=True)
     assert assembly.respond(out([5])) == Reply([5], None, False)
@@ -97,11 +121,25 @@ def at(ids: list[int], t_ns: int, finished: bool = False, logprobs: list[float] 
 def test_under_load_a_streams_tokens_are_held_and_sent_together_but_never_its_first_or_its_end() -> None:
     assembly = StreamAssembly(streaming=True, prompt_ids=PROMPT, exclude_input=True)
     hold = 100
-    got = [assembly.respond(o, hold) for o in (at([5], 10, logprobs=[-1.0]), at([6], 40, logprobs=[-2.0]),
-                                               at([7], 80, logprobs=[-3.0]), at([8], 110, logprobs=[-4.0]),
-                                               at([9], 130, logprobs=[-5.0]), at([], 140, True))]
-    assert got == [Reply([5], [-1.0], False), None, None, Reply([6, 7, 8], [-2.0, -3.0, -4.0], False), None,
-                   Reply([9], [-5.0], True)]
+    got = [
+        assembly.respond(o, hold)
+        for o in (
+            at([5], 10, logprobs=[-1.0]),
+            at([6], 40, logprobs=[-2.0]),
+            at([7], 80, logprobs=[-3.0]),
+            at([8], 110, logprobs=[-4.0]),
+            at([9], 130, logprobs=[-5.0]),
+            at([], 140, True),
+        )
+    ]
+    assert got == [
+        Reply([5], [-1.0], False),
+        None,
+        None,
+        Reply([6, 7, 8], [-2.0, -3.0, -4.0], False),
+        None,
+        Reply([9], [-5.0], True),
+    ]
 
 
 def test_held_tokens_follow_the_prompt_echo_and_no_hold_means_every_step() -> None:
@@ -115,6 +153,7 @@ def test_held_tokens_follow_the_prompt_echo_and_no_hold_means_every_step() -> No
 
 def test_the_pacing_holds_streams_x_answer_time_over_the_share_at_most_the_max_hold() -> None:
     from python_llm.response_pacing import ResponsePacing
+
     pacing = ResponsePacing(share=0.1, max_hold_s=0.3)
     pacing.record_response(0.0004)
     step_1 = [pacing.hold_ns(at([1], 1000)) for _ in range(8)]
@@ -122,7 +161,7 @@ def test_the_pacing_holds_streams_x_answer_time_over_the_share_at_most_the_max_h
     assert pacing.hold_ns(at([1], 2000)) == step_1[-1], "the last step's streams count until this one has more"
     assert pacing.hold_ns(at([], 2000, True)) == 0, "an end is never held"
     for _ in range(200):
-        pacing.record_response(0.05)      # one stream x 50 ms / 0.1 = 0.5 s
+        pacing.record_response(0.05)  # one stream x 50 ms / 0.1 = 0.5 s
     assert pacing.hold_ns(at([1], 3000)) == int(0.3 * 1e9)
     off = ResponsePacing(share=0.0, max_hold_s=0.3)
     off.record_response(0.01)

@@ -2,6 +2,7 @@
 the names and label values of TensorRT-LLM's Triton backend (vendored in
 tests/data/trtllm/custom_metrics.json with their source), each value derived
 from the engine's own llm_* report."""
+
 from __future__ import annotations
 
 import json
@@ -94,16 +95,22 @@ def test_names_labels_and_kinds_are_tensorrt_llms():
 def test_values_follow_the_engines_own_gauges(sink: TritonMetrics):
     assert _value(REQUEST_FAMILY, "max") == 8 and _value(KV_BLOCK_FAMILY, "tokens_per") == 16
     sink.gauge_set(m.KV_BLOCKS_CAPACITY, 100)
-    assert (_value(KV_BLOCK_FAMILY, "max"), _value(KV_BLOCK_FAMILY, "free"), _value(KV_BLOCK_FAMILY, "fraction")) \
-        == (100, 100, 0.0)
+    assert (_value(KV_BLOCK_FAMILY, "max"), _value(KV_BLOCK_FAMILY, "free"), _value(KV_BLOCK_FAMILY, "fraction")) == (
+        100,
+        100,
+        0.0,
+    )
     sink.gauge_set(m.KV_BLOCKS_USED, 25)
     sink.gauge_set(m.REQUESTS_RUNNING, 3)
     sink.gauge_set(m.REQUESTS_WAITING, 5)
     assert _value(KV_BLOCK_FAMILY, "used") == 25 and _value(KV_BLOCK_FAMILY, "free") == 75
     assert _value(KV_BLOCK_FAMILY, "fraction") == pytest.approx(0.25)
     # TensorRT-LLM: waiting = active - scheduled; here active = running + waiting
-    assert (_value(REQUEST_FAMILY, "scheduled"), _value(REQUEST_FAMILY, "waiting"),
-            _value(REQUEST_FAMILY, "active")) == (3, 5, 8)
+    assert (
+        _value(REQUEST_FAMILY, "scheduled"),
+        _value(REQUEST_FAMILY, "waiting"),
+        _value(REQUEST_FAMILY, "active"),
+    ) == (3, 5, 8)
     # idle again
     for name in (m.KV_BLOCKS_USED, m.REQUESTS_RUNNING, m.REQUESTS_WAITING):
         sink.gauge_set(name, 0)
@@ -117,7 +124,7 @@ def test_values_follow_the_engines_own_gauges(sink: TritonMetrics):
 def test_reused_counts_blocks_served_from_the_prefix_cache(sink: TritonMetrics):
     sink.counter_add(m.PREFIX_CACHE_HIT_TOKENS, 32)
     sink.counter_add(m.PREFIX_CACHE_HIT_TOKENS, 16)
-    sink.counter_add(m.PROMPT_TOKENS, 99)        # other counters leave it alone
+    sink.counter_add(m.PROMPT_TOKENS, 99)  # other counters leave it alone
     assert _value(KV_BLOCK_FAMILY, "reused") == 3
 
 

@@ -1,6 +1,7 @@
 """bench.attention_probe: its FLOP count, and an A/B run end to end on tiny
 shapes (the baseline built from HEAD's sources, so its outputs equal the
 working tree's: a clean checkout's are the same code)."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,7 +11,8 @@ from python_llm.engine.worker.kernels import cpu_kernels
 
 pytestmark = pytest.mark.skipif(
     cpu_kernels() is None or not cpu_kernels().prefill_attention_supported(attention_probe.HEAD_DIM),
-    reason="the native prefill attention does not build here")
+    reason="the native prefill attention does not build here",
+)
 
 
 def test_flops_count_each_tokens_keys() -> None:
@@ -21,8 +23,12 @@ def test_flops_count_each_tokens_keys() -> None:
 
 
 def test_probe_against_a_baseline_prints_times_and_compares_outputs(capsys: pytest.CaptureFixture[str]) -> None:
-    assert attention_probe.main(["--start", "40", "--tokens", "8", "17", "--layers", "2", "--rounds", "2",
-                                 "--baseline", "HEAD"]) == 0
+    assert (
+        attention_probe.main(
+            ["--start", "40", "--tokens", "8", "17", "--layers", "2", "--rounds", "2", "--baseline", "HEAD"]
+        )
+        == 0
+    )
     lines = [line for line in capsys.readouterr().out.splitlines() if "tokens:" in line]
     assert [line.split()[0] for line in lines] == ["8", "17"]
     for line in lines:

@@ -1,5 +1,6 @@
 """The fairness bench's figures: the targets against the streams' ITL
 before the long prompt, and the control (the same steps, no long prompt)."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,10 +12,17 @@ from bench.fairness_report import table  # noqa: E402
 
 
 def _measurement() -> Measurement:
-    m = Measurement("default", {"max_num_batched_tokens": 512}, load_before=0.1, long_tokens=8191,
-                    ttft_alone_s=10.0, ttft_s=25.0, num_layers=30)
-    m.itl_before_s = [0.020] * 9 + [0.030]                 # p50 20 ms
-    m.itl_during_s = [0.050] * 90 + [0.070] * 10          # p99 70 ms
+    m = Measurement(
+        "default",
+        {"max_num_batched_tokens": 512},
+        load_before=0.1,
+        long_tokens=8191,
+        ttft_alone_s=10.0,
+        ttft_s=25.0,
+        num_layers=30,
+    )
+    m.itl_before_s = [0.020] * 9 + [0.030]  # p50 20 ms
+    m.itl_during_s = [0.050] * 90 + [0.070] * 10  # p99 70 ms
     m.itl_control_before_s = [0.020] * 10
     m.itl_control_s = [0.030] * 90 + [0.040] * 10
     m.during_steps = [(0, 512, 0.05, 30)] * 3 + [(512, 200, 0.05, 2)]

@@ -1,5 +1,6 @@
 """bench.output_agreement: identical outputs, near-ties and real mismatches,
 judged with fakes of the three views (this engine, vLLM, HF)."""
+
 from __future__ import annotations
 
 from bench.output_agreement import NEAR_TIE_NATS, compare_outputs

@@ -1,5 +1,6 @@
 """The routing benchmark's workload: reproducible, the system prompt shared
 within a tenant and distinct across tenants, turns in conversation order."""
+
 from __future__ import annotations
 
 import os
@@ -36,7 +37,7 @@ def test_prefix_shared_within_a_tenant_distinct_across_tenants() -> None:
     # long (the router hashes 256-character blocks), and apart from the first
     # block on: no two tenants share a prefix block
     assert all(len(p) > 2500 for p in prompts)
-    assert max(_common_prefix(a, b) for i, a in enumerate(prompts) for b in prompts[i + 1:]) < 64
+    assert max(_common_prefix(a, b) for i, a in enumerate(prompts) for b in prompts[i + 1 :]) < 64
 
 
 def test_turns_in_order_and_histories_grow() -> None:
@@ -47,7 +48,7 @@ def test_turns_in_order_and_histories_grow() -> None:
     for turn in workload.turns:
         by_conversation.setdefault(turn.conversation, []).append(turn.turn)
     assert all(turns == list(range(len(turns))) for turns in by_conversation.values())
-    assert sorted(len(t) for t in by_conversation.values()) == [2, 3, 3, 3]    # as even as 11 / 4 allows
+    assert sorted(len(t) for t in by_conversation.values()) == [2, 3, 3, 3]  # as even as 11 / 4 allows
     # the first round has every conversation, so both tenants, interleaved
     assert len({t.tenant for t in workload.turns[:4]}) == 2
     last = max(workload.turns, key=lambda t: t.turn)

@@ -1,4 +1,5 @@
 """The benchmark workload generator: reproducible, in range, no special ids."""
+
 from __future__ import annotations
 
 import pytest
@@ -17,8 +18,14 @@ def test_same_seed_same_workload_other_seed_other_workload() -> None:
 
 
 def test_counts_and_lengths_in_range() -> None:
-    spec = WorkloadSpec(num_requests=200, min_prompt_tokens=32, max_prompt_tokens=256,
-                        min_output_tokens=16, max_output_tokens=128, seed=3)
+    spec = WorkloadSpec(
+        num_requests=200,
+        min_prompt_tokens=32,
+        max_prompt_tokens=256,
+        min_output_tokens=16,
+        max_output_tokens=128,
+        seed=3,
+    )
     requests = make_workload(spec, VOCAB)
     assert len(requests) == 200
     prompt_lengths = [len(r.prompt_ids) for r in requests]
@@ -46,9 +53,15 @@ def test_vocabulary_without_usable_ids_is_rejected() -> None:
         make_workload(WorkloadSpec(num_requests=1), Vocabulary(size=3, special_ids=frozenset({0, 1, 2})))
 
 
-@pytest.mark.parametrize("fields", [{"num_requests": 0}, {"min_prompt_tokens": 0},
-                                    {"min_prompt_tokens": 300, "max_prompt_tokens": 256},
-                                    {"min_output_tokens": 200, "max_output_tokens": 128}])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"num_requests": 0},
+        {"min_prompt_tokens": 0},
+        {"min_prompt_tokens": 300, "max_prompt_tokens": 256},
+        {"min_output_tokens": 200, "max_output_tokens": 128},
+    ],
+)
 def test_bad_spec_is_rejected(fields: dict[str, int]) -> None:
     with pytest.raises(ValueError):
         WorkloadSpec(**fields)

@@ -29,10 +29,16 @@ def sleeps() -> RecordingSleep:
 
 @pytest.fixture
 def make_client(fake: FakeTriton, sleeps: RecordingSleep):
-    def build(model: str = "ensemble", timeouts: TimeoutConfig | None = None,
-              retry: RetryConfig | None = None, **kwargs) -> AsyncLLMClient:
-        config = ClientConfig(url="http://triton.test", model=model, timeouts=timeouts or TimeoutConfig(),
-                              retry=retry or RetryConfig(backoff_base_s=0.1, backoff_max_s=1.0))
+    def build(
+        model: str = "ensemble", timeouts: TimeoutConfig | None = None, retry: RetryConfig | None = None, **kwargs
+    ) -> AsyncLLMClient:
+        config = ClientConfig(
+            url="http://triton.test",
+            model=model,
+            timeouts=timeouts or TimeoutConfig(),
+            retry=retry or RetryConfig(backoff_base_s=0.1, backoff_max_s=1.0),
+        )
         transport = SseTransport(config.url, config.timeouts, http_transport=fake.transport())
         return AsyncLLMClient(config, transport=transport, sleep=sleeps, **kwargs)
+
     return build

@@ -1,5 +1,6 @@
 """Real Triton protobuf responses for the gRPC fakes, and reading back what a
 fake received (tensor shapes, flags and string encoding are the real ones)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -9,8 +10,13 @@ from tritonclient.grpc import InferResult, service_pb2
 from tritonclient.utils import deserialize_bytes_tensor
 
 
-def response(text: str, finish: str | None = None, final: bool = False, ids: list[int] | None = None,
-             request_key: str | None = None) -> InferResult:
+def response(
+    text: str,
+    finish: str | None = None,
+    final: bool = False,
+    ids: list[int] | None = None,
+    request_key: str | None = None,
+) -> InferResult:
     proto = service_pb2.ModelInferResponse(model_name="ensemble")
     outputs: list[tuple[str, str, np.ndarray]] = [
         ("text_output", "BYTES", np.array([[text.encode()]], dtype=np.object_)),
@@ -25,8 +31,7 @@ def response(text: str, finish: str | None = None, final: bool = False, ids: lis
     for name, datatype, array in outputs:
         proto.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
         if datatype == "BYTES":
-            proto.raw_output_contents.append(b"".join(
-                len(v).to_bytes(4, "little") + v for v in array.reshape(-1)))
+            proto.raw_output_contents.append(b"".join(len(v).to_bytes(4, "little") + v for v in array.reshape(-1)))
         else:
             proto.raw_output_contents.append(array.tobytes())
     proto.parameters["triton_final_response"].bool_param = final

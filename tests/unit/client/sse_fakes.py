@@ -1,4 +1,5 @@
 """A scripted fake Triton HTTP frontend for httpx.MockTransport."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,6 +26,7 @@ def delta(text: str, finish_reason: str | None = None, tokens: int = 1, **extra:
 @dataclass
 class Step:
     """One chunk of a scripted stream: wait `delay_s`, then send `data` (or raise `exc`)."""
+
     data: dict[str, Any] | None = None
     delay_s: float = 0.0
     exc: Exception | None = None
@@ -34,6 +36,7 @@ class Step:
 class FakeTriton:
     """Answers generate_stream from a list of scripted replies (one per attempt)
     and records every request, including `stop` requests."""
+
     replies: list[Callable[[httpx.Request], httpx.Response]] = field(default_factory=list)
     requests: list[httpx.Request] = field(default_factory=list)
     stops: list[dict[str, Any]] = field(default_factory=list)
@@ -72,11 +75,13 @@ class FakeTriton:
             finally:
                 self.closed_streams += 1
 
-        self.replies.append(lambda request: httpx.Response(
-            200, headers={"content-type": "text/event-stream; charset=utf-8"}, content=body()))
+        self.replies.append(
+            lambda request: httpx.Response(
+                200, headers={"content-type": "text/event-stream; charset=utf-8"}, content=body()
+            )
+        )
 
-    def add_error(self, status: int, message: str, headers: dict[str, str] | None = None,
-                  as_sse: bool = False) -> None:
+    def add_error(self, status: int, message: str, headers: dict[str, str] | None = None, as_sse: bool = False) -> None:
         payload = {"error": message}
         content = sse(payload) if as_sse else json.dumps(payload).encode()
         self.replies.append(lambda request: httpx.Response(status, headers=headers, content=content))
@@ -84,4 +89,5 @@ class FakeTriton:
     def add_connect_error(self) -> None:
         def fail(request: httpx.Request) -> httpx.Response:
             raise httpx.ConnectError("connection refused", request=request)
+
         self.replies.append(fail)

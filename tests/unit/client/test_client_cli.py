@@ -1,4 +1,5 @@
 """The blocking wrapper and the CLI, against the scripted fake server."""
+
 from __future__ import annotations
 
 import io
@@ -17,6 +18,7 @@ from tests.unit.client.sse_fakes import Step, delta
 def patched_cli(fake, monkeypatch):
     def make(config: ClientConfig) -> LLMClient:
         return LLMClient(config, transport=SseTransport(config.url, config.timeouts, http_transport=fake.transport()))
+
     monkeypatch.setattr(cli, "LLMClient", make)
 
 
@@ -46,8 +48,12 @@ def test_chat_keeps_history_and_resets(fake, patched_cli):
     stdin = io.StringIO("hello\nmy name?\n/reset\nagain\n/quit\n")
     assert cli.main(["chat", "--system", "be brief"], out=out, stdin=stdin) == 0
     sent = [json.loads(json.loads(r.content)["messages"]) for r in fake.stream_requests]
-    assert sent[1] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"},
-                       {"role": "assistant", "content": "Hi!"}, {"role": "user", "content": "my name?"}]
+    assert sent[1] == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "Hi!"},
+        {"role": "user", "content": "my name?"},
+    ]
     assert sent[2] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "again"}]
     assert "TTFT" in out.getvalue() and "TPOT" in out.getvalue()
 

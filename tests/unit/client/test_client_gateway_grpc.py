@@ -2,6 +2,7 @@
 `authorization` metadata, and cancelling the RPC is the whole cancel (the
 gateway stops the request by its key): no python_llm stop is sent. A fake
 `stream_infer` answers with real Triton protobuf responses (grpc_fakes)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -63,8 +64,13 @@ class FakeGatewayGrpc:
 
 
 def grpc_client(fake: FakeGatewayGrpc, api_key: str | None = API_KEY, model: str = "ensemble") -> AsyncLLMClient:
-    config = ClientConfig(url="127.0.0.1:9001", transport="grpc", model=model, api_key=api_key,
-                          retry=RetryConfig(backoff_base_s=0.0, backoff_max_s=0.0))
+    config = ClientConfig(
+        url="127.0.0.1:9001",
+        transport="grpc",
+        model=model,
+        api_key=api_key,
+        retry=RetryConfig(backoff_base_s=0.0, backoff_max_s=0.0),
+    )
     transport = GrpcTransport(config.url, config.timeouts, client_factory=lambda: fake, api_key=config.api_key)
     return AsyncLLMClient(config, transport=transport)
 

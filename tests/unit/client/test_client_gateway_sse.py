@@ -2,6 +2,7 @@
 httpx.MockTransport (real httpx, real httpx-sse) that numbers its events, names
 the stream in X-Stream-Id, drops connections on cue, answers resumes
 (GET /v1/streams/{id} + Last-Event-ID) and cancels (DELETE)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -47,6 +48,7 @@ class Conn:
     `drop`: "error" (connection reset), "eof" (the body just ends), "mid" (half
     an event, then reset), or None when the stream was sent to its end.
     """
+
     status: int = 200
     upto: int | None = None
     drop: str | None = "error"
@@ -59,7 +61,8 @@ class Conn:
 class FakeGateway:
     conns: list[Conn]
     payloads: list[dict[str, Any]] = field(
-        default_factory=lambda: [delta(t) for t in TEXTS[:-1]] + [delta(TEXTS[-1], finish_reason="stop")])
+        default_factory=lambda: [delta(t) for t in TEXTS[:-1]] + [delta(TEXTS[-1], finish_reason="stop")]
+    )
     stream_id: str | None = STREAM_ID
     delete_status: int = 204
     requests: list[httpx.Request] = field(default_factory=list)
@@ -72,14 +75,17 @@ class FakeGateway:
         if path.endswith("/generate"):
             return httpx.Response(200, json={"model_name": "python_llm"})  # a stop: must not happen here
         assert path == "/v2/models/ensemble/generate_stream" or (
-            request.method == "GET" and path == f"/v1/streams/{self.stream_id}"), path
+            request.method == "GET" and path == f"/v1/streams/{self.stream_id}"
+        ), path
         conn = self.conns.pop(0)
         if conn.connect_error:
             raise httpx.ConnectError("connection refused", request=request)
         if conn.status != 200:
             if request.method == "GET":  # the gateway's own routes answer errors in OpenAI's shape
-                return httpx.Response(conn.status, json={"error": {"message": f"refused with {conn.status}",
-                                                                   "type": "invalid_request_error"}})
+                return httpx.Response(
+                    conn.status,
+                    json={"error": {"message": f"refused with {conn.status}", "type": "invalid_request_error"}},
+                )
             return httpx.Response(conn.status, json={"error": f"refused with {conn.status}"})
         after = int(request.headers.get("last-event-id", "0"))
         first = conn.first or after + 1
@@ -117,12 +123,23 @@ class RecordingSleep:
         self.calls.append(seconds)
 
 
-def gateway_client(gateway: FakeGateway, sleep: RecordingSleep | None = None, timeouts: TimeoutConfig | None = None,
-                   **retry: Any) -> AsyncLLMClient:
-    config = ClientConfig(url="http://gateway.test", api_key=API_KEY, timeouts=timeouts or TimeoutConfig(),
-                          retry=RetryConfig(backoff_base_s=0.1, backoff_max_s=1.0, **retry))
-    transport = SseTransport(config.url, config.timeouts, http_transport=gateway.transport(), api_key=config.api_key,
-                             retry=config.retry, sleep=sleep or RecordingSleep())
+def gateway_client(
+    gateway: FakeGateway, sleep: RecordingSleep | None = None, timeouts: TimeoutConfig | None = None, **retry: Any
+) -> AsyncLLMClient:
+    config = ClientConfig(
+        url="http://gateway.test",
+        api_key=API_KEY,
+        timeouts=timeouts or TimeoutConfig(),
+        retry=RetryConfig(backoff_base_s=0.1, backoff_max_s=1.0, **retry),
+    )
+    transport = SseTransport(
+        config.url,
+        config.timeouts,
+        http_transport=gateway.transport(),
+        api_key=config.api_key,
+        retry=config.retry,
+        sleep=sleep or RecordingSleep(),
+    )
     return AsyncLLMClient(config, transport=transport, sleep=RecordingSleep())
 
 
@@ -292,4 +309,5 @@ def test_cli_takes_the_key_from_the_flag_or_the_environment_and_defaults_to_the_
 
 def test_stream_resume_error_is_a_connection_error():
     from client import ServerConnectionError
+
     assert issubclass(StreamResumeError, ServerConnectionError)

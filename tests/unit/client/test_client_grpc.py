@@ -1,5 +1,6 @@
 """gRPC transport behind its seam: a fake `stream_infer` answering with real
 Triton protobuf responses, so tensor shapes, flags and errors are the real ones."""
+
 from __future__ import annotations
 
 import asyncio
@@ -78,11 +79,18 @@ def inputs_by_name(request: dict) -> dict[str, Any]:
 
 
 async def test_stream_inputs_are_batched_tensors_and_final_flag_ends_the_stream():
-    fake = FakeGrpcClient([[response("Hel", ids=[1, 2]), response("lo", "stop", final=True, ids=[3]),
-                            response("never read")]])
+    fake = FakeGrpcClient(
+        [[response("Hel", ids=[1, 2]), response("lo", "stop", final=True, ids=[3]), response("never read")]]
+    )
     async with grpc_client(fake) as client:
-        result = await client.generate("Hi", max_tokens=4, temperature=0.0, stop_words=["a", "b"],
-                                       messages=[{"role": "user", "content": "Hi"}], request_id="g-1")
+        result = await client.generate(
+            "Hi",
+            max_tokens=4,
+            temperature=0.0,
+            stop_words=["a", "b"],
+            messages=[{"role": "user", "content": "Hi"}],
+            request_id="g-1",
+        )
     assert result.text == "Hello" and result.finish_reason == "stop"
     assert result.output_ids == [1, 2, 3] and result.num_output_tokens == 2
     request = fake.requests[0]
@@ -98,10 +106,12 @@ async def test_stream_inputs_are_batched_tensors_and_final_flag_ends_the_stream(
 
 
 async def test_error_message_before_data_is_a_request_error_and_overload_is_retried():
-    fake = FakeGrpcClient([
-        [InferenceServerException("in ensemble 'ensemble', overloaded: queue full")],
-        [InferenceServerException("max_tokens: must be > 0")],
-    ])
+    fake = FakeGrpcClient(
+        [
+            [InferenceServerException("in ensemble 'ensemble', overloaded: queue full")],
+            [InferenceServerException("max_tokens: must be > 0")],
+        ]
+    )
     async with grpc_client(fake) as client:
         with pytest.raises(RequestError, match="max_tokens: must be > 0"):
             await client.generate("Hi")
@@ -114,8 +124,9 @@ def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
 
 async def test_a_connection_lost_reported_as_unknown_stream_removed_is_retried_like_unavailable():
     # what gRPC core can report when the server is killed mid-call (grpc/grpc#34076)
-    fake = FakeGrpcClient([[rpc_error(grpc.StatusCode.UNKNOWN, "Stream removed")],
-                           [response("ok", "stop", final=True)]])
+    fake = FakeGrpcClient(
+        [[rpc_error(grpc.StatusCode.UNKNOWN, "Stream removed")], [response("ok", "stop", final=True)]]
+    )
     async with grpc_client(fake) as client:
         result = await client.generate("Hi")
     assert result.text == "ok" and len(fake.requests) == 2
@@ -128,14 +139,17 @@ async def test_a_connection_lost_without_retries_is_a_connection_error_not_a_ref
             await client.generate("Hi")
 
 
-@pytest.mark.parametrize("error, connection", [
-    (rpc_error(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses"), True),
-    (rpc_error(grpc.StatusCode.UNKNOWN, "Stream removed"), True),
-    (rpc_error(grpc.StatusCode.UNKNOWN, "Exception calling application"), False),
-    (rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "Socket closed"), False),
-    (InferenceServerException("socket", status="StatusCode.UNAVAILABLE"), True),
-    (InferenceServerException("max_tokens: must be > 0"), False),
-])
+@pytest.mark.parametrize(
+    "error, connection",
+    [
+        (rpc_error(grpc.StatusCode.UNAVAILABLE, "failed to connect to all addresses"), True),
+        (rpc_error(grpc.StatusCode.UNKNOWN, "Stream removed"), True),
+        (rpc_error(grpc.StatusCode.UNKNOWN, "Exception calling application"), False),
+        (rpc_error(grpc.StatusCode.INVALID_ARGUMENT, "Socket closed"), False),
+        (InferenceServerException("socket", status="StatusCode.UNAVAILABLE"), True),
+        (InferenceServerException("max_tokens: must be > 0"), False),
+    ],
+)
 def test_which_call_failures_mean_the_connection_was_lost(error, connection):
     assert isinstance(map_rpc_error(error), ServerConnectionError if connection else RequestError)
 
@@ -148,8 +162,7 @@ async def test_error_after_data_ends_with_finish_reason_error():
 
 
 async def test_cancel_cancels_the_call_and_sends_stop_on_a_stream_for_ensemble():
-    fake = FakeGrpcClient([[response("a"), 10.0, response("b", "stop", final=True)],
-                           [response("", final=True)]])
+    fake = FakeGrpcClient([[response("a"), 10.0, response("b", "stop", final=True)], [response("", final=True)]])
     async with grpc_client(fake) as client:
         async with client.stream("Hi", request_id="grpc-cancel") as stream:
             async for _ in stream:
@@ -174,11 +187,14 @@ async def test_llm_bls_cancel_only_cancels_the_call():
     assert fake.calls[0].cancelled and len(fake.requests) == 1
 
 
-
 async def test_the_request_key_is_a_tensor_reused_on_retry_and_carried_by_the_stop():
-    fake = FakeGrpcClient([[InferenceServerException("in ensemble 'ensemble', overloaded: queue full")],
-                           [response("a"), 10.0, response("b", "stop", final=True)],
-                           [response("", final=True)]])
+    fake = FakeGrpcClient(
+        [
+            [InferenceServerException("in ensemble 'ensemble', overloaded: queue full")],
+            [response("a"), 10.0, response("b", "stop", final=True)],
+            [response("", final=True)],
+        ]
+    )
     async with grpc_client(fake) as client:
         async with client.stream("Hi", request_id="grpc-key") as stream:
             async for _ in stream:
@@ -200,8 +216,9 @@ async def test_grpc_requests_get_distinct_keys_and_a_caller_key_is_kept():
         minted = [await client.generate("Hi") for _ in range(2)]
         given = await client.generate("Hi", request_key=caller_key)
     sent = [key_of(inputs_by_name(request)["request_key"]) for request in fake.requests]
-    assert sent == [minted[0].request_key, minted[1].request_key, caller_key] == [
-        r.request_key for r in (*minted, given)]
+    assert (
+        sent == [minted[0].request_key, minted[1].request_key, caller_key] == [r.request_key for r in (*minted, given)]
+    )
     assert minted[0].request_key != minted[1].request_key
 
 

@@ -1,5 +1,6 @@
 """The client library ships alone: of the project it imports only `contract`
 (the wire format), never the text stages, the gateway, the launcher or the engine."""
+
 from __future__ import annotations
 
 import ast

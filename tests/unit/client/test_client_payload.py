@@ -1,4 +1,5 @@
 """Wire-format helpers: generate JSON, gRPC tensors, and parsing of both."""
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,14 @@ KEY = "k" * 20 + "_-" + "0123456789"  # 32 characters of the key alphabet
 
 
 def test_stop_body_is_the_tensorrt_llm_stop_request_plus_the_request_key():
-    assert stop_generate_body("r9", KEY) == {"input_ids": [0], "input_lengths": [1], "request_output_len": [1],
-                                             "stop": True, "request_key": KEY, "id": "r9"}
+    assert stop_generate_body("r9", KEY) == {
+        "input_ids": [0],
+        "input_lengths": [1],
+        "request_output_len": [1],
+        "stop": True,
+        "request_key": KEY,
+        "id": "r9",
+    }
 
 
 def test_stop_tensors_carry_the_request_key_as_a_batched_string():
@@ -66,13 +73,19 @@ def test_request_key_is_a_bytes_input_and_an_echoed_output():
     assert event_from_outputs({"text_output": "a"}, 0.0).request_key is None
 
 
-@pytest.mark.parametrize("outputs", [
-    {"text_output": "日本", "finish_reason": "length", "output_ids": [5, 6], "num_output_tokens": 2},
-    {"text_output": ["日", "本"], "finish_reason": ["length"], "output_ids": [[5, 6]], "num_output_tokens": [2]},
-    {"text_output": np.array([["日本".encode()]], dtype=np.object_),
-     "finish_reason": np.array([[b"length"]], dtype=np.object_),
-     "output_ids": np.array([[5, 6]], dtype=np.int32), "num_output_tokens": np.array([[2]], dtype=np.int32)},
-])
+@pytest.mark.parametrize(
+    "outputs",
+    [
+        {"text_output": "日本", "finish_reason": "length", "output_ids": [5, 6], "num_output_tokens": 2},
+        {"text_output": ["日", "本"], "finish_reason": ["length"], "output_ids": [[5, 6]], "num_output_tokens": [2]},
+        {
+            "text_output": np.array([["日本".encode()]], dtype=np.object_),
+            "finish_reason": np.array([[b"length"]], dtype=np.object_),
+            "output_ids": np.array([[5, 6]], dtype=np.int32),
+            "num_output_tokens": np.array([[2]], dtype=np.int32),
+        },
+    ],
+)
 def test_event_parsing_accepts_json_scalars_lists_and_numpy(outputs):
     event = event_from_outputs(outputs, received_s=1.5)
     assert event.text == "日本" and event.finish_reason == "length"
@@ -96,7 +109,7 @@ def test_continuation_ids_go_as_an_int32_list_over_both_transports():
     assert datatype == "INT32" and array.dtype == np.int32 and array.tolist() == [[5, 0, 49151]]
     (grpc_input,) = [i for i in build_inputs(list(grpc_tensors(values))) if i.name() == "continuation_ids"]
     assert grpc_input.shape() == [1, 3] and grpc_input.datatype() == "INT32"
-    assert generate_body(values, "id-1")["continuation_ids"] == [5, 0, 49151]   # a JSON list in generate
+    assert generate_body(values, "id-1")["continuation_ids"] == [5, 0, 49151]  # a JSON list in generate
 
 
 def test_an_empty_continuation_is_not_sent():

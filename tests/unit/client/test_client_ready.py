@@ -3,6 +3,7 @@
 slow" alike, bounded by `TimeoutConfig.connect_s`. Fakes behind the transports'
 seams, plus a real closed port for each transport, and a real gRPC server
 (a fake servicer) gone and back: the channel's reconnect bound."""
+
 from __future__ import annotations
 
 import asyncio
@@ -32,10 +33,10 @@ def anyio_backend() -> str:
 
 # -- SSE -----------------------------------------------------------------------
 
+
 def sse_client(handler: Any, *, api_key: str | None = None, timeouts: TimeoutConfig = FAST) -> AsyncLLMClient:
     config = ClientConfig(url="http://triton.test", timeouts=timeouts, api_key=api_key)
-    transport = SseTransport(config.url, config.timeouts, http_transport=httpx.MockTransport(handler),
-                             api_key=api_key)
+    transport = SseTransport(config.url, config.timeouts, http_transport=httpx.MockTransport(handler), api_key=api_key)
     return AsyncLLMClient(config, transport=transport)
 
 
@@ -86,6 +87,7 @@ async def test_sse_closed_port_is_not_ready():
 
 # -- gRPC ----------------------------------------------------------------------
 
+
 class FakeReadyClient:
     """`tritonclient.grpc.aio.InferenceServerClient.is_server_ready`, scripted."""
 
@@ -108,8 +110,9 @@ class FakeReadyClient:
 
 def grpc_client(fake: FakeReadyClient, *, api_key: str | None = None) -> AsyncLLMClient:
     config = ClientConfig(url="127.0.0.1:8001", transport="grpc", timeouts=FAST, api_key=api_key)
-    return AsyncLLMClient(config, transport=GrpcTransport(config.url, config.timeouts, client_factory=lambda: fake,
-                                                          api_key=api_key))
+    return AsyncLLMClient(
+        config, transport=GrpcTransport(config.url, config.timeouts, client_factory=lambda: fake, api_key=api_key)
+    )
 
 
 @pytest.mark.parametrize("answer", [True, False])
@@ -154,8 +157,9 @@ async def test_grpc_closed_port_is_not_ready():
 
 # -- gRPC: reconnecting after the server was gone ---------------------------------
 
+
 class ReadyServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    async def ServerReady(self, request: Any, context: Any) -> Any:   # noqa: N802 (the gRPC method's name)
+    async def ServerReady(self, request: Any, context: Any) -> Any:  # noqa: N802 (the gRPC method's name)
         return service_pb2.ServerReadyResponse(ready=True)
 
 
@@ -190,7 +194,7 @@ async def test_grpc_ready_again_soon_after_a_gone_server_comes_back():
         assert await client.ready() is True
         await first.stop(None)
         down_until = time.monotonic() + 3.0
-        while time.monotonic() < down_until:      # the channel fails and backs off
+        while time.monotonic() < down_until:  # the channel fails and backs off
             assert await client.ready() is False
             await asyncio.sleep(0.05)
         second = ready_server(port)

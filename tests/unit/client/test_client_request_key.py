@@ -1,6 +1,7 @@
 """The request key (interface.md, "Request identity"): minted once per request,
 sent on every attempt, carried by the stop, validated locally, never logged
 at INFO or above (SSE transport against the scripted fake Triton)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -75,8 +76,16 @@ async def test_the_stop_on_cancel_carries_the_key_and_names_the_id(fake, make_cl
         stream = await cancel_after_first(client)
     sent_key = body_of(fake.stream_requests[0])["request_key"]
     assert stream.request_key == stream.result.request_key == sent_key
-    assert fake.stops == [{"input_ids": [0], "input_lengths": [1], "request_output_len": [1], "stop": True,
-                           "request_key": sent_key, "id": stream.request_id}]
+    assert fake.stops == [
+        {
+            "input_ids": [0],
+            "input_lengths": [1],
+            "request_output_len": [1],
+            "stop": True,
+            "request_key": sent_key,
+            "id": stream.request_id,
+        }
+    ]
     assert fake.requests[-1].url.path == "/v2/models/python_llm/generate"
 
 
@@ -92,9 +101,22 @@ async def test_a_caller_supplied_key_is_sent_and_stops_the_request(fake, make_cl
     assert [s["request_key"] for s in fake.stops] == [other_key]
 
 
-@pytest.mark.parametrize("bad", ["", "short-key", "a" * 31, "a" * 129, "a" * 31 + "!", "a" * 31 + " ",
-                                 "a" * 31 + "=", "é" * 32, "a" * 31 + "\n", 12345678901234567890123456789012,
-                                 b"a" * 32])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "short-key",
+        "a" * 31,
+        "a" * 129,
+        "a" * 31 + "!",
+        "a" * 31 + " ",
+        "a" * 31 + "=",
+        "é" * 32,
+        "a" * 31 + "\n",
+        12345678901234567890123456789012,
+        b"a" * 32,
+    ],
+)
 async def test_a_malformed_key_is_refused_locally_without_echoing_it(fake, make_client, bad):
     with pytest.raises(ValueError, match="request_key") as info:
         GenerationOptions(request_key=bad)

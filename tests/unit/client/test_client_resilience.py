@@ -1,5 +1,6 @@
 """Retries (only before the first token), the retry budget, Retry-After,
 LLM timeouts, and cancellation sending `stop` for the ensemble."""
+
 from __future__ import annotations
 
 import asyncio
@@ -116,8 +117,9 @@ async def test_per_token_timeout_raises_and_closes_the_stream(fake, make_client)
     fake.add_stream(Step(delta("a")), Step(delta("b"), delay_s=5.0))
     async with make_client(timeouts=TimeoutConfig(token_s=0.1)) as client:
         stream = client.stream("x")
-        with pytest.raises(TokenTimeoutError,
-                           match=r"^no response for 0\.1s after 1 response\(s\) \(per-token timeout\)$") as info:
+        with pytest.raises(
+            TokenTimeoutError, match=r"^no response for 0\.1s after 1 response\(s\) \(per-token timeout\)$"
+        ) as info:
             async for _ in stream:
                 pass
     assert info.value.result is stream.result

@@ -1,4 +1,5 @@
 """SSE transport and stream semantics against a scripted fake Triton (httpx.MockTransport)."""
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,9 @@ async def test_events_are_typed_and_result_accumulates(fake, make_client):
 async def test_request_body_carries_inputs_and_request_id(fake, make_client):
     fake.add_stream(Step(delta("ok", finish_reason="stop")))
     messages = [{"role": "user", "content": "你好"}]
-    options = GenerationOptions(max_tokens=4, stop_words=["\n\n", "END"], messages=messages, seed=7,
-                                segment="sentence", request_id="req-42")
+    options = GenerationOptions(
+        max_tokens=4, stop_words=["\n\n", "END"], messages=messages, seed=7, segment="sentence", request_id="req-42"
+    )
     async with make_client() as client:
         result = await client.generate("", options)
     request = fake.stream_requests[0]
@@ -116,8 +118,11 @@ def test_options_are_validated():
         GenerationOptions(stop_words="END")  # a bare string is not a list of words
     with pytest.raises(ValueError, match=r"^messages\[0\] must be a dict with string 'role' and 'content'$"):
         GenerationOptions(messages=[{"role": "user"}])
-    with pytest.raises(ValueError, match=r"^segment must be one of \('token', 'sentence', 'paragraph'\) "
-                                         r"\(got 'word'\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^segment must be one of \('token', 'sentence', 'paragraph'\) "
+        r"\(got 'word'\)$",
+    ):
         GenerationOptions(segment="word")
 
 

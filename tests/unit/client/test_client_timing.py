@@ -1,4 +1,5 @@
 """TTFT / ITL / TPOT arithmetic, measured like genai-perf."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """Load-test inputs: shapes, prompt dataset, settings, CLI parsing, and the
 blocking SSE stream used inside Locust (against httpx.MockTransport)."""
+
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,7 @@ def test_dataset_has_both_languages_and_a_long_tail():
     dataset = PromptDataset.from_jsonl(DEFAULT_DATASET, max_tokens=128, seed=1)
     draws = [dataset.sample() for _ in range(2000)]
     langs = Counter(p.lang for p in draws)
-    assert langs == {"en": 1321, "zh": 679}   # seed 1: both languages of the dataset are drawn
+    assert langs == {"en": 1321, "zh": 679}  # seed 1: both languages of the dataset are drawn
     lengths = sorted(p.max_tokens for p in draws)
     assert 1 <= lengths[0] and lengths[-1] <= 128
     median, p95 = lengths[len(lengths) // 2], lengths[int(len(lengths) * 0.95)]
@@ -91,6 +92,7 @@ def _sse_server(chunks: list[dict], stops: list[dict]) -> httpx.Client:
             return httpx.Response(200, json={})
         body = b"".join(sse(c) for c in chunks)
         return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
     return httpx.Client(base_url="http://triton.test", transport=httpx.MockTransport(handler))
 
 
@@ -110,6 +112,7 @@ def test_locust_sse_stream_records_tokens_and_cancels_with_stop():
 def test_locust_sse_stream_reports_http_errors():
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(400, json={"error": "in ensemble 'ensemble', overloaded: full"})
+
     with httpx.Client(base_url="http://t", transport=httpx.MockTransport(handler)) as http:
         outcome = run_sse(http, StreamRequest("ensemble", "hi", 8, "x"), token_timeout_s=5)
     assert outcome.error == "HTTP 400: in ensemble 'ensemble', overloaded: full" and outcome.ttft_s is None
@@ -147,8 +150,16 @@ def test_locust_sse_stream_sends_the_key_and_stops_with_it():
     with httpx.Client(base_url="http://triton.test", transport=httpx.MockTransport(handler)) as http:
         outcome = run_sse(http, request, token_timeout_s=5)
     assert outcome.cancelled and streams[0]["request_key"] == request.request_key
-    assert stops == [{"input_ids": [0], "input_lengths": [1], "request_output_len": [1], "stop": True,
-                      "request_key": request.request_key, "id": "cut"}]
+    assert stops == [
+        {
+            "input_ids": [0],
+            "input_lengths": [1],
+            "request_output_len": [1],
+            "stop": True,
+            "request_key": request.request_key,
+            "id": "cut",
+        }
+    ]
 
 
 class FakeSyncGrpc:
@@ -172,8 +183,9 @@ class FakeSyncGrpc:
 
 
 def test_locust_grpc_stream_sends_the_key_and_stops_with_it():
-    grpc = FakeSyncGrpc([[response("a "), response("b "), response("c", "stop", final=True)],
-                         [response("", final=True)]])
+    grpc = FakeSyncGrpc(
+        [[response("a "), response("b "), response("c", "stop", final=True)], [response("", final=True)]]
+    )
     request = StreamRequest("ensemble", "hi", 8, "grpc-cut", cancel_after_tokens=1)
     outcome = run_grpc(grpc, request, token_timeout_s=5)
     assert outcome.cancelled and len(grpc.sent) == 2

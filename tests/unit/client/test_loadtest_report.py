@@ -1,5 +1,6 @@
 """Load-test reporting: summary and SLO verdict from a canned Locust CSV, plots,
 and the Locust entries fired for one stream."""
+
 from __future__ import annotations
 
 import shutil
@@ -43,8 +44,14 @@ def test_slo_checks_per_request_type():
     by_type, _ = canned_summaries()
     checks = evaluate_slos(list(by_type.values()), SloSpec(ttft_p99_ms=150, itl_p99_ms=100, error_rate=0.05))
     verdict = {(c.request_type, c.metric): c.ok for c in checks}
-    assert verdict == {("SSE", "ttft_p99_ms"): True, ("SSE", "itl_p99_ms"): True, ("SSE", "error_rate"): True,
-                       ("gRPC", "ttft_p99_ms"): False, ("gRPC", "itl_p99_ms"): True, ("gRPC", "error_rate"): False}
+    assert verdict == {
+        ("SSE", "ttft_p99_ms"): True,
+        ("SSE", "itl_p99_ms"): True,
+        ("SSE", "error_rate"): True,
+        ("gRPC", "ttft_p99_ms"): False,
+        ("gRPC", "itl_p99_ms"): True,
+        ("gRPC", "error_rate"): False,
+    }
     assert evaluate_slos(list(by_type.values()), SloSpec()) == []
 
 
@@ -60,8 +67,16 @@ def run_dir(tmp_path: Path) -> Path:
     shutil.copy(DATA / "canned_stats.csv", tmp_path / "locust_stats.csv")
     shutil.copy(DATA / "canned_stats_history.csv", tmp_path / "locust_stats_history.csv")
     log = SampleLog(tmp_path / "samples.jsonl")
-    log.write({"type": "SSE", "end_unix_s": 1795953501.5, "ttft_ms": 100.0, "itl_ms": [30.0, 31.0],
-               "e2e_ms": 170.0, "output_tokens": 3})
+    log.write(
+        {
+            "type": "SSE",
+            "end_unix_s": 1795953501.5,
+            "ttft_ms": 100.0,
+            "itl_ms": [30.0, 31.0],
+            "e2e_ms": 170.0,
+            "output_tokens": 3,
+        }
+    )
     log.close()
     return tmp_path
 
@@ -77,11 +92,16 @@ def test_report_exit_status_follows_the_slos_and_writes_plots(run_dir: Path, cap
 
 def test_throughput_counts_tokens_when_they_streamed_not_when_streams_ended():
     # Stream sent at t=10.0: first token at 10.5, then one every 1.0 s, ends at 13.6.
-    sample = {"type": "SSE", "end_unix_s": 13.6, "e2e_ms": 3600.0, "ttft_ms": 500.0,
-              "itl_ms": [1000.0, 1000.0, 1000.0], "output_tokens": 4}
+    sample = {
+        "type": "SSE",
+        "end_unix_s": 13.6,
+        "e2e_ms": 3600.0,
+        "ttft_ms": 500.0,
+        "itl_ms": [1000.0, 1000.0, 1000.0],
+        "output_tokens": 4,
+    }
     assert token_times_unix_s(sample) == pytest.approx([10.5, 11.5, 12.5, 13.5])
-    rates = streamed_token_rate([sample, {**sample, "type": "gRPC", "output_tokens": 8}], start_unix_s=10.0,
-                                bin_s=2.0)
+    rates = streamed_token_rate([sample, {**sample, "type": "gRPC", "output_tokens": 8}], start_unix_s=10.0, bin_s=2.0)
     assert dict(rates["SSE"]) == pytest.approx({0: 1.0, 1: 1.0})  # two tokens in each 2 s bin
     assert dict(rates["gRPC"]) == pytest.approx({0: 2.0, 1: 2.0})  # two tokens per response
     assert token_times_unix_s({**sample, "ttft_ms": None}) == []
@@ -113,19 +133,32 @@ def counter() -> TokenCounter:
 
 
 def outcome(**kwargs) -> StreamOutcome:
-    base = dict(request_type="SSE", request_id="r", sent_s=0.0, token_times_s=[0.1, 0.15, 0.3, 0.4],
-                text="a b c d", end_s=0.5, finish_reason="stop")
+    base = dict(
+        request_type="SSE",
+        request_id="r",
+        sent_s=0.0,
+        token_times_s=[0.1, 0.15, 0.3, 0.4],
+        text="a b c d",
+        end_s=0.5,
+        finish_reason="stop",
+    )
     return StreamOutcome(**{**base, **kwargs})
 
 
 def test_completed_stream_fires_ttft_itl_tpot_e2e(counter, tmp_path):
     events = FakeEvents()
     record = report_outcome(events, outcome(), counter, SampleLog(tmp_path / "s.jsonl"))
-    fired = [(f["name"], round(f["response_time"], 3), f["response_length"], f["exception"])
-             for f in events.request.fired]
-    assert fired == [("ttft", 100.0, 0, None), ("itl", 50.0, 0, None), ("itl", 150.0, 0, None),
-                     ("itl", 100.0, 0, None), ("tpot", round((0.5 - 0.1) / 3 * 1000, 3), 0, None),
-                     ("e2e", 500.0, 4, None)]
+    fired = [
+        (f["name"], round(f["response_time"], 3), f["response_length"], f["exception"]) for f in events.request.fired
+    ]
+    assert fired == [
+        ("ttft", 100.0, 0, None),
+        ("itl", 50.0, 0, None),
+        ("itl", 150.0, 0, None),
+        ("itl", 100.0, 0, None),
+        ("tpot", round((0.5 - 0.1) / 3 * 1000, 3), 0, None),
+        ("e2e", 500.0, 4, None),
+    ]
     assert all(f["request_type"] == "SSE" for f in events.request.fired)
     assert record["output_tokens"] == 4 and len(record["itl_ms"]) == 3
     assert (tmp_path / "s.jsonl").read_text().count("\n") == 1

@@ -1,5 +1,6 @@
 """`contract` is what every side imports, so it imports nothing of the
 project: only the standard library and numpy."""
+
 from __future__ import annotations
 
 import ast

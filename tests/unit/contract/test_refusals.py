@@ -1,5 +1,6 @@
 """The refusal form: what the text stages and the LLM step write
 (`format_refusal`) is what the gateway reads back (`parse_refusal`)."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,8 +12,10 @@ FIELDS = {"max_tokens", "length_penalty", "len_penalty", "stop"}
 
 def test_the_two_forms() -> None:
     assert format_refusal("max_tokens", "must be >= 1, got 0") == "max_tokens: must be >= 1, got 0"
-    assert format_refusal("length_penalty", "must be 1.0", internal="len_penalty") == \
-        "length_penalty (len_penalty): must be 1.0"
+    assert (
+        format_refusal("length_penalty", "must be 1.0", internal="len_penalty")
+        == "length_penalty (len_penalty): must be 1.0"
+    )
     with pytest.raises(ValueError):
         format_refusal("", "no field")
 

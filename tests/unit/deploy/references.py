@@ -12,6 +12,7 @@ incremented, still declares itself) or has a sample of that exact name; a
 histogram's `_bucket` / `_sum` / `_count` series are present when the page
 declares the histogram; a counter queried as `x_total` is present when the page
 declares `x_total` or, in OpenMetrics style, `x` as a counter."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,17 @@ import promql_parser
 import yaml
 
 # series Prometheus makes itself, not scraped from a target
-SYNTHETIC = frozenset({"up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_series_added",
-                       "scrape_samples_post_metric_relabeling", "ALERTS", "ALERTS_FOR_STATE"})
+SYNTHETIC = frozenset(
+    {
+        "up",
+        "scrape_duration_seconds",
+        "scrape_samples_scraped",
+        "scrape_series_added",
+        "scrape_samples_post_metric_relabeling",
+        "ALERTS",
+        "ALERTS_FOR_STATE",
+    }
+)
 _GRAFANA_VARIABLE = re.compile(r"\$(?:__\w+|\{\w+\}|\w+)")
 
 
@@ -37,7 +47,7 @@ def metric_names(expr: str) -> set[str]:
         if isinstance(node, promql_parser.VectorSelector):
             if node.name:
                 names.add(node.name)
-            else:   # {__name__="x"}
+            else:  # {__name__="x"}
                 for matcher in node.matchers.matchers:
                     if matcher.name == "__name__":
                         names.add(matcher.value)
@@ -57,7 +67,7 @@ def dashboard_exprs(path: Path) -> list[str]:
         out = []
         for panel in items:
             out.append(panel)
-            out.extend(panels(panel.get("panels", [])))      # rows
+            out.extend(panels(panel.get("panels", [])))  # rows
         return out
 
     data = json.loads(path.read_text(encoding="utf-8"))
@@ -71,8 +81,12 @@ def adapter_exprs(config: dict[str, Any]) -> list[str]:
         series_query = rule["seriesQuery"]
         (series,) = metric_names(series_query)
         exprs.append(series_query)
-        exprs.append(rule["metricsQuery"].replace("<<.Series>>", series)
-                     .replace("<<.LabelMatchers>>", 'namespace="x",pod="y"').replace("<<.GroupBy>>", "pod"))
+        exprs.append(
+            rule["metricsQuery"]
+            .replace("<<.Series>>", series)
+            .replace("<<.LabelMatchers>>", 'namespace="x",pod="y"')
+            .replace("<<.GroupBy>>", "pod")
+        )
     return exprs
 
 
@@ -88,8 +102,8 @@ def adapter_served(config: dict[str, Any]) -> dict[str, str]:
 
 @dataclass
 class References:
-    used_by: dict[str, set[str]] = field(default_factory=dict)      # metric -> where (file: what)
-    recorded: dict[str, set[str]] = field(default_factory=dict)     # recording rule -> the metrics it reads
+    used_by: dict[str, set[str]] = field(default_factory=dict)  # metric -> where (file: what)
+    recorded: dict[str, set[str]] = field(default_factory=dict)  # recording rule -> the metrics it reads
 
     def add(self, expr: str, where: str) -> None:
         for name in metric_names(expr):
@@ -153,7 +167,7 @@ def collect(rule_files: list[Path], dashboards: list[Path], manifests: dict[str,
 
 @dataclass
 class Exposition:
-    declared: dict[str, str]        # family -> type, from `# TYPE` lines
+    declared: dict[str, str]  # family -> type, from `# TYPE` lines
     sampled: set[str]
 
     @classmethod
@@ -170,8 +184,12 @@ class Exposition:
     def present(self, name: str) -> bool:
         if name in self.declared or name in self.sampled:
             return True
-        for suffix, kinds in (("_bucket", ("histogram",)), ("_sum", ("histogram", "summary")),
-                              ("_count", ("histogram", "summary")), ("_total", ("counter",))):
+        for suffix, kinds in (
+            ("_bucket", ("histogram",)),
+            ("_sum", ("histogram", "summary")),
+            ("_count", ("histogram", "summary")),
+            ("_total", ("counter",)),
+        ):
             if name.endswith(suffix) and self.declared.get(name[: -len(suffix)]) in kinds:
                 return True
         return False

@@ -1,6 +1,7 @@
 """The container-side commands without a server (the e2e tests run them
 against a real tritonserver), the entrypoint script, and compose.yaml's
 agreement with the settings and the images."""
+
 from __future__ import annotations
 
 import argparse
@@ -33,15 +34,16 @@ def test_drain_counts_running_and_waiting():
 
 
 def test_drain_returns_when_nothing_answers():
-    port, = free_local_ports(1)
-    args = argparse.Namespace(metrics_url=f"http://127.0.0.1:{port}/metrics", delay_s=0.0, timeout_s=5.0,
-                              interval_s=0.1)
+    (port,) = free_local_ports(1)
+    args = argparse.Namespace(
+        metrics_url=f"http://127.0.0.1:{port}/metrics", delay_s=0.0, timeout_s=5.0, interval_s=0.1
+    )
     started = time.monotonic()
     assert drain.main(args) == 0 and time.monotonic() - started < 3
 
 
 def test_probe_fails_without_a_server(capsys, tmp_path):
-    port, = free_local_ports(1)
+    (port,) = free_local_ports(1)
     missing = tmp_path / "none.json"
     args = argparse.Namespace(grpc_url=f"127.0.0.1:{port}", golden=None, timeout_s=2.0, settings=None)
     started = time.monotonic()

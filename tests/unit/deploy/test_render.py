@@ -1,6 +1,7 @@
 """The manifests are rendered from the deployment settings: change a setting,
 see it in the YAML; the settings ConfigMap reads back as the same settings;
 the cluster-side values come from the profile."""
+
 from __future__ import annotations
 
 import json
@@ -24,11 +25,13 @@ def settings(*assignments: str) -> DeploymentSettings:
     return DeploymentSettings.load(environ={}, assignments=assignments, default_model_dir=lambda: DEFAULT_MODEL_DIR)
 
 
-def objects(*assignments: str, profile: str = "cpu", k8s: tuple[str, ...] = (), golden: Path | None = None
-            ) -> dict[tuple[str, str], dict[str, Any]]:
+def objects(
+    *assignments: str, profile: str = "cpu", k8s: tuple[str, ...] = (), golden: Path | None = None
+) -> dict[tuple[str, str], dict[str, Any]]:
     manifests = render(settings(*assignments), load_profile(profile, k8s), golden)
-    return {(o["kind"], o["metadata"]["name"]): o
-            for docs in manifests.values() for o in yaml.safe_load_all(to_yaml(docs))}
+    return {
+        (o["kind"], o["metadata"]["name"]): o for docs in manifests.values() for o in yaml.safe_load_all(to_yaml(docs))
+    }
 
 
 def config_env(objs: dict) -> dict[str, str]:
@@ -44,9 +47,13 @@ def container(objs: dict, name: str, kind: str = "StatefulSet", obj: str = "trit
 
 
 def test_the_settings_configmap_reads_back_as_the_same_settings():
-    original = settings("engine.max_num_seqs=8", "gateway.drain_timeout_s=90", "text.max_messages=12",
-                        'gateway.tiers={"gold": {"priority": 20, "allowed_models": ["ensemble"]}}',
-                        "engine.enable_kv_cache_reuse=false")
+    original = settings(
+        "engine.max_num_seqs=8",
+        "gateway.drain_timeout_s=90",
+        "text.max_messages=12",
+        'gateway.tiers={"gold": {"priority": 20, "allowed_models": ["ensemble"]}}',
+        "engine.enable_kv_cache_reuse=false",
+    )
     profile = load_profile("gpu")
     deployed = for_cluster(original, profile, names_for(profile), golden_mounted=False)
     env = settings_env(deployed)
@@ -60,6 +67,7 @@ def test_a_changed_setting_shows_in_the_manifests():
     before, after = objects(), objects("engine.max_queue_size=32")
     assert "LLM__ENGINE__MAX_QUEUE_SIZE" not in config_env(before)
     assert config_env(after)["LLM__ENGINE__MAX_QUEUE_SIZE"] == "32"
+
     # a settings change rolls the pods (their template's checksum changes)
     def checksum(objs, kind, name):
         return objs[(kind, name)]["spec"]["template"]["metadata"]["annotations"]
@@ -69,12 +77,17 @@ def test_a_changed_setting_shows_in_the_manifests():
 
 
 def test_ports_follow_the_settings():
-    objs = objects("gateway.port=9100", "gateway.public_grpc_port=9101", "gateway.fleet.discovery_metrics_port=8102",
-                   "gateway.fleet.discovery_dns=triton.example.svc.cluster.local:8101", "gateway.ops_port=9102")
+    objs = objects(
+        "gateway.port=9100",
+        "gateway.public_grpc_port=9101",
+        "gateway.fleet.discovery_metrics_port=8102",
+        "gateway.fleet.discovery_dns=triton.example.svc.cluster.local:8101",
+        "gateway.ops_port=9102",
+    )
     gateway = container(objs, "gateway", "Deployment", "triton-llm-gateway")
     assert {p["name"]: p["containerPort"] for p in gateway["ports"]} == {"http": 9100, "grpc": 9101, "ops": 9102}
     service = objs[("Service", "triton-llm-gateway")]
-    assert [p["port"] for p in service["spec"]["ports"]] == [9100, 9101]       # the API only
+    assert [p["port"] for p in service["spec"]["ports"]] == [9100, 9101]  # the API only
     assert [p["port"] for p in objs[("Service", "triton-llm-gateway-ops")]["spec"]["ports"]] == [9102]
     triton = container(objs, "triton")
     assert {p["name"]: p["containerPort"] for p in triton["ports"]} == {"http": 8000, "grpc": 8101, "metrics": 8102}
@@ -94,7 +107,7 @@ def test_no_public_grpc_port_no_grpc_port():
 
 def test_the_ops_port_is_reachable_by_prometheus_but_not_through_the_public_service():
     objs = objects()
-    assert config_env(objs)["LLM__GATEWAY__OPS_HOST"] == "0.0.0.0"       # the pod IP, not its loopback
+    assert config_env(objs)["LLM__GATEWAY__OPS_HOST"] == "0.0.0.0"  # the pod IP, not its loopback
     public = objs[("Service", "triton-llm-gateway")]["spec"]
     assert [p["name"] for p in public["ports"]] == ["http", "grpc"]
     ops = objs[("Service", "triton-llm-gateway-ops")]
@@ -104,12 +117,14 @@ def test_the_ops_port_is_reachable_by_prometheus_but_not_through_the_public_serv
     monitor = objs[("ServiceMonitor", "triton-llm-gateway")]["spec"]
     assert monitor["endpoints"][0]["port"] == "ops" and monitor["endpoints"][0]["path"] == "/metrics"
     assert monitor["selector"]["matchLabels"].items() <= ops["metadata"]["labels"].items()
-    assert monitor["jobLabel"] in ops["metadata"]["labels"]               # job="gateway", as the rules expect
+    assert monitor["jobLabel"] in ops["metadata"]["labels"]  # job="gateway", as the rules expect
     # the API ports from anywhere, the ops port from the monitoring namespace only
     policy = objs[("NetworkPolicy", "triton-llm-gateway")]["spec"]
     assert policy["ingress"][0] == {"ports": [{"protocol": "TCP", "port": 9000}, {"protocol": "TCP", "port": 9001}]}
-    assert policy["ingress"][1] == {"from": [{"namespaceSelector": {"matchLabels": {
-        "kubernetes.io/metadata.name": "monitoring"}}}], "ports": [{"protocol": "TCP", "port": 9002}]}
+    assert policy["ingress"][1] == {
+        "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+        "ports": [{"protocol": "TCP", "port": 9002}],
+    }
     assert container(objs, "gateway", "Deployment", "triton-llm-gateway")["readinessProbe"]["httpGet"]["port"] == "http"
     # an InferencePool's sidecar keeps its ops port on the pod's loopback
     sidecar = container(objects(k8s=("inference_pool=true",)), "openai")
@@ -147,8 +162,11 @@ def test_thread_count_is_the_cpu_limit_unless_set():
 def test_drain_timeout_sets_the_grace_periods():
     short, long = objects("gateway.drain_timeout_s=30"), objects("gateway.drain_timeout_s=600")
     for kind, name in (("StatefulSet", "triton-llm-triton"), ("Deployment", "triton-llm-gateway")):
-        assert pod(long, kind, name)["terminationGracePeriodSeconds"] - pod(short, kind, name)[
-            "terminationGracePeriodSeconds"] == 570
+        assert (
+            pod(long, kind, name)["terminationGracePeriodSeconds"]
+            - pod(short, kind, name)["terminationGracePeriodSeconds"]
+            == 570
+        )
         # longer than the longest reply the gateway waits for
         assert pod(long, kind, name)["terminationGracePeriodSeconds"] > 600
     pre_stop = container(long, "triton")["lifecycle"]["preStop"]["exec"]["command"]
@@ -170,7 +188,7 @@ def test_probes():
     assert triton["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     gateway = container(objects(), "gateway", "Deployment", "triton-llm-gateway")
     assert gateway["readinessProbe"]["httpGet"]["path"] == "/health"
-    assert "tcpSocket" in gateway["livenessProbe"]       # a draining gateway is alive
+    assert "tcpSocket" in gateway["livenessProbe"]  # a draining gateway is alive
 
 
 def test_gpu_profile_node_pool_and_devices():
@@ -199,8 +217,11 @@ def test_weights_on_a_pvc_filled_by_an_init_container():
     assert init["args"] == ["prepare-model"]
     assert {"name": claim["metadata"]["name"], "mountPath": "/var/lib/triton-llm"} in init["volumeMounts"]
     other = objects("engine.model_dir=/var/lib/triton-llm/models/Qwen2-0.5B")
-    assert pod(other)["initContainers"][0]["args"] == ["prepare-model", "--model-dir",
-                                                       "/var/lib/triton-llm/models/Qwen2-0.5B"]
+    assert pod(other)["initContainers"][0]["args"] == [
+        "prepare-model",
+        "--model-dir",
+        "/var/lib/triton-llm/models/Qwen2-0.5B",
+    ]
 
 
 def test_hpa_scales_on_the_engine_queue_with_a_gentle_scale_down():
@@ -240,8 +261,9 @@ def test_golden_file_ships_in_a_configmap(tmp_path: Path):
 def test_inference_pool_selects_pods_that_serve_the_openai_api():
     objs = objects(k8s=("inference_pool=true",))
     pool = objs[("InferencePool", "triton-llm")]["spec"]
-    assert pool["selector"]["matchLabels"] == objs[("StatefulSet", "triton-llm-triton")]["spec"]["selector"][
-        "matchLabels"]
+    assert (
+        pool["selector"]["matchLabels"] == objs[("StatefulSet", "triton-llm-triton")]["spec"]["selector"]["matchLabels"]
+    )
     sidecar = container(objs, "openai")
     assert pool["targetPorts"] == [{"number": sidecar["ports"][0]["containerPort"]}]
     env = {e["name"]: e["value"] for e in sidecar["env"]}
@@ -257,17 +279,25 @@ def test_security_context_non_root():
     objs = objects()
     for kind, name in (("StatefulSet", "triton-llm-triton"), ("Deployment", "triton-llm-gateway")):
         assert pod(objs, kind, name)["securityContext"]["runAsNonRoot"] is True
-    assert container(objs, "gateway", "Deployment", "triton-llm-gateway")["securityContext"][
-        "readOnlyRootFilesystem"] is True
+    assert (
+        container(objs, "gateway", "Deployment", "triton-llm-gateway")["securityContext"]["readOnlyRootFilesystem"]
+        is True
+    )
 
 
 def test_metric_references_resolve():
     manifests = render(settings(), load_profile("cpu"))
     refs = collect(monitoring.rule_files(), monitoring.dashboard_files(), manifests).scraped()
     assert "llm_num_requests_waiting" in refs and "HorizontalPodAutoscaler" in refs["llm_num_requests_waiting"]
-    assert {"gateway_time_to_first_token_seconds_bucket", "llm_kv_cache_blocks_used", "gateway_degradation_level",
-            "gateway_replica_routable", "gateway_rate_limited_total", "llm_preemptions_total",
-            "nv_inference_request_failure"} <= set(refs)
+    assert {
+        "gateway_time_to_first_token_seconds_bucket",
+        "llm_kv_cache_blocks_used",
+        "gateway_degradation_level",
+        "gateway_replica_routable",
+        "gateway_rate_limited_total",
+        "llm_preemptions_total",
+        "nv_inference_request_failure",
+    } <= set(refs)
     # recording rules' outputs are followed to their sources, never asked of a target
     assert not [name for name in refs if ":" in name]
 
@@ -285,11 +315,31 @@ def test_profile_errors():
 def test_render_k8s_command(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch):
     for key in [k for k in __import__("os").environ if k.startswith("LLM__")]:
         monkeypatch.delenv(key)
-    assert cli.main(["render-k8s", "--profile", "gpu", "--out", str(tmp_path), "--set", "engine.max_num_seqs=16",
-                     "--k8s", "namespace=llm-prod"]) == 0
+    assert (
+        cli.main(
+            [
+                "render-k8s",
+                "--profile",
+                "gpu",
+                "--out",
+                str(tmp_path),
+                "--set",
+                "engine.max_num_seqs=16",
+                "--k8s",
+                "namespace=llm-prod",
+            ]
+        )
+        == 0
+    )
     files = sorted(p.name for p in tmp_path.iterdir())
-    assert files == ["00-namespace.yaml", "10-settings.yaml", "20-triton.yaml", "30-gateway.yaml",
-                     "40-monitoring.yaml", "41-prometheus-adapter.yaml"]
+    assert files == [
+        "00-namespace.yaml",
+        "10-settings.yaml",
+        "20-triton.yaml",
+        "30-gateway.yaml",
+        "40-monitoring.yaml",
+        "41-prometheus-adapter.yaml",
+    ]
     text = (tmp_path / "10-settings.yaml").read_text()
     assert "LLM__ENGINE__MAX_NUM_SEQS: '16'" in text and "namespace: llm-prod" in text
     assert cli.main(["render-k8s", "--out", str(tmp_path), "--set", "engine.no_such=1"]) == 2

@@ -5,6 +5,7 @@ are valid against their vendored CRD schemas, compose.yaml is valid against
 the Compose specification's schema, and promtool accepts the Prometheus
 config and rules. Each validator is also shown to reject a broken input, so
 a pass means something."""
+
 from __future__ import annotations
 
 import copy
@@ -23,13 +24,18 @@ from tests.unit.deploy.validation import SCHEMAS, promtool, tool, validate
 DOCKERFILES = sorted((REPO_ROOT / "docker").glob("*.Dockerfile"))
 COMPOSE = REPO_ROOT / "deploy" / "compose.yaml"
 PROMETHEUS = REPO_ROOT / "deploy" / "prometheus"
-CASES = [("cpu", ()), ("gpu", ()), ("cpu", ("inference_pool=true",)),
-         ("gpu", ("inference_pool=true", "autoscale=false"))]
+CASES = [
+    ("cpu", ()),
+    ("gpu", ()),
+    ("cpu", ("inference_pool=true",)),
+    ("gpu", ("inference_pool=true", "autoscale=false")),
+]
 
 
 def settings() -> DeploymentSettings:
-    return DeploymentSettings.load(environ={}, default_model_dir=lambda: "/var/lib/triton-llm/cache/models/"
-                                                                         "SmolLM2-135M-Instruct")
+    return DeploymentSettings.load(
+        environ={}, default_model_dir=lambda: "/var/lib/triton-llm/cache/models/SmolLM2-135M-Instruct"
+    )
 
 
 def rendered(profile: str, assignments: tuple[str, ...]) -> list[dict]:
@@ -44,16 +50,20 @@ def test_two_dockerfiles():
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_hadolint_passes(dockerfile: Path):
-    result = subprocess.run([tool("hadolint"), "--config", str(REPO_ROOT / ".hadolint.yaml"), str(dockerfile)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [tool("hadolint"), "--config", str(REPO_ROOT / ".hadolint.yaml"), str(dockerfile)],
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_hadolint_rejects_an_unpinned_image(tmp_path: Path):
     broken = tmp_path / "Dockerfile"
     broken.write_text("FROM python:latest\nRUN pip install requests\n")
-    result = subprocess.run([tool("hadolint"), "--config", str(REPO_ROOT / ".hadolint.yaml"), str(broken)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [tool("hadolint"), "--config", str(REPO_ROOT / ".hadolint.yaml"), str(broken)], capture_output=True, text=True
+    )
     assert result.returncode != 0 and "DL3007" in result.stdout and "DL3013" in result.stdout
 
 
@@ -61,21 +71,29 @@ def test_hadolint_rejects_an_unpinned_image(tmp_path: Path):
 def test_every_rendered_object_is_valid(profile: str, assignments: tuple[str, ...]):
     objects = rendered(profile, assignments)
     kinds = {o["kind"] for o in objects}
-    assert {"StatefulSet", "Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy", "ConfigMap",
-            "ServiceMonitor", "PrometheusRule"} <= kinds
+    assert {
+        "StatefulSet",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+        "ConfigMap",
+        "ServiceMonitor",
+        "PrometheusRule",
+    } <= kinds
     if "inference_pool=true" in assignments:
         assert "InferencePool" in kinds
     for obj in objects:
         try:
             validate(obj)
-        except Exception as exc:      # name the object in the failure
+        except Exception as exc:  # name the object in the failure
             pytest.fail(f"{obj['kind']} {obj['metadata']['name']}: {exc}")
 
 
 def test_strict_validation_rejects_an_unknown_field():
     statefulset = next(o for o in rendered("cpu", ()) if o["kind"] == "StatefulSet")
     broken = copy.deepcopy(statefulset)
-    broken["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}   # a typo
+    broken["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}  # a typo
     with pytest.raises(Exception, match="readinesProbe"):
         validate(broken)
 
@@ -98,8 +116,11 @@ def test_custom_resource_schemas_check_types():
 
 
 def _check_compose(path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([tool("check-jsonschema"), "--schemafile", str(SCHEMAS / "compose-spec.json"), str(path)],
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [tool("check-jsonschema"), "--schemafile", str(SCHEMAS / "compose-spec.json"), str(path)],
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_compose_is_valid():
@@ -117,8 +138,9 @@ def test_compose_schema_rejects_an_unknown_key(tmp_path: Path):
 
 
 def test_promtool_accepts_the_config_and_rules():
-    config = subprocess.run([promtool(), "check", "config", str(PROMETHEUS / "prometheus.yml")],
-                            capture_output=True, text=True)
+    config = subprocess.run(
+        [promtool(), "check", "config", str(PROMETHEUS / "prometheus.yml")], capture_output=True, text=True
+    )
     assert config.returncode == 0, config.stdout + config.stderr
     rule_files = sorted(str(p) for p in (PROMETHEUS / "rules").glob("*.yml"))
     assert rule_files

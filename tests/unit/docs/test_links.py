@@ -2,6 +2,7 @@
 the repository and, where it names one, to a heading of a Markdown file
 (GitHub's anchor rules). Guides point into the code, so a moved module
 breaks its link here instead of in a reader's browser."""
+
 from __future__ import annotations
 
 import re
@@ -34,7 +35,7 @@ def broken_links(doc: Path) -> list[str]:
     broken = []
     for match in LINK.finditer(FENCED.sub("", doc.read_text())):
         target = match.group(1)
-        if re.match(r"[a-z]+:", target):   # http:, https:, mailto:
+        if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
             continue
         path, _, anchor = target.partition("#")
         dest = (doc.parent / path).resolve() if path else doc

@@ -11,6 +11,7 @@ Like the real runner it learns a request once and then only what changed
 With `num_layers` it runs layer slices too (`LayerSlice`), checking that each
 slice continues its chunk where the last one ended.
 """
+
 from __future__ import annotations
 
 import time
@@ -45,20 +46,28 @@ class FakeModelInfo:
     vocab_size: int = VOCAB
     eos_token_ids: list[int] = field(default_factory=lambda: [EOS])
     num_layers: int = 0
-    attention_parity_context: float = 0.0   # unknown: every prefill token costs the same
+    attention_parity_context: float = 0.0  # unknown: every prefill token costs the same
 
 
 class FakeRunner:
-    def __init__(self, num_blocks: int, block_size: int = 16, *,
-                 token_fn: Callable[[str, int], int] = default_token,
-                 check_kv: bool = True, fail_at_step: int | None = None,
-                 max_model_len: int = 2048, model_seconds: float = 0.0, num_layers: int = 0) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        *,
+        token_fn: Callable[[str, int], int] = default_token,
+        check_kv: bool = True,
+        fail_at_step: int | None = None,
+        max_model_len: int = 2048,
+        model_seconds: float = 0.0,
+        num_layers: int = 0,
+    ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.model_info = FakeModelInfo(max_model_len=max_model_len, num_layers=num_layers)
         self.runs_layer_slices = num_layers > 0
-        self.slices: dict[str, tuple[int, int]] = {}   # request id -> (chunk tokens, layers run)
-        self.slice_history: list[tuple[str, int, int, int]] = []   # (id, chunk tokens, first, end layer)
+        self.slices: dict[str, tuple[int, int]] = {}  # request id -> (chunk tokens, layers run)
+        self.slice_history: list[tuple[str, int, int, int]] = []  # (id, chunk tokens, first, end layer)
         self.token_fn = token_fn
         self.check_kv = check_kv
         self.fail_at_step = fail_at_step
@@ -72,7 +81,7 @@ class FakeRunner:
         self.requests: dict[str, CachedRequestState] = {}
         # what each sampled request showed the sampler: (prompt, output)
         self.seen: list[tuple[list[int], list[int]]] = []
-        self.history: list[list[tuple[str, int, int, bool]]] = []   # per step: (id, start, n, sample)
+        self.history: list[list[tuple[str, int, int, bool]]] = []  # per step: (id, start, n, sample)
 
     @classmethod
     def for_config(cls, config: EngineConfig, **kwargs: object) -> FakeRunner:
@@ -113,8 +122,9 @@ class FakeRunner:
             req.token_ids.append(token)
         self.history.append(history)
         wanted = any(lp is not None for lp in logprobs)
-        return RunnerOutput(token_ids=token_ids, logprobs=logprobs if wanted else None,
-                            model_seconds=self.model_seconds)
+        return RunnerOutput(
+            token_ids=token_ids, logprobs=logprobs if wanted else None, model_seconds=self.model_seconds
+        )
 
     def _slice_in_flight(self, scheduled: SchedulerOutput) -> str | None:
         """Check the step's layer slice against the chunk's last one; the
@@ -131,7 +141,8 @@ class FakeRunner:
         tokens = scheduled.num_scheduled_tokens[ids.index(rid)]
         expected = self.slices.get(rid, (tokens, 0))
         if (tokens, layer_slice.first_layer) != expected or not (
-                layer_slice.first_layer < layer_slice.end_layer <= self.model_info.num_layers):
+            layer_slice.first_layer < layer_slice.end_layer <= self.model_info.num_layers
+        ):
             raise KVCheckError(f"{rid}: slice {layer_slice} of {tokens} tokens after {expected}")
         self.slice_history.append((rid, tokens, layer_slice.first_layer, layer_slice.end_layer))
         if layer_slice.end_layer == self.model_info.num_layers:
@@ -155,8 +166,13 @@ class FakeRunner:
             if new.request_id in self.requests:
                 raise KVCheckError(f"{new.request_id}: sent as new, already held")
             req = self.requests[new.request_id] = CachedRequestState(
-                new.request_id, list(new.token_ids), new.num_prompt_tokens, new.sampling, list(new.block_ids),
-                new.num_computed_tokens)   # the real runner's state, without its block-table row
+                new.request_id,
+                list(new.token_ids),
+                new.num_prompt_tokens,
+                new.sampling,
+                list(new.block_ids),
+                new.num_computed_tokens,
+            )  # the real runner's state, without its block-table row
             batch.append(req)
         return batch
 
@@ -177,7 +193,7 @@ class FakeRunner:
         for p in range(start):
             if self.slots[self._slot(req.block_ids, p)] != history[p]:
                 raise KVCheckError(f"{req.request_id}: KV slot of position {p} does not hold its token")
-        for i, token in enumerate(history[start:start + n]):
+        for i, token in enumerate(history[start : start + n]):
             self.slots[self._slot(req.block_ids, start + i)] = token
 
 

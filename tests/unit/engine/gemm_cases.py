@@ -1,6 +1,7 @@
 """One projection case for the native GEMM tests (AMX, FMA): random fp32
 inputs and their float64 result, so a kernel's error can be held to an fp32
 GEMM's bound."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ class GemmCase:
     weight: torch.Tensor
     bias: torch.Tensor | None
     residual: torch.Tensor | None
-    exact: torch.Tensor   # float64
+    exact: torch.Tensor  # float64
 
     @classmethod
     def random(cls, m: int, n: int, k: int, bias: bool, residual: bool) -> GemmCase:
@@ -38,7 +39,7 @@ class GemmCase:
         own error is not (its small shapes sum in a different order on AVX-512
         than on AVX2); bf16 products (~4e-3) break it by orders of magnitude."""
         k = self.x.shape[1]
-        unit = 2.0 ** -24
+        unit = 2.0**-24
         gamma = (k + 2) * unit / (1 - (k + 2) * unit)
         magnitude = self.x.double().abs() @ self.weight.double().abs().T
         if self.bias is not None:

@@ -3,6 +3,7 @@ kernels/amx_gemm.cpp) against float64: its error must be an fp32 GEMM's,
 on every shape the tiles have to pad (rows, columns, K), with bias and
 residual; and `AmxLinear` hands steps of few rows to its fp32 copy on the
 FMA GEMM."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,8 +24,10 @@ def amx() -> CpuKernels:
 
 
 # rows: one tile, a partial pair, several pairs; columns and K off the tile sizes
-@pytest.mark.parametrize("m,n,k", [(1, 16, 32), (7, 50, 40), (16, 96, 64), (33, 960, 576), (64, 200, 1536),
-                                   (130, 3072, 576), (512, 576, 100)])
+@pytest.mark.parametrize(
+    "m,n,k",
+    [(1, 16, 32), (7, 50, 40), (16, 96, 64), (33, 960, 576), (64, 200, 1536), (130, 3072, 576), (512, 576, 100)],
+)
 # a block of full tiles starts from the residual or the bias; with both, or cut, it adds them after
 @pytest.mark.parametrize("bias,residual", [(False, False), (True, False), (False, True), (True, True)])
 def test_error_is_an_fp32_gemms(amx, m: int, n: int, k: int, bias: bool, residual: bool) -> None:
@@ -67,12 +70,12 @@ def test_panels_taken_by_any_threads_give_the_same_bits(amx, threads: int) -> No
 
 def test_values_bf16_cannot_hold_survive(amx) -> None:
     """1 + 2^-20 has no bf16 form; split in three it multiplies exactly."""
-    weight = torch.full((16, 32), 1.0 + 2.0 ** -20)
+    weight = torch.full((16, 32), 1.0 + 2.0**-20)
     x = torch.zeros(1, 32)
-    x[0, 0] = 1.0 + 2.0 ** -12
+    x[0, 0] = 1.0 + 2.0**-12
     result = amx.amx_linear(x, amx.amx_pack_weight(weight), 16, 32, None)
-    expected = (1.0 + 2.0 ** -20) * (1.0 + 2.0 ** -12)
-    assert torch.allclose(result.double(), torch.full((1, 16), expected, dtype=torch.float64), rtol=2 ** -23, atol=0)
+    expected = (1.0 + 2.0**-20) * (1.0 + 2.0**-12)
+    assert torch.allclose(result.double(), torch.full((1, 16), expected, dtype=torch.float64), rtol=2**-23, atol=0)
 
 
 def test_few_rows_go_to_the_fp32_copy_and_agree(amx) -> None:

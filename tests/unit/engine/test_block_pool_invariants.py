@@ -1,6 +1,7 @@
 """Property test: random admit / append / fork (shared prefix) / free /
 cancel sequences against the KV cache manager keep the pool consistent and
 never serve a prefix hit whose slots hold other tokens."""
+
 from __future__ import annotations
 
 from hypothesis import HealthCheck, settings
@@ -13,7 +14,7 @@ from python_llm.engine.core.sampling_params import SamplingParams
 
 BS = 4
 NUM_BLOCKS = 12
-tokens = st.lists(st.integers(0, 3), min_size=1, max_size=14)   # tiny alphabet: prefixes repeat
+tokens = st.lists(st.integers(0, 3), min_size=1, max_size=14)  # tiny alphabet: prefixes repeat
 
 
 class KVCacheMachine(RuleBasedStateMachine):
@@ -21,7 +22,7 @@ class KVCacheMachine(RuleBasedStateMachine):
     def setup(self) -> None:
         self.kv = KVCacheManager(NUM_BLOCKS, BS)
         self.live: dict[str, Request] = {}
-        self.slots: dict[int, int] = {}     # (block * BS + offset) -> token written there
+        self.slots: dict[int, int] = {}  # (block * BS + offset) -> token written there
         self.count = 0
 
     def _new_id(self) -> str:
@@ -32,7 +33,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         req = Request(self._new_id(), prompt, SamplingParams())
         hits, num_cached = self.kv.get_computed_blocks(req)
         assert num_cached < len(prompt)
-        for i, block in enumerate(hits):      # a hit must hold exactly this prompt's tokens
+        for i, block in enumerate(hits):  # a hit must hold exactly this prompt's tokens
             for off in range(BS):
                 assert self.slots.get(block.block_id * BS + off) == prompt[i * BS + off]
         if not self.kv.allocate_slots(req, len(prompt) - num_cached, hits):
@@ -69,7 +70,7 @@ class KVCacheMachine(RuleBasedStateMachine):
             req.append_output_token(token, None)
         if self.kv.allocate_slots(req, len(new)):
             self._compute(req, len(new))
-        else:   # what preemption does: give the blocks back, recompute later
+        else:  # what preemption does: give the blocks back, recompute later
             self.kv.free(req)
             del self.live[req.request_id]
 
@@ -105,5 +106,6 @@ class KVCacheMachine(RuleBasedStateMachine):
 
 
 TestKVCacheMachine = KVCacheMachine.TestCase
-TestKVCacheMachine.settings = settings(max_examples=100, stateful_step_count=30, deadline=None,
-                                       suppress_health_check=[HealthCheck.too_slow])
+TestKVCacheMachine.settings = settings(
+    max_examples=100, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)

@@ -1,5 +1,6 @@
 """The native CPU decode-attention kernel against PyTorch SDPA on the same
 gathered K/V, and the fallback when it cannot be built."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,7 +27,7 @@ def test_matches_sdpa_fp32(native, case: str) -> None:
     # lengths: a single token, exact block multiples, ragged, one long
     lens = [1, 16, 17, 31, 32, 5, 250, 3]
     query, keys, values, tables, padded, context = random_case(1, heads, kv_heads, head_dim, lens)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     out = torch.empty(len(lens), heads * head_dim)
     native.paged_decode_attention(out, query, keys, values, padded, context, scale)
     expected = decode_attention_reference(query, keys, values, tables, lens, scale)
@@ -48,7 +49,7 @@ def test_large_score_range_stays_finite(native) -> None:
     """Scores far apart (one token dominates): the softmax must not overflow
     or produce NaN, and the output is that token's value."""
     query, keys, values, tables, padded, context = random_case(3, 4, 4, 64, [48])
-    keys[:, tables[0][1], 3] = query[0].reshape(4, 64) * 50.0   # token 19 dominates every head
+    keys[:, tables[0][1], 3] = query[0].reshape(4, 64) * 50.0  # token 19 dominates every head
     out = torch.empty(1, 4 * 64)
     native.paged_decode_attention(out, query, keys, values, padded, context, 1.0)
     assert torch.isfinite(out).all()
@@ -71,7 +72,7 @@ def test_no_compiler_falls_back(tmp_path: Path, monkeypatch, caplog) -> None:
     with caplog.at_level("WARNING"):
         assert cpu_kernels(tmp_path) is None
     assert "PyTorch attention and argmax paths" in caplog.text
-    assert not list((tmp_path / "kernels").glob("*.so"))   # no half-written library left behind
+    assert not list((tmp_path / "kernels").glob("*.so"))  # no half-written library left behind
 
 
 def test_library_name_follows_source_and_cpu(tmp_path: Path, monkeypatch) -> None:
@@ -84,7 +85,7 @@ def test_rejects_tables_outside_the_cache(native) -> None:
     query, keys, values, _, padded, context = random_case(5, 9, 3, 64, [20, 30])
     out = torch.empty(2, 9 * 64)
     beyond = padded.clone()
-    beyond[0, 0] = keys.shape[1]            # one past the last block
+    beyond[0, 0] = keys.shape[1]  # one past the last block
     with pytest.raises(ValueError, match="outside the cache"):
         native.paged_decode_attention(out, query, keys, values, beyond, context, 0.1)
     too_long = context.clone()
@@ -101,13 +102,13 @@ def test_table_rows_pick_rows_of_a_larger_table(native) -> None:
     native.paged_decode_attention(out_direct, query, keys, values, padded, context, 0.125)
     persistent = torch.zeros(6, padded.shape[1] + 2, dtype=torch.int32)
     rows = torch.tensor([4, 0, 2])
-    persistent[rows, :padded.shape[1]] = padded
+    persistent[rows, : padded.shape[1]] = padded
     out_rows = torch.empty(3, 9 * 64)
     native.paged_decode_attention(out_rows, query, keys, values, persistent, context, 0.125, table_rows=rows)
     assert torch.equal(out_rows, out_direct)
     with pytest.raises(ValueError, match="table_rows outside"):
-        native.paged_decode_attention(out_rows, query, keys, values, persistent, context, 0.125,
-                                      table_rows=torch.tensor([4, 0, 6]))
+        native.paged_decode_attention(
+            out_rows, query, keys, values, persistent, context, 0.125, table_rows=torch.tensor([4, 0, 6])
+        )
     with pytest.raises(ValueError, match="table_rows: contiguous int64"):
-        native.paged_decode_attention(out_rows, query, keys, values, persistent, context, 0.125,
-                                      table_rows=rows.int())
+        native.paged_decode_attention(out_rows, query, keys, values, persistent, context, 0.125, table_rows=rows.int())

@@ -4,6 +4,7 @@ aarch64 among them) and for Haswell (the AVX2 paths of the Zen machines),
 checked against the PyTorch references like the native build in
 test_cpu_kernel.py and test_prefill_attention.py. The native build on an
 AVX-512 CPU runs none of those paths."""
+
 from __future__ import annotations
 
 import platform
@@ -38,8 +39,9 @@ def built_for(arch: str, tmp_path_factory) -> CpuKernels:
     assert compiler is not None, "no C++ compiler: the native kernels cannot build here either"
     flags = [f"-march={arch}" if flag == "-march=native" else flag for flag in library.FLAGS]
     target = tmp_path_factory.mktemp(arch) / "kernels.so"
-    result = subprocess.run([compiler, *flags, "-o", str(target), *map(str, library.SOURCES)],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [compiler, *flags, "-o", str(target), *map(str, library.SOURCES)], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     return CpuKernels(Path(target))
 
@@ -50,8 +52,8 @@ def test_matches_sdpa_fp32(built_for: CpuKernels, case: str) -> None:
     lens = [1, 16, 17, 31, 32, 5, 250, 3]
     query, keys, values, tables, padded, context = random_case(11, heads, kv_heads, head_dim, lens)
     out = torch.empty(len(lens), heads * head_dim)
-    built_for.paged_decode_attention(out, query, keys, values, padded, context, head_dim ** -0.5)
-    expected = decode_attention_reference(query, keys, values, tables, lens, head_dim ** -0.5)
+    built_for.paged_decode_attention(out, query, keys, values, padded, context, head_dim**-0.5)
+    expected = decode_attention_reference(query, keys, values, tables, lens, head_dim**-0.5)
     torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
 
 
@@ -83,7 +85,8 @@ def test_prefill_on_avx2_only(built_for: CpuKernels, arch: str) -> None:
     for i, (tokens, start) in enumerate(SHAPES):
         query, keys, values, table = chunk_case(i, 9, 3, 64, tokens, start)
         out = torch.empty(tokens, 9 * 64)
-        built_for.paged_prefill_attention(out, query, keys, values, torch.tensor(table, dtype=torch.int32), start,
-                                          0.125)
+        built_for.paged_prefill_attention(
+            out, query, keys, values, torch.tensor(table, dtype=torch.int32), start, 0.125
+        )
         expected = prefill_attention_reference(query, keys, values, table, start, 0.125)
         torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5, msg=f"{tokens} tokens from {start}")

@@ -1,5 +1,6 @@
 """Concurrent requests really share forward passes, and batching
 does not change greedy output (beyond a logit near-tie)."""
+
 from __future__ import annotations
 
 import pytest
@@ -26,7 +27,8 @@ def test_sixteen_requests_share_forward_passes(engine, model_dir):
 
     rows_per_call: list[int] = []
     hook = engine.runner.model.register_forward_hook(
-        lambda module, args, output: rows_per_call.append(int(args[0].shape[0])))
+        lambda module, args, output: rows_per_call.append(int(args[0].shape[0]))
+    )
     try:
         together = engine.generate([(prompt, greedy)] * 16)
     finally:
@@ -42,6 +44,7 @@ def test_sixteen_requests_share_forward_passes(engine, model_dir):
     def logits_fn(ids):
         with torch.inference_mode():
             from transformers import AutoModelForCausalLM
+
             hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
             return hf(torch.tensor([list(ids)])).logits[0, -1]
 

@@ -1,4 +1,5 @@
 """LLMEngine driven by step() / generate() on the test's thread."""
+
 from __future__ import annotations
 
 import time
@@ -27,8 +28,12 @@ def prompt(n: int, base: int = 100) -> list[int]:
 
 def test_generate_returns_each_requests_tokens() -> None:
     engine, _, metrics = make_engine()
-    results = engine.generate_results([(prompt(5), SamplingParams(max_tokens=3)),
-                                       (prompt(9, 300), SamplingParams(max_tokens=6, return_log_probs=True))])
+    results = engine.generate_results(
+        [
+            (prompt(5), SamplingParams(max_tokens=3)),
+            (prompt(9, 300), SamplingParams(max_tokens=6, return_log_probs=True)),
+        ]
+    )
     assert [r.token_ids for r in results] == [expected_tokens("generate-1", 3), expected_tokens("generate-2", 6)]
     assert [r.finish_reason for r in results] == ["length", "length"]
     assert results[1].logprobs == [-0.5] * 6 and results[1].cum_log_prob == pytest.approx(-3.0)
@@ -53,7 +58,7 @@ def test_overload_is_rejected_at_once() -> None:
     assert time.perf_counter() - started < 0.05
     assert str(info.value).startswith("overloaded:")
     assert metrics.counter(m.REQUESTS_REJECTED) == 1
-    engine.step()                      # both admitted: the queue has room again
+    engine.step()  # both admitted: the queue has room again
     engine.add_request("c", prompt(4), SamplingParams())
 
 
@@ -67,15 +72,18 @@ def test_duplicate_live_id_is_rejected_until_it_finishes() -> None:
     engine.add_request("x", prompt(4), SamplingParams(max_tokens=2))
 
 
-@pytest.mark.parametrize("tokens, params, field", [
-    ([], SamplingParams(), "input_ids:"),
-    (prompt(2040), SamplingParams(max_tokens=4), "input_ids:"),
-    ([5, 1000], SamplingParams(), "input_ids:"),
-    (prompt(100), SamplingParams(max_tokens=200), "max_tokens:"),
-    (prompt(4), SamplingParams(max_tokens=0), "max_tokens:"),
-    (prompt(4), SamplingParams(temperature=-1), "temperature:"),
-    (prompt(4), SamplingParams(stop_words_ids=[[1, -3]]), "stop_words_ids:"),
-])
+@pytest.mark.parametrize(
+    "tokens, params, field",
+    [
+        ([], SamplingParams(), "input_ids:"),
+        (prompt(2040), SamplingParams(max_tokens=4), "input_ids:"),
+        ([5, 1000], SamplingParams(), "input_ids:"),
+        (prompt(100), SamplingParams(max_tokens=200), "max_tokens:"),
+        (prompt(4), SamplingParams(max_tokens=0), "max_tokens:"),
+        (prompt(4), SamplingParams(temperature=-1), "temperature:"),
+        (prompt(4), SamplingParams(stop_words_ids=[[1, -3]]), "stop_words_ids:"),
+    ],
+)
 def test_invalid_requests_name_the_field(tokens: list[int], params: SamplingParams, field: str) -> None:
     engine, _, _ = make_engine(max_model_len=2048)
     with pytest.raises(InvalidRequestError) as info:
@@ -94,8 +102,9 @@ def test_max_tokens_beyond_the_engines_limit_is_refused_naming_it() -> None:
 def test_max_tokens_left_to_the_engine_is_its_default_max_tokens() -> None:
     assert SamplingParams().max_tokens is None
     engine, _, _ = make_engine(default_max_tokens=5)
-    default, explicit = engine.generate_results([(prompt(4), SamplingParams()),
-                                                 (prompt(4, 300), SamplingParams(max_tokens=3))])
+    default, explicit = engine.generate_results(
+        [(prompt(4), SamplingParams()), (prompt(4, 300), SamplingParams(max_tokens=3))]
+    )
     assert (len(default.token_ids), default.finish_reason) == (5, "length")
     assert (len(explicit.token_ids), explicit.finish_reason) == (3, "length")
     # the default is held to the same engine limits as an explicit value
@@ -124,9 +133,10 @@ def test_abort_frees_blocks_and_reports_cancelled() -> None:
 
 def test_stop_token_ids_none_means_the_models_eos_and_empty_means_none() -> None:
     engine, runner, _ = make_engine()
-    runner.token_fn = lambda rid, i: [11, 2, 12][i]   # 2: the fake model's EOS
-    default, explicit_none = engine.generate_results([(prompt(4), SamplingParams(max_tokens=3)),
-                                                      (prompt(4), SamplingParams(max_tokens=3, stop_token_ids=[]))])
+    runner.token_fn = lambda rid, i: [11, 2, 12][i]  # 2: the fake model's EOS
+    default, explicit_none = engine.generate_results(
+        [(prompt(4), SamplingParams(max_tokens=3)), (prompt(4), SamplingParams(max_tokens=3, stop_token_ids=[]))]
+    )
     assert (default.token_ids, default.finish_reason) == ([11], "stop")
     assert (explicit_none.token_ids, explicit_none.finish_reason) == ([11, 2, 12], "length")
 
@@ -141,8 +151,9 @@ def test_stats_count_preemptions_and_prefix_cache_hits_as_the_metrics_do() -> No
     metrics = InMemoryMetrics()
     engine = LLMEngine(config, runner=FakeRunner.for_config(config), metrics=metrics)
     assert (engine.stats().preemptions, engine.stats().prefix_cache_hit_tokens) == (0, 0)
-    results = engine.generate_results([(prompt(4), SamplingParams(max_tokens=12)),
-                                       (prompt(4, 200), SamplingParams(max_tokens=12))])
+    results = engine.generate_results(
+        [(prompt(4), SamplingParams(max_tokens=12)), (prompt(4, 200), SamplingParams(max_tokens=12))]
+    )
     assert [r.token_ids for r in results] == [expected_tokens("generate-1", 12), expected_tokens("generate-2", 12)]
     stats = engine.stats()
     assert (stats.preemptions, stats.prefix_cache_hit_tokens) == (1, 8)
@@ -183,7 +194,7 @@ def test_the_configured_test_failure_wraps_the_runner_and_kills_the_engine() -> 
     """debug_fail_after_steps (what the end-to-end tests set through Triton):
     the runner's steps run until then, and the next one fails."""
     engine, runner, _ = make_engine(debug_fail_after_steps=2)
-    assert engine.runner is not runner   # wrapped at construction: the loop has no test-only branch
+    assert engine.runner is not runner  # wrapped at construction: the loop has no test-only branch
     with pytest.raises(EngineDeadError, match=r"RuntimeError: injected failure after 2 steps"):
         engine.generate([(prompt(4), SamplingParams(max_tokens=5))])
     assert runner.steps == 2 and engine.stats().blocks_used == 0
@@ -193,8 +204,13 @@ def test_64_sequences_prefill_in_one_step_then_decode_together() -> None:
     """The shape `make bench` times the engine's per-step overhead on (its
     speed goal lives there, bench/engine_offline.py): 64 prompts of 32 tokens
     fill one 2048-token step, then 99 steps decode all 64 at once."""
-    config = EngineConfig(model_dir="unused", block_size=16, max_tokens_in_paged_kv_cache=16 * 1024,
-                          max_num_seqs=64, max_num_batched_tokens=2048)
+    config = EngineConfig(
+        model_dir="unused",
+        block_size=16,
+        max_tokens_in_paged_kv_cache=16 * 1024,
+        max_num_seqs=64,
+        max_num_batched_tokens=2048,
+    )
     runner = FakeRunner.for_config(config, check_kv=False)
     engine = LLMEngine(config, runner=runner, metrics=InMemoryMetrics())
     for i in range(64):

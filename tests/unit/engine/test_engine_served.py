@@ -1,4 +1,5 @@
 """LLMEngine with its loop thread: racing aborts, timeouts, death, shutdown."""
+
 from __future__ import annotations
 
 import gc
@@ -26,7 +27,7 @@ class Collector:
         self.lock = threading.Lock()
         self.outputs: dict[str, list[RequestOutput]] = defaultdict(list)
         self.finished: dict[str, int] = defaultdict(int)
-        self.finished_at: dict[str, float] = {}     # time.monotonic() of the final output
+        self.finished_at: dict[str, float] = {}  # time.monotonic() of the final output
         self.done = threading.Condition(self.lock)
 
     def __call__(self, out: RequestOutput) -> None:
@@ -47,8 +48,14 @@ class Collector:
 
 
 def config(**overrides: object) -> EngineConfig:
-    base = dict(model_dir="unused", block_size=4, max_tokens_in_paged_kv_cache=4 * 96,
-                max_num_seqs=16, max_num_batched_tokens=64, max_queue_size=1000)
+    base = dict(
+        model_dir="unused",
+        block_size=4,
+        max_tokens_in_paged_kv_cache=4 * 96,
+        max_num_seqs=16,
+        max_num_batched_tokens=64,
+        max_queue_size=1000,
+    )
     base.update(overrides)
     return EngineConfig(**base)  # type: ignore[arg-type]
 
@@ -60,7 +67,7 @@ def test_racing_aborts_lose_no_request_and_free_every_block() -> None:
     engine.start()
     collect = Collector()
     ids_per_thread = 75
-    shared_prefix = list(range(40, 56))   # some prompts share blocks, so aborts hit shared blocks too
+    shared_prefix = list(range(40, 56))  # some prompts share blocks, so aborts hit shared blocks too
 
     def client(t: int) -> None:
         rng = random.Random(t)
@@ -72,7 +79,7 @@ def test_racing_aborts_lose_no_request_and_free_every_block() -> None:
             engine.add_request(rid, tokens, SamplingParams(max_tokens=rng.randrange(1, 12)), on_output=collect)
             mine.append(rid)
             if rng.random() < 0.5:
-                engine.abort(rng.choice(mine))      # maybe live, maybe finished, maybe aborted twice
+                engine.abort(rng.choice(mine))  # maybe live, maybe finished, maybe aborted twice
             if rng.random() < 0.1:
                 time.sleep(0.001)
         for rid in rng.sample(mine, 10):
@@ -87,7 +94,7 @@ def test_racing_aborts_lose_no_request_and_free_every_block() -> None:
     collect.wait_finished(all_ids)
     engine.shutdown(timeout=5)
 
-    assert all(collect.finished[rid] == 1 for rid in all_ids)          # one final output each, none lost
+    assert all(collect.finished[rid] == 1 for rid in all_ids)  # one final output each, none lost
     reasons = defaultdict(int)
     for rid in all_ids:
         reasons[collect.final(rid).finish_reason] += 1
@@ -114,9 +121,9 @@ def test_token_timeout_fires_during_slow_steps() -> None:
     engine.shutdown(timeout=5)
     print(f"token timeout 100 ms with 300 ms steps fired after {elapsed * 1e3:.0f} ms")
     assert collect.final("slow").finish_reason == "timeout"
-    assert collect.final("slow").new_token_ids == []        # the late token is not delivered
+    assert collect.final("slow").new_token_ids == []  # the late token is not delivered
     assert collect.final("patient").finish_reason == "length"
-    assert 0.1 <= elapsed < 5.0     # at the end of the first slow step, not after the whole request
+    assert 0.1 <= elapsed < 5.0  # at the end of the first slow step, not after the whole request
     assert metrics.counter(m.REQUESTS_TIMED_OUT) == 1 and engine.stats().blocks_used == 0
 
 
@@ -165,14 +172,14 @@ def test_shutdown_ends_live_requests_and_idle_loop_sleeps() -> None:
     engine = LLMEngine(cfg, runner=runner)
     engine.start()
     time.sleep(0.2)
-    assert runner.steps == 0                      # idle: no steps, no spin
+    assert runner.steps == 0  # idle: no steps, no spin
     collect = Collector()
     engine.add_request("long", [11, 12], SamplingParams(max_tokens=300), on_output=collect)
     time.sleep(0.1)
     engine.shutdown(timeout=5)
     collect.wait_finished({"long"})
     assert collect.final("long").finish_reason == "error" and collect.final("long").error == "engine shut down"
-    assert not engine._thread.is_alive()          # type: ignore[union-attr]
+    assert not engine._thread.is_alive()  # type: ignore[union-attr]
     with pytest.raises(EngineDeadError, match="^engine shut down$"):
         engine.add_request("after", [1], SamplingParams())
 
@@ -198,8 +205,8 @@ def test_launch_builds_the_runner_on_the_loop_thread_and_serves() -> None:
         assert sum(len(o.new_token_ids) for o in collect.outputs["a"]) == 5
     finally:
         engine.shutdown(timeout=5)
-    assert not engine._thread.is_alive()          # type: ignore[union-attr]
-    assert gc.get_freeze_count() == 0             # and collectable again once it stops
+    assert not engine._thread.is_alive()  # type: ignore[union-attr]
+    assert gc.get_freeze_count() == 0  # and collectable again once it stops
 
     def broken() -> FakeRunner:
         raise MemoryError("no room for a single KV block")

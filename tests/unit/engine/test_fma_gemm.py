@@ -4,6 +4,7 @@ have to pad (rows past a block of 6 or 8, columns past a panel of 16 or 32:
 AVX2 or AVX-512 registers; K past a pass of 192), with bias and residual;
 `FmaLinear` hands steps of many rows to oneDNN where the register width has a bound (zmm);
 and "auto" picks it wherever it is built, unless AMX is there."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,8 +24,19 @@ def fma() -> CpuKernels:
     return kernels
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 16, 1), (5, 17, 70), (6, 45, 192), (7, 100, 193), (13, 960, 576),
-                                   (64, 576, 1536), (97, 3072, 576), (200, 33, 400)])
+@pytest.mark.parametrize(
+    "m,n,k",
+    [
+        (1, 16, 1),
+        (5, 17, 70),
+        (6, 45, 192),
+        (7, 100, 193),
+        (13, 960, 576),
+        (64, 576, 1536),
+        (97, 3072, 576),
+        (200, 33, 400),
+    ],
+)
 @pytest.mark.parametrize("bias,residual", [(False, False), (True, True)])
 def test_error_is_an_fp32_gemms(fma, m: int, n: int, k: int, bias: bool, residual: bool) -> None:
     case = GemmCase.random(m, n, k, bias, residual)
@@ -38,9 +50,10 @@ def test_rows_with_a_stride_and_a_zero_row_count(fma) -> None:
     gen = torch.Generator().manual_seed(8)
     weight = torch.randn(40, 24, generator=gen)
     wide = torch.randn(9, 50, generator=gen)
-    x = wide[:, 3:27]   # rows 50 floats apart
-    torch.testing.assert_close(fma.fma_linear(x, fma.fma_pack_weight(weight), 40, 24, None), F.linear(x, weight),
-                               atol=1e-5, rtol=1e-5)
+    x = wide[:, 3:27]  # rows 50 floats apart
+    torch.testing.assert_close(
+        fma.fma_linear(x, fma.fma_pack_weight(weight), 40, 24, None), F.linear(x, weight), atol=1e-5, rtol=1e-5
+    )
     assert fma.fma_linear(torch.empty(0, 24), fma.fma_pack_weight(weight), 40, 24, None).shape == (0, 40)
 
 
@@ -56,8 +69,7 @@ def test_the_panels_handed_out_to_any_threads_give_the_same_bits(fma, threads: i
         torch.set_num_threads(1)
         alone = fma.fma_linear(case.x, packed, case.weight.shape[0], 400, case.bias, case.residual)
         torch.set_num_threads(threads)
-        runs = [fma.fma_linear(case.x, packed, case.weight.shape[0], 400, case.bias, case.residual)
-                for _ in range(4)]
+        runs = [fma.fma_linear(case.x, packed, case.weight.shape[0], 400, case.bias, case.residual) for _ in range(4)]
     finally:
         torch.set_num_threads(before)
     for result in runs:
@@ -96,7 +108,7 @@ def test_many_rows_go_to_onednn_and_agree(fma) -> None:
             calls.append(x.shape[0])
             return super().plus(x, other)
 
-    bound = 40   # AVX-512's bound, or a bound set here where the build (AVX2) has none
+    bound = 40  # AVX-512's bound, or a bound set here where the build (AVX2) has none
     linear.max_rows, linear.many_rows = bound, Counting(weight, bias)
     for rows in (1, bound - 1, bound, bound + 40):
         x, other = torch.randn(rows, 64, generator=gen), torch.randn(rows, 96, generator=gen)
@@ -117,12 +129,12 @@ def test_refuses_what_it_cannot_read(fma) -> None:
 
 def test_the_bound_follows_the_register_width(fma) -> None:
     floats = fma.fma_vector_floats()
-    assert floats in (8, 16)   # ymm or zmm: what -march=native gave this build
+    assert floats in (8, 16)  # ymm or zmm: what -march=native gave this build
     linear = FmaLinear(torch.randn(32, 16), None, fma)
     assert linear.max_rows == FMA_MAX_ROWS[floats]
-    assert FMA_MAX_ROWS[8] is None       # ymm: as fast as oneDNN or faster at every size measured
-    assert FMA_MAX_ROWS[16] == 104       # zmm: oneDNN ahead from ~104 rows (measured)
-    assert (linear.many_rows is None) == (FMA_MAX_ROWS[floats] is None)   # no unused second copy
+    assert FMA_MAX_ROWS[8] is None  # ymm: as fast as oneDNN or faster at every size measured
+    assert FMA_MAX_ROWS[16] == 104  # zmm: oneDNN ahead from ~104 rows (measured)
+    assert (linear.many_rows is None) == (FMA_MAX_ROWS[floats] is None)  # no unused second copy
 
 
 def test_without_a_bound_every_step_runs_on_it(fma) -> None:

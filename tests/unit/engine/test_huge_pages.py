@@ -1,5 +1,6 @@
 """Huge pages under the KV cache and the packed weights: asked for where the
 OS offers them, and nothing else about the buffers changes."""
+
 from __future__ import annotations
 
 import re
@@ -53,8 +54,10 @@ def test_a_buffer_too_small_for_one_huge_page_is_left_alone() -> None:
     assert advise_huge_pages(torch.empty(HUGE_PAGE_BYTES // 8, dtype=torch.float32)) is False
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or _thp_mode() not in ("madvise", "always"),
-                    reason="this kernel offers no transparent huge pages")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or _thp_mode() not in ("madvise", "always"),
+    reason="this kernel offers no transparent huge pages",
+)
 def test_a_big_buffer_is_advised_for_huge_pages() -> None:
     """Every whole huge page of the buffer lies in a mapping advised for
     huge pages (VmFlags `hg`, MADV_HUGEPAGE). Whether the kernel has huge
@@ -66,12 +69,16 @@ def test_a_big_buffer_is_advised_for_huge_pages() -> None:
     start = -(-tensor.data_ptr() // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
     end = (tensor.data_ptr() + tensor.numel() * tensor.element_size()) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
     mappings = _mappings_of(tensor)
-    advised = sum(min(high, end) - max(low, start) for low, high, flags, _ in mappings
-                  if "hg" in flags and low < end and start < high)
+    advised = sum(
+        min(high, end) - max(low, start)
+        for low, high, flags, _ in mappings
+        if "hg" in flags and low < end and start < high
+    )
     huge_kib = sum(kib for *_, kib in mappings)
     assert end - start >= 15 * HUGE_PAGE_BYTES
-    assert advised == end - start, (f"{advised} of {end - start} bytes advised "
-                                    f"({huge_kib} KiB of huge pages given): {mappings}")
+    assert advised == end - start, (
+        f"{advised} of {end - start} bytes advised ({huge_kib} KiB of huge pages given): {mappings}"
+    )
 
 
 def test_the_kv_cache_starts_as_zeros_on_the_cpu() -> None:

@@ -1,4 +1,5 @@
 """IndexBuffer: a step's index tensors as views of one persistent buffer."""
+
 from __future__ import annotations
 
 import array
@@ -13,7 +14,7 @@ def test_views_hold_the_values_and_are_reused_for_the_same_shape() -> None:
     first = buffer.load(array.array("q", [1, 2, 3, 4, 5]), (2, 3))
     assert [v.tolist() for v in first] == [[1, 2], [3, 4, 5]]
     second = buffer.load(array.array("q", [6, 7, 8, 9, 10]), (2, 3))
-    assert all(a is b for a, b in zip(first, second))    # no new tensors
+    assert all(a is b for a, b in zip(first, second))  # no new tensors
     assert [v.tolist() for v in second] == [[6, 7], [8, 9, 10]]
 
 

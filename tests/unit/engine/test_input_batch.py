@@ -1,5 +1,6 @@
 """InputBatch: the runner's persistent per-request state, kept from the
 scheduler's messages (a request once, then its changes) and its own samples."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,7 +16,7 @@ def batch() -> InputBatch:
 
 def test_new_once_then_only_changes_and_own_samples() -> None:
     b = batch()
-    request = new_request("a", [5, 6, 7], [3], num_prompt_tokens=2)   # 1 token of output so far
+    request = new_request("a", [5, 6, 7], [3], num_prompt_tokens=2)  # 1 token of output so far
     (state,) = b.update(step(new=[(request, 3)]))
     assert state.token_ids == [5, 6, 7] and state.output_token_ids == [7]
     assert state.token_ids is not request.token_ids and state.block_ids == [3]
@@ -30,13 +31,12 @@ def test_preemption_drops_the_row_but_keeps_the_rng_until_the_finish() -> None:
     (state,) = b.update(step(new=[(new_request("s", [1, 2], [0, 1], temperature=1.0, seed=5), 2)]))
     generator = state.generator
     assert generator is not None
-    generator.seed()   # the stream moved on
+    generator.seed()  # the stream moved on
     b.update(step(preempted=["s"]))
     assert "s" not in b.requests and b.block_rows.num_rows_in_use == 0
-    (again,) = b.update(step(new=[(new_request("s", [1, 2, 3], [7], num_prompt_tokens=2,
-                                               temperature=1.0, seed=5), 3)]))
+    (again,) = b.update(step(new=[(new_request("s", [1, 2, 3], [7], num_prompt_tokens=2, temperature=1.0, seed=5), 3)]))
     assert again.generator is generator and again.block_ids == [7]
-    assert b.block_rows.tensor[again.row, :2].tolist() == [7, 0]   # the row rewritten, no stale ids
+    assert b.block_rows.tensor[again.row, :2].tolist() == [7, 0]  # the row rewritten, no stale ids
     b.update(step(finished=["s"]))
     (fresh,) = b.update(step(new=[(new_request("s", [1], [2], temperature=1.0, seed=5), 1)]))
     assert fresh.generator is not generator

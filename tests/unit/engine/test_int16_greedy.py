@@ -7,6 +7,7 @@ share (the argmax against a float64 GEMM, near-ties, exact ties, vocabulary
 tails past the 16-row tiles, rows that are not finite, `auto`'s choice and
 the model's tokens on it) are test_verified_greedy.py's. The kernel has a
 scalar path, so these run on any CPU."""
+
 from __future__ import annotations
 
 import pytest
@@ -41,17 +42,17 @@ def test_every_int16_logit_is_within_the_bound(native: CpuKernels, dim: int, sca
     gen = torch.Generator().manual_seed(dim)
     weight = torch.randn(3001, dim, generator=gen) * scale
     hidden = torch.randn(17, dim, generator=gen) * torch.logspace(-2, 2, 17).unsqueeze(1)
-    hidden[3, 5] *= 40   # an outlier, as hidden states have
+    hidden[3, 5] *= 40  # an outlier, as hidden states have
     head = Int16GreedyHead(weight, native)
     head(hidden)
     vocab = weight.shape[0]
-    approx = head._scratch[:17 * head.packed.scales.shape[0]].view(17, -1)[:, :vocab].double()
+    approx = head._scratch[: 17 * head.packed.scales.shape[0]].view(17, -1)[:, :vocab].double()
     exact = hidden.double() @ weight.double().t()
     m1, m2 = bound_factors(hidden)
     allowed = m1[:, None] * head.packed.p_factor[:vocab].double() + m2[:, None] * head.packed.q_factor[:vocab].double()
     worst = ((approx - exact).abs() / allowed).max().item()
     assert worst <= 1.0, f"an int16 logit's error is {worst:.3f}x its bound"
-    assert worst > 1e-3   # and the bound is not vacuous
+    assert worst > 1e-3  # and the bound is not vacuous
     # the padding rows past the vocabulary never raise a row's floor
     assert bool((head.packed.p_factor[vocab:] > 1e29).all())
 
@@ -68,7 +69,7 @@ def test_rows_of_zeros(native) -> None:
     weight[7] = 0.0
     hidden = torch.randn(3, 16, generator=gen)
     hidden[1] = 0.0
-    hidden[2] = -1.0   # every other logit negative: row 7's 0 wins
+    hidden[2] = -1.0  # every other logit negative: row 7's 0 wins
     tokens, _ = decide(native, hidden, weight)
     assert tokens == exact_argmax(hidden, weight)
     assert tokens[1:] == [0, 7]
@@ -81,7 +82,7 @@ def test_a_large_dimension_keeps_the_integer_dots_exact(native) -> None:
     assert hidden_levels(dim) == 512
     gen = torch.Generator().manual_seed(6)
     weight = torch.randn(500, dim, generator=gen) * 0.01
-    weight[100] = 1.0                      # every term at full scale, all of one sign
+    weight[100] = 1.0  # every term at full scale, all of one sign
     weight[200] = 1.0 - 1e-3 * torch.rand(dim, generator=gen)
     hidden = torch.ones(3, dim)
     hidden[1] = -1.0

@@ -3,6 +3,7 @@ few layers of a big chunk per step. The plan, and the scheduler driving a
 FakeRunner that checks every slice continues its chunk (and the KV
 bookkeeping), on a fake clock: a step takes DECODE_S if it decodes plus
 UNIT_S per pacing unit of prefill, a slice its layers' share of its chunk's."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -27,12 +28,13 @@ LAYERS = 8
 class Harness:
     """A scheduler, a FakeRunner with LAYERS layers, the fake clock, every
     step's seconds, and whether the runner reports its slices' seconds."""
+
     sched: Scheduler
     runner: FakeRunner
     clock: Clock
     measured: bool
-    reported_slice_s: float | None = None   # what the layer timers say, when not the fake's truth
-    decode_s: float = DECODE_S               # what a step's decodes cost now
+    reported_slice_s: float | None = None  # what the layer timers say, when not the fake's truth
+    decode_s: float = DECODE_S  # what a step's decodes cost now
     step_times: list[float] = field(default_factory=list)
     outputs: list[RequestOutput] = field(default_factory=list)
 
@@ -49,8 +51,7 @@ class Harness:
 
 def sliced(measured: bool = True, num_layers: int = LAYERS, **cfg: object) -> Harness:
     cfg = {"max_num_batched_tokens": 64, "max_num_seqs": 8, "prefill_time_ratio": 1.0, **cfg}
-    config = EngineConfig(model_dir="unused", block_size=4, max_tokens_in_paged_kv_cache=4096,
-                          **cfg)  # type: ignore[arg-type]
+    config = EngineConfig(model_dir="unused", block_size=4, max_tokens_in_paged_kv_cache=4096, **cfg)  # type: ignore[arg-type]
     sched = Scheduler(config, 1024, 4096, num_layers=num_layers)
     clock = Clock()
     sched.clock = clock
@@ -105,7 +106,7 @@ def test_plan_takes_the_biggest_chunk_that_moves_about_the_most_tokens_a_step() 
     assert layers * tokens / LAYERS * UNIT_S <= PLAN_FILL * 0.040 + 1e-12
     per_step = tokens / -(-LAYERS // layers)
     assert per_step >= 0.9 * 288 / LAYERS
-    assert (tokens, layers) == (288, 1)   # one layer of 288: as many tokens a step as any, the biggest chunk
+    assert (tokens, layers) == (288, 1)  # one layer of 288: as many tokens a step as any, the biggest chunk
 
 
 def test_plan_is_bounded_by_what_is_available_and_runs_more_layers_then() -> None:
@@ -132,7 +133,7 @@ def test_a_long_prompt_advances_in_layer_slices_within_the_pacing_budget(measure
     steps = []
     while "long" in h.sched.requests and len(steps) < 1000:
         steps.append(h.step())
-        assert {r for r, _, n in steps[-1] if n == 1} >= {"s0", "s1"}   # both streams decode every step
+        assert {r for r, _, n in steps[-1] if n == 1} >= {"s0", "s1"}  # both streams decode every step
     assert "long" not in h.sched.requests
     chunk_tokens = {tokens for _, tokens, _, _ in h.runner.slice_history}
     # chunks far bigger than the 10 tokens a step buys at full depth (1.0 x 10 ms / 1 ms)
@@ -140,7 +141,7 @@ def test_a_long_prompt_advances_in_layer_slices_within_the_pacing_budget(measure
     # after the probe, every step within (1 + ratio) x a decode step, give or
     # take a tenth of a layer of the biggest chunk
     slack = 0.1 * UNIT_S * max(chunk_tokens) / LAYERS
-    assert max(h.step_times[first + 1:]) <= 2 * DECODE_S + slack + 1e-9
+    assert max(h.step_times[first + 1 :]) <= 2 * DECODE_S + slack + 1e-9
     # the fake prices a token the same in any chunk (the machine does not:
     # that is what slices are for), so here they can only lose the plan's
     # margin against full depth (a probe, then 10 tokens a step), and the
@@ -172,12 +173,12 @@ def test_a_long_prompt_still_advances_when_the_decodes_alone_fill_the_step() -> 
     every 8 steps."""
     h = sliced(True)
     start_streams(h)
-    h.step()   # a decode-only step at DECODE_S: what the pacer aims from
-    h.decode_s = 2.5 * DECODE_S   # past the aim of (1 + 1.0) x DECODE_S
+    h.step()  # a decode-only step at DECODE_S: what the pacer aims from
+    h.decode_s = 2.5 * DECODE_S  # past the aim of (1 + 1.0) x DECODE_S
     h.sched.add_request(req("long", prompt_len=600, max_tokens=2, base=5000))
     first = len(h.step_times)
     h.run_until_done("long", max_steps=400)
-    assert max(h.step_times[first + 2:]) <= h.decode_s + MIN_SLICE_SHARE * DECODE_S + 0.1 * UNIT_S * 64 + 1e-9
+    assert max(h.step_times[first + 2 :]) <= h.decode_s + MIN_SLICE_SHARE * DECODE_S + 0.1 * UNIT_S * 64 + 1e-9
 
 
 def test_the_whole_prompt_is_computed_once_and_sampled_after_its_last_layer() -> None:
@@ -216,7 +217,7 @@ def test_preempting_a_request_mid_chunk_drops_its_slices() -> None:
     h.sched._preempt(long)
     assert long.status is RequestStatus.PREEMPTED and long.slice_tokens == long.slice_layers_done == 0
     assert h.sched.slicer.slicing is None
-    h.run_until_done("long")   # re-admitted from the start; the fake checks its slices again
+    h.run_until_done("long")  # re-admitted from the start; the fake checks its slices again
     assert "long" in h.runner.preempted_ids
 
 
@@ -240,7 +241,7 @@ def test_one_request_in_slices_at_a_time_and_an_abort_frees_the_slicer() -> None
 
 
 def test_without_layers_there_are_no_slices() -> None:
-    h = sliced(num_layers=0)   # a runner without layer slices
+    h = sliced(num_layers=0)  # a runner without layer slices
     start_streams(h)
     h.sched.add_request(req("long", prompt_len=300, max_tokens=1, base=5000))
     while "long" in h.sched.requests:

@@ -2,6 +2,7 @@
 a long prompt cut into slices by the scheduler (paced on the fake clock of
 test_layer_slices.py, so the slices do not depend on this machine's speed)
 beside decoding streams gets the greedy tokens it gets alone."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,8 +32,12 @@ def runner(model_dir: Path) -> ModelRunner:
 
 
 def config(model_dir: Path, ratio: float) -> EngineConfig:
-    return EngineConfig(model_dir=str(model_dir), max_tokens_in_paged_kv_cache=4096, max_num_batched_tokens=128,
-                        prefill_time_ratio=ratio)
+    return EngineConfig(
+        model_dir=str(model_dir),
+        max_tokens_in_paged_kv_cache=4096,
+        max_num_batched_tokens=128,
+        prefill_time_ratio=ratio,
+    )
 
 
 def tokens_of(outputs: list, rid: str) -> list[int]:

@@ -1,6 +1,7 @@
 """The native LM head fused with the greedy argmax, against a float64
 GEMM + torch.argmax: tile edges (rows, vocabulary, hidden size not multiples
 of the tile), thread counts, ties across thread slices, NaN, bad arguments."""
+
 from __future__ import annotations
 
 import pytest
@@ -37,7 +38,7 @@ def test_ties_take_the_first_index_across_thread_slices(native, threads) -> None
     gen = torch.Generator().manual_seed(4)
     weight = torch.randn(1000, 64, generator=gen) * 0.01
     hidden = torch.randn(3, 64, generator=gen)
-    best = hidden[0].sign()   # the largest logit for row 0, copied to both threads' slices
+    best = hidden[0].sign()  # the largest logit for row 0, copied to both threads' slices
     for index in (998, 17, 600):
         weight[index] = best
     ids = native.lm_head_argmax(hidden, weight)
@@ -50,7 +51,7 @@ def test_nan_counts_as_the_maximum(native, threads) -> None:
     gen = torch.Generator().manual_seed(5)
     weight = torch.randn(500, 32, generator=gen)
     hidden = torch.randn(2, 32, generator=gen)
-    weight[[410, 120], 5] = float("nan")   # every row's logits 120 and 410 are NaN
+    weight[[410, 120], 5] = float("nan")  # every row's logits 120 and 410 are NaN
     expected = (hidden @ weight.t()).argmax(dim=-1)
     assert expected.tolist() == [120, 120]
     assert native.lm_head_argmax(hidden, weight) == expected.tolist()

@@ -1,4 +1,5 @@
 """ModelInfo and weight loading edge cases."""
+
 from __future__ import annotations
 
 import json
@@ -25,12 +26,21 @@ def write_tokenizer(folder: Path, eos_token: str | None = None) -> None:
     """A word-level tokenizer whose token "t<i>" has id i (i < 20)."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
+
     Tokenizer(WordLevel({f"t{i}": i for i in range(20)}, unk_token="t0")).save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({} if eos_token is None else {"eos_token": eos_token}))
 
 
-BASE = {"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "num_hidden_layers": 3, "max_position_embeddings": 512, "eos_token_id": 2}
+BASE = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 100,
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 3,
+    "max_position_embeddings": 512,
+    "eos_token_id": 2,
+}
 
 
 def test_model_info_unions_all_eos_ids(tmp_path: Path) -> None:
@@ -40,7 +50,12 @@ def test_model_info_unions_all_eos_ids(tmp_path: Path) -> None:
     info = ModelInfo.from_model_dir(str(folder), max_model_len=None)
     assert info.eos_token_ids == [7, 2, 9, 11]
     assert (info.max_model_len, info.vocab_size, info.num_layers, info.num_kv_heads, info.head_dim) == (
-        512, 100, 3, 2, 16)
+        512,
+        100,
+        3,
+        2,
+        16,
+    )
 
 
 def test_model_info_without_generation_config_and_capped_length(tmp_path: Path) -> None:
@@ -53,7 +68,7 @@ def test_model_info_without_generation_config_and_capped_length(tmp_path: Path) 
 
 
 def test_model_info_without_a_tokenizer_names_the_eos_ids(tmp_path: Path) -> None:
-    info = ModelInfo.from_model_dir(str(write_config(tmp_path, BASE)), max_model_len=None)   # shapes need no tokenizer
+    info = ModelInfo.from_model_dir(str(write_config(tmp_path, BASE)), max_model_len=None)  # shapes need no tokenizer
     assert info.vocab_size == 100
     with pytest.raises(ModelFolderError, match="cannot read the EOS ids"):
         _ = info.eos_token_ids
@@ -74,6 +89,7 @@ def test_unsupported_architecture_is_refused(tmp_path: Path) -> None:
 
 def test_missing_weights_are_refused(tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file
+
     folder = save_tiny(tmp_path / "m", "llama")
     weights = load_file(folder / "model.safetensors")
     del weights["model.layers.1.mlp.up_proj.weight"]

@@ -1,5 +1,6 @@
 """Runner behaviour on a tiny random model: KV budget, per-request RNG state,
 input validation, step shapes."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -20,8 +21,9 @@ from tests.unit.engine.test_runner_helpers import RunnerDriver
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory: pytest.TempPathFactory) -> ModelRunner:
     folder = save_tiny(tmp_path_factory.mktemp("tiny") / "llama", "llama")
-    return ModelRunner(EngineConfig(model_dir=str(folder), max_tokens_in_paged_kv_cache=2048, block_size=8,
-                                    num_threads=2))
+    return ModelRunner(
+        EngineConfig(model_dir=str(folder), max_tokens_in_paged_kv_cache=2048, block_size=8, num_threads=2)
+    )
 
 
 def test_kv_budget_on_cpu(runner: ModelRunner) -> None:
@@ -42,8 +44,12 @@ def test_empty_step(runner: ModelRunner) -> None:
 
 
 def test_logprobs_returned_when_asked(runner: ModelRunner) -> None:
-    out = runner.execute(step(new=[(new_request("a", [5, 6, 7], [0], return_log_probs=True), 3),
-                                   (new_request("b", [5, 6, 7], [1]), 3)], finished=[]))
+    out = runner.execute(
+        step(
+            new=[(new_request("a", [5, 6, 7], [0], return_log_probs=True), 3), (new_request("b", [5, 6, 7], [1]), 3)],
+            finished=[],
+        )
+    )
     runner.execute(step(finished=["a", "b"]))
     assert out.logprobs is not None and out.logprobs[0] is not None and out.logprobs[0] <= 0
     assert out.logprobs[1] is None
@@ -70,20 +76,30 @@ def test_single_token_chunk_after_prefill_matches_decode_path(runner: ModelRunne
     """A 1-token sequence that is not in the leading decode run takes the
     prefill path; both must give the same token."""
     prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19]
-    runner.execute(step(new=[(new_request("x1", prompt, [10, 11]), 8), (new_request("x2", prompt, [13, 14]), 8),
-                             (new_request("y", [3, 4, 5, 6], [12]), 2)]))
+    runner.execute(
+        step(
+            new=[
+                (new_request("x1", prompt, [10, 11]), 8),
+                (new_request("x2", prompt, [13, 14]), 8),
+                (new_request("y", [3, 4, 5, 6], [12]), 2),
+            ]
+        )
+    )
     as_decode = runner.execute(step(cached=[("x1", 8, 1, None)])).token_ids[0]
     as_prefill = runner.execute(step(cached=[("y", 2, 2, None), ("x2", 8, 1, None)])).token_ids[1]
     assert as_decode == as_prefill
     runner.execute(step(finished=["x1", "x2", "y"]))
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(tokens=[1, 2, 3], n=3, table=[]), "blocks cannot hold"),
-    (dict(tokens=[1], n=0, table=[0]), "no tokens"),
-    (dict(tokens=list(range(300)), n=44, table=list(range(40)), computed=256), "outside"),
-    (dict(tokens=[1, 2], n=3, table=[0]), "tokens known"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(tokens=[1, 2, 3], n=3, table=[]), "blocks cannot hold"),
+        (dict(tokens=[1], n=0, table=[0]), "no tokens"),
+        (dict(tokens=list(range(300)), n=44, table=list(range(40)), computed=256), "outside"),
+        (dict(tokens=[1, 2], n=3, table=[0]), "tokens known"),
+    ],
+)
 def test_invalid_schedules_are_rejected(runner: ModelRunner, bad: dict, match: str) -> None:
     request = new_request("bad", bad["tokens"], bad["table"], computed=bad.get("computed", 0))
     with pytest.raises(SchedulingError, match=match):
@@ -96,8 +112,9 @@ def test_a_request_the_runner_never_saw_is_rejected(runner: ModelRunner) -> None
         runner.execute(step(cached=[("ghost", 3, 1, None)]))
 
 
-def test_min_tokens_leaves_the_fused_greedy_path_only_before_it_is_reached(runner: ModelRunner,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_min_tokens_leaves_the_fused_greedy_path_only_before_it_is_reached(
+    runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The stop-token ban of `min_tokens` rewrites the logits while fewer than
     min_tokens are generated; from then on the step is plain greedy again and
     its token comes from the model's greedy path (LM head + argmax, no
@@ -110,7 +127,7 @@ def test_min_tokens_leaves_the_fused_greedy_path_only_before_it_is_reached(runne
     driver.add("min", [4, 5, 6, 7], 8, SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[2]))
     tokens = driver.run()["min"]
     assert 2 not in tokens[:3]
-    assert len(calls) == 8 - 3          # the steps that sample tokens 3 .. 7
+    assert len(calls) == 8 - 3  # the steps that sample tokens 3 .. 7
 
 
 def test_num_threads_applied_only_when_asked(tmp_path: Path) -> None:
@@ -128,24 +145,31 @@ def test_num_threads_applied_only_when_asked(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("backend", ["torch", "auto"])
-def test_decodes_of_different_lengths_match_single_runs(tmp_path_factory: pytest.TempPathFactory,
-                                                        backend: str) -> None:
+def test_decodes_of_different_lengths_match_single_runs(tmp_path_factory: pytest.TempPathFactory, backend: str) -> None:
     """PyTorch path: decodes are re-laid out by context length into several
     padded groups. Native kernel (auto on the CPU): one ragged batch. Either
     way each sequence's token must equal its token when decoded alone, and
     the output keeps the input order."""
     folder = save_tiny(tmp_path_factory.mktemp("tiny") / "llama", "llama")
-    runner = ModelRunner(EngineConfig(model_dir=str(folder), max_tokens_in_paged_kv_cache=2048, block_size=8,
-                                      num_threads=2, attention_backend=backend))
+    runner = ModelRunner(
+        EngineConfig(
+            model_dir=str(folder),
+            max_tokens_in_paged_kv_cache=2048,
+            block_size=8,
+            num_threads=2,
+            attention_backend=backend,
+        )
+    )
     lengths = [100, 3, 40, 9, 100, 12]
     ids = [f"g{i}" for i in range(len(lengths))]
-    for copy in ("alone", "together"):   # the same requests twice: decoded alone, then in one batch
+    for copy in ("alone", "together"):  # the same requests twice: decoded alone, then in one batch
         for i, length in enumerate(lengths):
             first = 20 * i + (10 if copy == "alone" else 130)
             table = list(range(first, first + 20))
             prompt = [(7 * i + j) % 90 + 3 for j in range(length)]
-            runner.execute(step(new=[(new_request(f"{copy}-{ids[i]}", prompt, table, return_log_probs=True),
-                                      length - 1)]))
+            runner.execute(
+                step(new=[(new_request(f"{copy}-{ids[i]}", prompt, table, return_log_probs=True), length - 1)])
+            )
     alone = [runner.execute(step(cached=[(f"alone-{rid}", n - 1, 1, None)])) for rid, n in zip(ids, lengths)]
     states: list[CachedRequestState] = [runner.input_batch.requests[f"together-{rid}"] for rid in ids]
     for st, n in zip(states, lengths):
@@ -158,7 +182,7 @@ def test_decodes_of_different_lengths_match_single_runs(tmp_path_factory: pytest
         assert not meta.decodes and meta.decode_batch is not None
         assert meta.decode_batch.context_lens.tolist() == lengths
     together = runner.execute(step(cached=[(f"together-{rid}", n - 1, 1, None) for rid, n in zip(ids, lengths)]))
-    assert together.token_ids == [out.token_ids[0] for out in alone]   # in the input order
+    assert together.token_ids == [out.token_ids[0] for out in alone]  # in the input order
     assert together.logprobs == pytest.approx([out.logprobs[0] for out in alone], abs=1e-4)
 
 
@@ -187,8 +211,11 @@ def test_a_chunk_in_layer_slices_gives_what_it_gives_through_all_layers(runner: 
             logprobs += out.logprobs or []
         else:
             for layer in range(layers):
-                message = step(new=[(new, 12)], cached=[(d, 4 + layer, 1, None)]) if layer == 0 else step(
-                    cached=[(d, 4 + layer, 1, None), (a, 0, 12, None)])
+                message = (
+                    step(new=[(new, 12)], cached=[(d, 4 + layer, 1, None)])
+                    if layer == 0
+                    else step(cached=[(d, 4 + layer, 1, None), (a, 0, 12, None)])
+                )
                 out = runner.execute(sliced_step(message, a, layer, layer + 1))
                 tokens += out.token_ids
                 logprobs += out.logprobs or []

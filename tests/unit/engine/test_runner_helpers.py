@@ -9,6 +9,7 @@
   (top-2 gap below `max_gap`), the one legitimate reason batched and single
   runs may part ways in floating point.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -31,8 +32,9 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def divergence_is_near_tie(logits_fn: LogitsFn, prompt: Sequence[int], a: Sequence[int], b: Sequence[int],
-                           max_gap: float = 1e-3) -> tuple[bool, str]:
+def divergence_is_near_tie(
+    logits_fn: LogitsFn, prompt: Sequence[int], a: Sequence[int], b: Sequence[int], max_gap: float = 1e-3
+) -> tuple[bool, str]:
     """(ok, explanation). ok when a == b, or at their first difference both
     tokens are the reference's top-2 and their logits lie within max_gap."""
     i = first_divergence(a, b)
@@ -48,8 +50,9 @@ def divergence_is_near_tie(logits_fn: LogitsFn, prompt: Sequence[int], a: Sequen
     return ok, f"diverge at {i}: {a[i]} vs {b[i]}, reference top-2 {top2.indices.tolist()} gap {gap:.2e}"
 
 
-def assert_same_or_near_tie(logits_fn: LogitsFn, prompt: Sequence[int], a: Sequence[int], b: Sequence[int],
-                            max_gap: float = 1e-3) -> None:
+def assert_same_or_near_tie(
+    logits_fn: LogitsFn, prompt: Sequence[int], a: Sequence[int], b: Sequence[int], max_gap: float = 1e-3
+) -> None:
     ok, why = divergence_is_near_tie(logits_fn, prompt, a, b, max_gap)
     assert ok, why
 
@@ -62,10 +65,10 @@ class DrivenRequest:
     block_table: list[int]
     sampling: SamplingParams
     arrive_step: int = 0
-    start_position: int = 0        # > 0: the first blocks already hold the prompt's prefix
+    start_position: int = 0  # > 0: the first blocks already hold the prompt's prefix
     output: list[int] = field(default_factory=list)
-    fed: int = 0                   # prompt tokens whose K/V are in the cache
-    sent: bool = False             # the runner holds it
+    fed: int = 0  # prompt tokens whose K/V are in the cache
+    sent: bool = False  # the runner holds it
 
     def __post_init__(self) -> None:
         self.fed = self.start_position
@@ -94,11 +97,26 @@ class RunnerDriver:
         self.next_block += count
         return table
 
-    def add(self, request_id: str, prompt: Sequence[int], max_new: int, sampling: SamplingParams | None = None,
-            arrive_step: int = 0, block_table: list[int] | None = None, start_position: int = 0) -> DrivenRequest:
+    def add(
+        self,
+        request_id: str,
+        prompt: Sequence[int],
+        max_new: int,
+        sampling: SamplingParams | None = None,
+        arrive_step: int = 0,
+        block_table: list[int] | None = None,
+        start_position: int = 0,
+    ) -> DrivenRequest:
         table = block_table if block_table is not None else self.blocks_for(len(prompt) + max_new)
-        request = DrivenRequest(request_id, list(prompt), max_new, table, sampling or SamplingParams(temperature=0.0),
-                                arrive_step, start_position)
+        request = DrivenRequest(
+            request_id,
+            list(prompt),
+            max_new,
+            table,
+            sampling or SamplingParams(temperature=0.0),
+            arrive_step,
+            start_position,
+        )
         self.requests.append(request)
         return request
 
@@ -124,8 +142,9 @@ class RunnerDriver:
                     cached.append((r.request_id, r.fed, end - r.fed, None))
                     held_chunks.append(chunk)
                 else:
-                    new.append((new_request(r.request_id, r.prompt, r.block_table, r.fed, sampling=r.sampling),
-                                end - r.fed))
+                    new.append(
+                        (new_request(r.request_id, r.prompt, r.block_table, r.fed, sampling=r.sampling), end - r.fed)
+                    )
                     new_chunks.append(chunk)
                 r.fed, r.sent = end, True
             chunks = held_chunks + new_chunks
@@ -144,6 +163,7 @@ def _fake_logits(gap: float) -> LogitsFn:
         logits = torch.zeros(10)
         logits[3], logits[4] = 5.0, 5.0 - gap
         return logits
+
     return fn
 
 

@@ -1,6 +1,7 @@
 """The runner against Hugging Face transformers on the default model, fp32:
 greedy tokens must match `generate(do_sample=False)`; chunked, batched and
 prefix-sharing runs must match single runs (or part only at a near-tie)."""
+
 from __future__ import annotations
 
 import pytest
@@ -32,8 +33,9 @@ GREEDY_NO_EOS = SamplingParams(temperature=0.0, min_tokens=NEW_TOKENS, stop_toke
 
 
 @pytest.fixture(scope="module")
-def tokenizer(model_dir):   # model_dir: the session fixture of tests/conftest.py
+def tokenizer(model_dir):  # model_dir: the session fixture of tests/conftest.py
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(model_dir)
 
 
@@ -41,8 +43,9 @@ def tokenizer(model_dir):   # model_dir: the session fixture of tests/conftest.p
 def prompts(tokenizer) -> list[list[int]]:
     result = []
     for text in PROMPTS:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True)
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
         result.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     return result
 
@@ -50,6 +53,7 @@ def prompts(tokenizer) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def hf_model(model_dir):
     from transformers import AutoModelForCausalLM
+
     torch.set_num_threads(2)
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
 
@@ -64,6 +68,7 @@ def hf_logits(hf_model):
     @torch.inference_mode()
     def fn(ids):
         return hf_model(torch.tensor([list(ids)])).logits[0, -1]
+
     return fn
 
 
@@ -80,10 +85,14 @@ def single_runs(runner: ModelRunner, prompts: list[list[int]]) -> list[list[int]
 def test_greedy_matches_hf_generate(hf_model, prompts, single_runs) -> None:
     with torch.inference_mode():
         for prompt, ours in zip(prompts, single_runs):
-            expected = hf_model.generate(torch.tensor([prompt]),
-                                         attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                         max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-                                         pad_token_id=2)[0, len(prompt):].tolist()
+            expected = hf_model.generate(
+                torch.tensor([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS,
+                do_sample=False,
+                pad_token_id=2,
+            )[0, len(prompt) :].tolist()
             assert ours == expected
 
 
@@ -191,7 +200,7 @@ def test_shared_prefix_blocks(runner, prompts, single_runs, hf_logits) -> None:
     shared_len = (len(base) // bs) * bs
     assert shared_len >= bs
     driver = RunnerDriver(runner)
-    a = driver.add("owner", base, 1, GREEDY_NO_EOS)   # its prefill writes the shared blocks
+    a = driver.add("owner", base, 1, GREEDY_NO_EOS)  # its prefill writes the shared blocks
     driver.run()
     shared_blocks = a.block_table[: shared_len // bs]
     own_blocks = driver.blocks_for(len(base) + SHORT - shared_len + bs)

@@ -1,4 +1,5 @@
 """Sampler semantics on hand-made logits (no model needed)."""
+
 from __future__ import annotations
 
 import math
@@ -14,8 +15,13 @@ from python_llm.engine.worker.sampler import Sampler
 VOCAB = 32
 
 
-def seq(request_id: str = "r", output: list[int] | None = None, prompt: list[int] | None = None,
-        generator: torch.Generator | None = None, **params) -> CachedRequestState:
+def seq(
+    request_id: str = "r",
+    output: list[int] | None = None,
+    prompt: list[int] | None = None,
+    generator: torch.Generator | None = None,
+    **params,
+) -> CachedRequestState:
     """The runner's state of a request with these tokens (prompt, then output);
     greedy unless `params` say otherwise."""
     prompt = prompt or []
@@ -50,6 +56,7 @@ def test_logprob_is_log_softmax_of_chosen(sampler: Sampler) -> None:
 
 def test_repetition_penalty_matches_hf(sampler: Sampler) -> None:
     from transformers import RepetitionPenaltyLogitsProcessor
+
     torch.manual_seed(0)
     logits = torch.randn(1, VOCAB) * 3
     prompt, output = [1, 2, 3], [3, 4, 7]
@@ -61,11 +68,12 @@ def test_repetition_penalty_matches_hf(sampler: Sampler) -> None:
 
 def test_presence_and_frequency_penalties_follow_openai(sampler: Sampler) -> None:
     logits = torch.zeros(1, VOCAB)
-    sampler._process(logits, [seq(prompt=[9, 9], output=[4, 4, 4, 5], presence_penalty=0.5,
-                                  frequency_penalty=0.25)], [True])
+    sampler._process(
+        logits, [seq(prompt=[9, 9], output=[4, 4, 4, 5], presence_penalty=0.5, frequency_penalty=0.25)], [True]
+    )
     assert logits[0, 4].item() == pytest.approx(-(0.5 + 3 * 0.25))
     assert logits[0, 5].item() == pytest.approx(-(0.5 + 0.25))
-    assert logits[0, 9].item() == 0.0   # prompt tokens are not penalised
+    assert logits[0, 9].item() == 0.0  # prompt tokens are not penalised
 
 
 def test_min_tokens_masks_stop_tokens_until_reached(sampler: Sampler) -> None:
@@ -153,14 +161,14 @@ def test_seeded_request_is_reproducible_across_batches(sampler: Sampler) -> None
     alone = draw(0, 0)
     assert draw(5, 3) == alone
     assert draw(2, 2) == alone
-    assert len(set(alone)) > 1   # the draws really are random
+    assert len(set(alone)) > 1  # the draws really are random
 
 
 def test_logprob_of_sampled_token_uses_processed_distribution(sampler: Sampler) -> None:
     logits = torch.tensor([[2.0, 1.0] + [-50.0] * (VOCAB - 2)])
     result = sampler(logits.clone(), [seq(temperature=2.0, top_k=1, return_log_probs=True)])
     assert result.token_ids == [0]
-    assert result.logprobs[0] == pytest.approx(0.0, abs=1e-6)   # only one token left after top-k
+    assert result.logprobs[0] == pytest.approx(0.0, abs=1e-6)  # only one token left after top-k
 
 
 def test_rows_must_match_sequences(sampler: Sampler) -> None:
@@ -169,18 +177,18 @@ def test_rows_must_match_sequences(sampler: Sampler) -> None:
 
 
 # --- the CPU argmax ---------------------------------------------------------------
-ARGMAX_VOCABS = [49152, 49153, 5000, 1003]   # a multiple of the 8-wide lanes, and ragged tails
+ARGMAX_VOCABS = [49152, 49153, 5000, 1003]  # a multiple of the 8-wide lanes, and ragged tails
 
 
 def tricky_logits(vocab: int, seed: int) -> torch.Tensor:
     """Random rows plus the cases an argmax gets wrong: ties (first wins),
     a maximum in the short last chunk, a NaN (counts as the maximum)."""
     x = torch.randn(6, vocab, generator=torch.Generator().manual_seed(seed))
-    x[1, [7, vocab - 1]] = 50.0           # tie across chunks
-    x[2, [600, 601]] = 50.0               # tie inside a chunk
-    x[3, vocab - 1] = 60.0                # the last column
+    x[1, [7, vocab - 1]] = 50.0  # tie across chunks
+    x[2, [600, 601]] = 50.0  # tie inside a chunk
+    x[3, vocab - 1] = 60.0  # the last column
     x[4, 1000] = float("nan")
-    x[5, :] = 1.0                         # all equal
+    x[5, :] = 1.0  # all equal
     return x
 
 
@@ -198,17 +206,20 @@ def test_native_argmax_equals_torch(vocab: int) -> None:
     assert torch.equal(sampler.argmax(wide), x.argmax(dim=-1))
 
 
-@pytest.mark.parametrize("params, outputs, plain", [
-    (SamplingParams(temperature=0.0), 0, True),
-    (SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[2]), 2, False),   # EOS still banned
-    (SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[2]), 3, True),
-    (SamplingParams(temperature=0.0, min_tokens=3), 0, True),                         # nothing to ban
-    (SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[]), 0, True),      # explicitly none
-    (SamplingParams(temperature=0.7), 0, False),
-    (SamplingParams(temperature=0.0, return_log_probs=True), 0, False),
-    (SamplingParams(temperature=0.0, repetition_penalty=1.1), 0, False),
-    (SamplingParams(temperature=0.0, bad_words_ids=[[5]]), 0, False),
-])
+@pytest.mark.parametrize(
+    "params, outputs, plain",
+    [
+        (SamplingParams(temperature=0.0), 0, True),
+        (SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[2]), 2, False),  # EOS still banned
+        (SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[2]), 3, True),
+        (SamplingParams(temperature=0.0, min_tokens=3), 0, True),  # nothing to ban
+        (SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[]), 0, True),  # explicitly none
+        (SamplingParams(temperature=0.7), 0, False),
+        (SamplingParams(temperature=0.0, return_log_probs=True), 0, False),
+        (SamplingParams(temperature=0.0, repetition_penalty=1.1), 0, False),
+        (SamplingParams(temperature=0.0, bad_words_ids=[[5]]), 0, False),
+    ],
+)
 def test_plain_greedy_decides_the_fused_path(params: SamplingParams, outputs: int, plain: bool) -> None:
     """The runner fuses LM head + argmax only when the sampler would take a
     plain argmax of the raw logits; the output counted is the runner's own

@@ -1,4 +1,5 @@
 """Scheduler policy against a FakeRunner that checks every block table."""
+
 from __future__ import annotations
 
 import time
@@ -19,14 +20,16 @@ def make(num_blocks: int = 64, block_size: int = 4, max_model_len: int = 2048, *
     # these tests see the token budget alone (test_prefill_pacer.py drives it
     # with a fake clock)
     cfg.setdefault("prefill_time_ratio", 0.0)
-    config = EngineConfig(model_dir="unused", block_size=block_size,
-                          max_tokens_in_paged_kv_cache=num_blocks * block_size, **cfg)  # type: ignore[arg-type]
+    config = EngineConfig(
+        model_dir="unused", block_size=block_size, max_tokens_in_paged_kv_cache=num_blocks * block_size, **cfg
+    )  # type: ignore[arg-type]
     metrics = InMemoryMetrics()
     return Scheduler(config, num_blocks, max_model_len, metrics), FakeRunner(num_blocks, block_size), metrics
 
 
-def req(rid: str, prompt_len: int = 6, max_tokens: int = 4, priority: int = 0, base: int = 100,
-        **sp: object) -> Request:
+def req(
+    rid: str, prompt_len: int = 6, max_tokens: int = 4, priority: int = 0, base: int = 100, **sp: object
+) -> Request:
     params = SamplingParams(max_tokens=max_tokens, stop_token_ids=[EOS], **sp)  # type: ignore[arg-type]
     return Request(rid, [base + i for i in range(prompt_len)], params, priority=priority)
 
@@ -61,7 +64,7 @@ def test_token_budget_and_sequence_limit() -> None:
     assert out.total_num_scheduled_tokens == 32
     assert sched.num_running == 4 and sched.num_waiting == 2
     sched.update_from_output(out, runner.execute(out))
-    out = sched.schedule()      # 3 decodes + the rest of r3's prompt; r4 and r5 wait for a slot
+    out = sched.schedule()  # 3 decodes + the rest of r3's prompt; r4 and r5 wait for a slot
     assert [(rid, n) for rid, _, n in out.chunks()] == [("r0", 1), ("r1", 1), ("r2", 1), ("r3", 8)]
 
 
@@ -78,7 +81,7 @@ def test_chunked_prefill_keeps_decodes_flowing() -> None:
     sched.add_request(req("s1", max_tokens=30))
     sched.add_request(req("s2", max_tokens=30))
     step(sched, runner)
-    sched.add_request(req("long", prompt_len=100, max_tokens=2, base=300, priority=9))   # even a higher priority
+    sched.add_request(req("long", prompt_len=100, max_tokens=2, base=300, priority=9))  # even a higher priority
     chunks = []
     while True:
         outs = {o.request_id: o for o in step(sched, runner)}
@@ -86,8 +89,8 @@ def test_chunked_prefill_keeps_decodes_flowing() -> None:
         chunks.append(runner.history[-1][-1])
         if "long" in outs:
             break
-    assert [c[2] for c in chunks] == [14] * 7 + [2]          # 100 tokens in budget-sized chunks
-    assert [c[3] for c in chunks] == [False] * 7 + [True]    # sampled only at the end of the prompt
+    assert [c[2] for c in chunks] == [14] * 7 + [2]  # 100 tokens in budget-sized chunks
+    assert [c[3] for c in chunks] == [False] * 7 + [True]  # sampled only at the end of the prompt
 
 
 def test_no_chunking_waits_for_a_step_with_room() -> None:
@@ -101,7 +104,7 @@ def test_no_chunking_waits_for_a_step_with_room() -> None:
 
 
 def test_preemption_picks_latest_admitted_and_output_is_unchanged() -> None:
-    sched, runner, metrics = make(num_blocks=6, block_size=4)     # 24 slots, two requests need 32
+    sched, runner, metrics = make(num_blocks=6, block_size=4)  # 24 slots, two requests need 32
     sched.add_request(req("a", prompt_len=4, max_tokens=12, base=100))
     sched.add_request(req("b", prompt_len=4, max_tokens=12, base=200))
     statuses = []
@@ -109,8 +112,12 @@ def test_preemption_picks_latest_admitted_and_output_is_unchanged() -> None:
     while sched.has_unfinished_requests():
         for o in step(sched, runner):
             outs.setdefault(o.request_id, []).append(o)
-        statuses.append((sched.requests.get("a") and sched.requests["a"].status,
-                         sched.requests.get("b") and sched.requests["b"].status))
+        statuses.append(
+            (
+                sched.requests.get("a") and sched.requests["a"].status,
+                sched.requests.get("b") and sched.requests["b"].status,
+            )
+        )
     # both hold 3 blocks at position 12 and need a fourth: the later one goes, once
     assert metrics.counter(m.PREEMPTIONS) == 1
     assert any(s[1] is RequestStatus.PREEMPTED for s in statuses)
@@ -130,7 +137,11 @@ def test_the_message_sends_a_request_once_then_only_its_changes() -> None:
     first = sched.schedule()
     (new,) = first.scheduled_new_reqs
     assert (new.request_id, new.token_ids, new.num_prompt_tokens, new.num_computed_tokens) == (
-        "a", tuple(range(100, 106)), 6, 0)
+        "a",
+        tuple(range(100, 106)),
+        6,
+        0,
+    )
     assert new.block_ids == tuple(sched.kv.tables["a"]) and len(new.block_ids) == 2
     assert first.num_scheduled_tokens == [6] and not first.scheduled_cached_reqs.req_ids
     sched.update_from_output(first, runner.execute(first))
@@ -154,7 +165,7 @@ def test_the_message_shares_nothing_the_scheduler_changes() -> None:
     (new,) = out.scheduled_new_reqs
     sent_tokens, sent_blocks = new.token_ids, new.block_ids
     sched.update_from_output(out, runner.execute(out))
-    for _ in range(4):   # tokens appended, a block added
+    for _ in range(4):  # tokens appended, a block added
         step(sched, runner)
     assert new.token_ids == sent_tokens and len(new.token_ids) == 8
     assert new.block_ids == sent_blocks and len(sched.kv.tables["a"]) > len(sent_blocks)
@@ -177,7 +188,7 @@ def test_preemption_spares_higher_priority_even_if_admitted_later() -> None:
 
 def test_prefix_cache_hits_cover_shared_full_blocks() -> None:
     sched, runner, metrics = make(block_size=4)
-    shared = list(range(100, 118))                 # 18 tokens: 4 full blocks
+    shared = list(range(100, 118))  # 18 tokens: 4 full blocks
     first = Request("first", shared + [1, 2], SamplingParams(max_tokens=2))
     sched.add_request(first)
     run_all(sched, runner)
@@ -187,7 +198,7 @@ def test_prefix_cache_hits_cover_shared_full_blocks() -> None:
     # the 4 shared full blocks; the fifth differs ([116, 117, 1, 2] vs [116, 117, 3, 4])
     assert outs["second"][-1].num_cached_prompt_tokens == 4 * 4
     assert metrics.counter(m.PREFIX_CACHE_HIT_TOKENS) == 16
-    assert runner.history[-2][0][1] == outs["second"][-1].num_cached_prompt_tokens   # prefill starts after the hit
+    assert runner.history[-2][0][1] == outs["second"][-1].num_cached_prompt_tokens  # prefill starts after the hit
 
 
 def scripted(script: dict[str, list[int]]) -> Callable[[str, int], int]:
@@ -196,14 +207,16 @@ def scripted(script: dict[str, list[int]]) -> Callable[[str, int], int]:
 
 def test_stop_conditions() -> None:
     sched, runner, _ = make()
-    runner.token_fn = scripted({
-        "eos": [11, 12, EOS, 13],
-        "min": [EOS, 11, EOS, 12, EOS],
-        "ignore": [11, EOS, 12, 13],
-        "word": [11, 7, 8, 9, 12],
-        "word_min": [7, 8, 9, 7, 8, 9, 1],
-        "len": [11, 12, 13, 14, 15],
-    })
+    runner.token_fn = scripted(
+        {
+            "eos": [11, 12, EOS, 13],
+            "min": [EOS, 11, EOS, 12, EOS],
+            "ignore": [11, EOS, 12, 13],
+            "word": [11, 7, 8, 9, 12],
+            "word_min": [7, 8, 9, 7, 8, 9, 1],
+            "len": [11, 12, 13, 14, 15],
+        }
+    )
     sched.add_request(req("eos", max_tokens=10))
     sched.add_request(req("min", max_tokens=10, min_tokens=2))
     sched.add_request(req("ignore", max_tokens=4, ignore_eos=True))
@@ -212,10 +225,10 @@ def test_stop_conditions() -> None:
     sched.add_request(req("len", max_tokens=3))
     outs = run_all(sched, runner)
     result = {rid: (tokens_of(o), o[-1].finish_reason, o[-1].num_output_tokens) for rid, o in outs.items()}
-    assert result["eos"] == ([11, 12], "stop", 2)              # EOS ends it and is not returned
-    assert result["min"] == ([EOS, 11], "stop", 2)             # EOS before min_tokens is just a token
+    assert result["eos"] == ([11, 12], "stop", 2)  # EOS ends it and is not returned
+    assert result["min"] == ([EOS, 11], "stop", 2)  # EOS before min_tokens is just a token
     assert result["ignore"] == ([11, EOS, 12, 13], "length", 4)
-    assert result["word"] == ([11, 7, 8, 9], "stop", 4)        # stop words are returned
+    assert result["word"] == ([11, 7, 8, 9], "stop", 4)  # stop words are returned
     assert result["word_min"] == ([7, 8, 9, 7, 8, 9], "stop", 6)
     assert result["len"] == ([11, 12, 13], "length", 3)
     assert sched.kv.num_used_blocks == 0

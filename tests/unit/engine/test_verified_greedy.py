@@ -7,6 +7,7 @@ logits cannot separate, exact ties, vocabulary tails, rows that are not
 finite. The bf16 GEMM runs on any oneDNN CPU (emulated where bf16 dot
 products are missing) and the int16 kernel has a scalar path, so these run
 everywhere; `auto` turns bf16 on only where bf16 dot products are native."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,8 +27,9 @@ from python_llm.engine.worker.models.greedy_head import (
 from python_llm.engine.worker.models.packed_linear import packed_linears_available
 from tests.unit.engine.test_model_tiny import save_tiny
 
-pytestmark = pytest.mark.skipif(not packed_linears_available(torch.device("cpu"), torch.float32),
-                                reason="torch built without oneDNN")
+pytestmark = pytest.mark.skipif(
+    not packed_linears_available(torch.device("cpu"), torch.float32), reason="torch built without oneDNN"
+)
 
 
 def exact_argmax(hidden: torch.Tensor, weight: torch.Tensor) -> list[int]:
@@ -40,7 +42,7 @@ def test_every_bf16_logit_is_within_the_bound(dim: int, scale: float) -> None:
     gen = torch.Generator().manual_seed(dim)
     weight = torch.randn(3001, dim, generator=gen) * scale
     hidden = torch.randn(17, dim, generator=gen) * torch.logspace(-2, 2, 17).unsqueeze(1)
-    head = VerifiedGreedyHead(weight, kernels=None)   # type: ignore[arg-type]  # its bf16 GEMM alone
+    head = VerifiedGreedyHead(weight, kernels=None)  # type: ignore[arg-type]  # its bf16 GEMM alone
     approx = head.packed(hidden.to(torch.bfloat16)).double()
     exact = hidden.double() @ weight.double().t()
     assert head.bound == bf16_logit_bound(dim)
@@ -67,8 +69,9 @@ def test_without_onednn_bf16_the_fp32_fallback_keeps_the_bound_and_the_answers(n
     assert head(hidden)[0] == exact_argmax(hidden, weight)
 
 
-def decide(native: CpuKernels, hidden: torch.Tensor, weight: torch.Tensor,
-           precision: str) -> tuple[list[int], list[int]]:
+def decide(
+    native: CpuKernels, hidden: torch.Tensor, weight: torch.Tensor, precision: str
+) -> tuple[list[int], list[int]]:
     return GreedyHeads[precision](weight, native)(hidden)
 
 
@@ -79,8 +82,9 @@ both_heads = pytest.mark.parametrize("precision", sorted(GreedyHeads))
 @pytest.mark.parametrize("rows", [1, 3, 7, 64])
 @pytest.mark.parametrize("vocab,dim", [(4099, 64), (1007, 576), (37, 13), (1, 8)])
 @pytest.mark.parametrize("num_threads", [1, 2])
-def test_matches_the_exact_argmax(native, threads, rows: int, vocab: int, dim: int, num_threads: int,
-                                  precision: str) -> None:
+def test_matches_the_exact_argmax(
+    native, threads, rows: int, vocab: int, dim: int, num_threads: int, precision: str
+) -> None:
     threads(num_threads)
     gen = torch.Generator().manual_seed(rows * 31 + vocab + dim)
     hidden = torch.randn(rows, dim, generator=gen)
@@ -102,7 +106,7 @@ def test_near_ties_the_approximate_logits_cannot_separate_are_dotted_again(nativ
     twins = [5, 500, 998, 999]
     base = hidden[0] / hidden[0].norm() * 3.0
     for i, row in enumerate(twins):
-        weight[row] = base * (1 + 1e-6 * (i + 1))   # the last twin is the exact winner for hidden[0]
+        weight[row] = base * (1 + 1e-6 * (i + 1))  # the last twin is the exact winner for hidden[0]
     tokens, candidates = decide(native, hidden, weight, precision)
     assert tokens == exact_argmax(hidden, weight)
     assert tokens[0] == 999 and candidates[0] >= len(twins)
@@ -134,8 +138,9 @@ def test_rows_that_are_not_finite_are_left_undecided(native, precision: str) -> 
 def test_bad_arguments_are_refused(native) -> None:
     head = VerifiedGreedyHead(torch.randn(50, 8), native)
     with pytest.raises(ValueError, match="do not fit"):
-        native.verified_argmax(torch.zeros(2, 50, dtype=torch.bfloat16), torch.zeros(3, 8), head.weight,
-                               head.norms, head.bound)
+        native.verified_argmax(
+            torch.zeros(2, 50, dtype=torch.bfloat16), torch.zeros(3, 8), head.weight, head.norms, head.bound
+        )
     with pytest.raises(ValueError, match="bf16 logits"):
         native.verified_argmax(torch.zeros(2, 50), torch.zeros(2, 8), head.weight, head.norms, head.bound)
     with pytest.raises(ValueError, match="non-finite"):
@@ -151,8 +156,7 @@ def test_auto_takes_the_head_the_cpu_runs_fastest_and_each_matches_the_reference
     auto = build_model(folder, 64, torch.float32, cpu, linear_backend="auto", kernels=native, greedy_lm_head="auto")
     fp32 = build_model(folder, 64, torch.float32, cpu, linear_backend="auto", kernels=native, greedy_lm_head="fp32")
     precision = verified_greedy_precision(native, cpu, torch.float32)
-    int16_faster = (native.int16_lm_head_supported() and native.fma_gemm_supported()
-                    and native.fma_vector_floats() == 8)
+    int16_faster = native.int16_lm_head_supported() and native.fma_gemm_supported() and native.fma_vector_floats() == 8
     assert precision == ("bf16" if native.bf16_dot_supported() else "int16" if int16_faster else None)
     assert isinstance(auto.greedy_head, GreedyHeads[precision] if precision else type(None))
     assert fp32.greedy_head is None
@@ -173,8 +177,9 @@ def test_auto_takes_the_head_the_cpu_runs_fastest_and_each_matches_the_reference
 
 def test_a_row_it_cannot_decide_goes_the_fp32_way(native, tmp_path: Path) -> None:
     folder = save_tiny(tmp_path / "llama", "llama", tie_word_embeddings=True)
-    model = build_model(folder, 64, torch.float32, torch.device("cpu"), linear_backend="auto", kernels=native,
-                        greedy_lm_head="fp32")
+    model = build_model(
+        folder, 64, torch.float32, torch.device("cpu"), linear_backend="auto", kernels=native, greedy_lm_head="fp32"
+    )
     gen = torch.Generator().manual_seed(12)
     hidden = torch.randn(5, model.spec.hidden_size, generator=gen)
     hidden[2, 1] = float("nan")

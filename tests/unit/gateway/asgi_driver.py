@@ -1,6 +1,7 @@
 """Driving an ASGI app the way a network client would, with what httpx's
 ASGITransport cannot do: read a streamed body chunk by chunk and hang up in
 the middle of it."""
+
 from __future__ import annotations
 
 import asyncio
@@ -29,8 +30,16 @@ class Exchange:
         return [m.decode() for m in _DATA.findall(self.body)]
 
 
-async def call(app: Any, method: str, path: str, *, headers: dict[str, str] | None = None, body: bytes = b"",
-               hang_up_after: int | None = None, timeout_s: float = 10.0) -> Exchange:
+async def call(
+    app: Any,
+    method: str,
+    path: str,
+    *,
+    headers: dict[str, str] | None = None,
+    body: bytes = b"",
+    hang_up_after: int | None = None,
+    timeout_s: float = 10.0,
+) -> Exchange:
     """One request; with `hang_up_after`, the client disconnects once that many
     SSE events (chunks with a `data:` line) have arrived."""
     exchange = Exchange()
@@ -43,7 +52,7 @@ async def call(app: Any, method: str, path: str, *, headers: dict[str, str] | No
             delivered = True
             return {"type": "http.request", "body": body, "more_body": False}
         if hang_up_after is None:
-            await asyncio.Event().wait()      # never hangs up; the app cancels this wait
+            await asyncio.Event().wait()  # never hangs up; the app cancels this wait
         await enough.wait()
         return {"type": "http.disconnect"}
 
@@ -59,8 +68,19 @@ async def call(app: Any, method: str, path: str, *, headers: dict[str, str] | No
     raw_headers = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     if body:
         raw_headers.append((b"content-type", b"application/json"))
-    scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "query_string": b"",
-             "headers": raw_headers, "http_version": "1.1", "scheme": "http", "server": ("gw", 80),
-             "client": ("1.2.3.4", 5), "root_path": "", "asgi": {"version": "3.0", "spec_version": "2.3"}}
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": raw_headers,
+        "http_version": "1.1",
+        "scheme": "http",
+        "server": ("gw", 80),
+        "client": ("1.2.3.4", 5),
+        "root_path": "",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+    }
     await asyncio.wait_for(app(scope, receive, send), timeout_s)
     return exchange

@@ -2,6 +2,7 @@
 one good key, and a client-library Transport replaying scripted engine
 responses, under the real AsyncLLMClient (so retries, stop-on-cancel and
 error handling are the library's own)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -21,12 +22,13 @@ from gateway.fleet.replica_client import ReplicaClient, client_config
 
 GOOD_KEY = "sk-test-good"
 AUTH = {"Authorization": f"Bearer {GOOD_KEY}"}
-HANG = "hang"        # a script item: the engine goes quiet until cancelled
+HANG = "hang"  # a script item: the engine goes quiet until cancelled
 
 
 @dataclass(frozen=True)
 class Pause:
     """A script item: the engine is silent this long, then goes on."""
+
     seconds: float
 
 
@@ -43,7 +45,7 @@ class FakeAdmission:
         self.released += 1
 
 
-OTHER_KEY = "sk-test-other"      # a second valid key (another key id, same tier)
+OTHER_KEY = "sk-test-other"  # a second valid key (another key id, same tier)
 
 
 class FakePolicy:
@@ -70,10 +72,23 @@ class FakePolicy:
         return admission
 
 
-def ev(text: str = "", ids: tuple[int, ...] = (), finish: str | None = None, final: bool = False,
-       prompt: int | None = 5, logprobs: tuple[float, ...] | None = None) -> StreamEvent:
-    return StreamEvent(text=text, output_ids=ids, finish_reason=finish, final=final, num_input_tokens=prompt,
-                       num_output_tokens=len(ids), output_log_probs=(logprobs,) if logprobs else None)
+def ev(
+    text: str = "",
+    ids: tuple[int, ...] = (),
+    finish: str | None = None,
+    final: bool = False,
+    prompt: int | None = 5,
+    logprobs: tuple[float, ...] | None = None,
+) -> StreamEvent:
+    return StreamEvent(
+        text=text,
+        output_ids=ids,
+        finish_reason=finish,
+        final=final,
+        num_input_tokens=prompt,
+        num_output_tokens=len(ids),
+        output_log_probs=(logprobs,) if logprobs else None,
+    )
 
 
 Script = Callable[[str, Mapping[str, Any], str], list[Any]]
@@ -126,11 +141,13 @@ class FakeTransport:
 
 def simple_script(*texts: str, finish: str = "stop") -> Script:
     """Each text a response with one token; the last one final."""
+
     def script(model: str, values: Mapping[str, Any], request_id: str) -> list[Any]:
         events = [ev(t, ids=(100 + i,)) for i, t in enumerate(texts)]
         last = events[-1]
         events[-1] = ev(last.text, ids=last.output_ids, finish=finish, final=True)
         return events
+
     return script
 
 
@@ -144,7 +161,7 @@ class Harness:
     policy: FakePolicy
     app: Any
     config: GatewayConfig
-    streams: Any = None           # the app's StreamRegistry
+    streams: Any = None  # the app's StreamRegistry
     stops_in_time: list[tuple[str, str, str]] = field(default_factory=list)
 
     def client(self) -> httpx.AsyncClient:

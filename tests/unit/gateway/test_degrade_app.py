@@ -4,6 +4,7 @@ signals and the controller are tested on their own (test_degrade_controller).
 Level 1 caps every tier's max_tokens, 2 sheds the lowest tier (429 +
 Retry-After, on every door), 3 streams the next tier in one piece, 4 sends
 engine requests to the fallback model."""
+
 from __future__ import annotations
 
 import asyncio
@@ -62,6 +63,7 @@ class App:
         async def go() -> httpx.Response:
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=self.asgi), base_url="http://gw") as c:
                 return await c.post(path, json=body, headers={"Authorization": f"Bearer {key}", **headers})
+
         return asyncio.run(go())
 
     def sent(self, index: int = -1) -> tuple[str, dict[str, Any]]:
@@ -70,8 +72,9 @@ class App:
 
 
 def sse_payloads(text: str) -> list[str]:
-    return [line[len("data: "):] for block in text.split("\n\n") for line in block.split("\n")
-            if line.startswith("data: ")]
+    return [
+        line[len("data: ") :] for block in text.split("\n\n") for line in block.split("\n") if line.startswith("data: ")
+    ]
 
 
 def test_level_0_leaves_requests_alone():
@@ -86,14 +89,18 @@ def test_level_1_caps_every_tiers_max_tokens_on_every_route():
     assert app.post("/v1/chat/completions", {**CHAT, "max_tokens": 1000}).status_code == 200
     assert app.sent()[1]["max_tokens"] == 100
     assert app.post("/v1/completions", {"model": "ensemble", "prompt": "Say"}, key=FREE).status_code == 200
-    assert app.sent()[1]["max_tokens"] == 100                        # free's own cap (512) lowered too
+    assert app.sent()[1]["max_tokens"] == 100  # free's own cap (512) lowered too
     assert app.post("/v1/chat/completions", {**CHAT, "max_tokens": 20}).status_code == 200
-    assert app.sent()[1]["max_tokens"] == 20                         # a smaller request stays as it is
+    assert app.sent()[1]["max_tokens"] == 20  # a smaller request stays as it is
     response = app.post("/v2/models/ensemble/generate", {"text_input": "Say", "max_tokens": 1000})
     assert response.status_code == 200 and app.sent()[1]["max_tokens"] == 100
     # a tier's own lower cap stays
-    assert App(1, max_tokens_cap=1000).post("/v1/completions", {"model": "ensemble", "prompt": "Say"},
-                                                key=FREE).status_code == 200
+    assert (
+        App(1, max_tokens_cap=1000)
+        .post("/v1/completions", {"model": "ensemble", "prompt": "Say"}, key=FREE)
+        .status_code
+        == 200
+    )
 
 
 def test_level_2_sheds_the_lowest_tier_with_429_and_retry_after_before_admission():
@@ -131,6 +138,7 @@ def test_level_2_sheds_on_the_grpc_door_as_resource_exhausted_with_retry_after()
                 await stub.ModelInfer(request, metadata=(("authorization", f"Bearer {FREE}"),))
         assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "retry-after" in dict(caught.value.trailing_metadata())
+
     door = serve(engine("x"), shed, DegradingPolicy(TieredPolicy(config), degradation))  # type: ignore[arg-type]
     assert door.transport.opened == []
 
@@ -142,14 +150,22 @@ def test_level_3_streams_the_next_tier_in_one_piece_on_chat_and_completions():
     payloads = sse_payloads(response.text)
     assert payloads[-1] == "[DONE]"
     content, usage = [json.loads(p) for p in payloads[:-1]]
-    assert content["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": "Hello, world"},
-                                   "logprobs": None, "finish_reason": "length"}]
+    assert content["choices"] == [
+        {
+            "index": 0,
+            "delta": {"role": "assistant", "content": "Hello, world"},
+            "logprobs": None,
+            "finish_reason": "length",
+        }
+    ]
     assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 4
-    assert app.sent()[1]["stream"] is False                      # the engine sent one whole answer
+    assert app.sent()[1]["stream"] is False  # the engine sent one whole answer
     completion = app.post("/v1/completions", {"model": "ensemble", "prompt": "Say", "stream": True, "n": 2})
     chunks = [json.loads(p) for p in sse_payloads(completion.text)[:-1]]
-    assert sorted((c["choices"][0]["index"], c["choices"][0]["text"]) for c in chunks) == [(0, "Hello, world"),
-                                                                                          (1, "Hello, world")]
+    assert sorted((c["choices"][0]["index"], c["choices"][0]["text"]) for c in chunks) == [
+        (0, "Hello, world"),
+        (1, "Hello, world"),
+    ]
     # below level 3 the same request streams its deltas
     streamed = App(2).post("/v1/chat/completions", {**CHAT, "stream": True})
     assert len(sse_payloads(streamed.text)) == 5
@@ -170,7 +186,7 @@ def test_level_4_sends_engine_requests_to_the_fallback_model():
     app = App(4, fallback_model="llm_small")
     assert app.degradation.controller.max_level == 4
     response = app.post("/v1/chat/completions", CHAT)
-    assert response.status_code == 200 and response.json()["model"] == "ensemble"   # the caller's name stays
+    assert response.status_code == 200 and response.json()["model"] == "ensemble"  # the caller's name stays
     assert app.sent()[0] == "llm_small"
     assert App(3, fallback_model="llm_small").post("/v1/chat/completions", CHAT).status_code == 200
 
@@ -178,13 +194,15 @@ def test_level_4_sends_engine_requests_to_the_fallback_model():
 def test_degradation_off_and_the_admin_view(tmp_path: Path):
     key_file = tmp_path / "admin_key"
     key_file.write_text(ADMIN_KEY)
-    off = create_app(GatewayConfig(degradation=DegradationConfig(max_level=0),
-                                   admin_key_file=str(key_file)), FakePolicy())
+    off = create_app(
+        GatewayConfig(degradation=DegradationConfig(max_level=0), admin_key_file=str(key_file)), FakePolicy()
+    )
     assert off.state.degradation is None and isinstance(off.state.policy, FakePolicy)
 
     async def get(app: Any) -> httpx.Response:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app.state.ops_asgi), base_url="http://gw") as c:
             return await c.get("/admin/degradation", headers={"Authorization": f"Bearer {ADMIN_KEY}"})
+
     assert asyncio.run(get(off)).json() == {"level": 0, "max_level": 0, "enabled": False}
     on = create_app(GatewayConfig(admin_key_file=str(key_file)), FakePolicy())
     view = asyncio.run(get(on)).json()

@@ -3,6 +3,7 @@ nothing, a sustained signal raises the level one step per enter dwell, calm
 lowers it one step per exit dwell, a signal between its exit and enter
 thresholds (or oscillating around one) never makes it flap; level 4 only
 with a fallback model; each change published and logged with its cause."""
+
 from __future__ import annotations
 
 import logging
@@ -41,7 +42,7 @@ def run(c: Controller, values: dict, start: float, end: float, step: float = 0.5
 def test_a_sustained_signal_raises_one_step_per_enter_dwell_up_to_the_max():
     c = controller()
     changes = run(c, {KV_USE: 0.95, QUEUE_TIME: 1.0}, 100.0, 400.0)
-    assert changes == [(160.0, 1), (220.0, 2), (280.0, 3)]               # then it stays at the max
+    assert changes == [(160.0, 1), (220.0, 2), (280.0, 3)]  # then it stays at the max
     assert c.level == 3
 
 
@@ -54,6 +55,7 @@ def test_calm_lowers_one_step_per_exit_dwell():
 
 def test_a_short_excursion_changes_nothing():
     c = controller(enter_dwell_s=60.0)
+
     def spike(t):
         return {KV_USE: 0.99 if 100 <= t < 159 else 0.3, QUEUE_TIME: 50.0 if t == 200 else 0.5}
 
@@ -65,11 +67,13 @@ def test_between_the_thresholds_the_level_holds_in_both_directions():
     assert run(c, {KV_USE: 0.95}, 0.0, 10.5) == [(10.0, 1)]
     # between exit (0.7) and enter (0.9) for ten dwells: no step either way
     assert run(c, {KV_USE: 0.8}, 10.5, 110.0) == []
+
     # oscillating around the enter threshold: never above for a whole dwell, never calm
     def around_enter(t):
         return {KV_USE: 0.95 if int(t) % 6 < 3 else 0.85}
 
     assert run(c, around_enter, 110.0, 300.0) == []
+
     # oscillating around the exit threshold: never calm for a whole dwell
     def around_exit(t):
         return {KV_USE: 0.65 if int(t) % 6 < 3 else 0.75}
@@ -88,11 +92,11 @@ def test_the_cause_is_the_signal_above_the_longest():
 
 def test_retry_after_is_the_earliest_the_level_can_drop_below_shedding():
     c = controller(max_level=3, enter_dwell_s=10.0, exit_dwell_s=30.0)
-    run(c, {KV_USE: 0.95}, 0.0, 30.5)                                    # level 3 at t=30
+    run(c, {KV_USE: 0.95}, 0.0, 30.5)  # level 3 at t=30
     assert c.level == 3
     # not calm: 3 → 2 takes a dwell from now, 2 → 1 another
     assert c.seconds_until_below(2, now=35.0) == pytest.approx(60.0)
-    c.evaluate({KV_USE: 0.1}, 40.0)                                      # calm since 40
+    c.evaluate({KV_USE: 0.1}, 40.0)  # calm since 40
     assert c.seconds_until_below(2, now=45.0) == pytest.approx(40.0 + 60.0 - 45.0)
     assert c.seconds_until_below(4, now=45.0) == 0.0
 
@@ -125,8 +129,13 @@ def test_level_4_needs_a_fallback_model_and_0_turns_it_off():
 
 
 def test_the_lowest_tier_is_shed_and_the_next_one_streams_in_one_piece():
-    tiers = {"free": TierConfig(priority=0), "trial": TierConfig(priority=0), "paid": TierConfig(priority=10),
-             "team": TierConfig(priority=10), "enterprise": TierConfig(priority=20)}
+    tiers = {
+        "free": TierConfig(priority=0),
+        "trial": TierConfig(priority=0),
+        "paid": TierConfig(priority=10),
+        "team": TierConfig(priority=10),
+        "enterprise": TierConfig(priority=20),
+    }
     assert TierRoles.of(tiers) == TierRoles(frozenset({"free", "trial"}), frozenset({"paid", "team"}))
     # one priority for all: shedding it would refuse everyone, so nobody is shed
     same = {"a": TierConfig(priority=1), "b": TierConfig(priority=1)}
@@ -142,10 +151,10 @@ class Clock:
 
 
 def replica(kv: float, at: float, qsum: float = 0.0, qcount: float = 0.0, preemptions: float = 0.0) -> Replica:
-    r = Replica.build("r", ReplicaConfig(grpc_url="r:1", metrics_url="http://r"), GatewayConfig(),
-                      upstream=object())  # type: ignore[arg-type]
-    r.load = LoadReading(kv_used=kv * 100, kv_capacity=100, queue_time_sum=qsum, queue_time_count=qcount,
-                         preemptions=preemptions, at=at)
+    r = Replica.build("r", ReplicaConfig(grpc_url="r:1", metrics_url="http://r"), GatewayConfig(), upstream=object())  # type: ignore[arg-type]
+    r.load = LoadReading(
+        kv_used=kv * 100, kv_capacity=100, queue_time_sum=qsum, queue_time_count=qcount, preemptions=preemptions, at=at
+    )
     return r
 
 
@@ -159,20 +168,30 @@ def test_one_huge_sample_in_the_window_changes_nothing():
     d = build_degradation(GatewayConfig(degradation=DegradationConfig(window_s=10.0, enter_dwell_s=10.0)), clock)
     assert d is not None
     queued = 0.0
-    for tick in range(200):                     # 100 s of scrapes, twice a second
+    for tick in range(200):  # 100 s of scrapes, twice a second
         clock.now = 1000.0 + tick * 0.5
         # one request queued 500 s (one huge sample) among requests queued 0.1 s; one KV reading
         # at 100 %; one burst of 500 preemptions (a huge prefill evicting the batch)
         queued += 500.0 if tick == 40 else 0.1
-        d.on_load([replica(1.0 if tick == 60 else 0.3, clock.now, qsum=queued, qcount=tick + 1,
-                           preemptions=500.0 if tick >= 100 else 0.0)])
+        d.on_load(
+            [
+                replica(
+                    1.0 if tick == 60 else 0.3,
+                    clock.now,
+                    qsum=queued,
+                    qcount=tick + 1,
+                    preemptions=500.0 if tick >= 100 else 0.0,
+                )
+            ]
+        )
         assert d.level == 0, f"changed at tick {tick}: {d.values}"
 
 
 def test_a_change_is_published_and_logged_with_its_cause(caplog: pytest.LogCaptureFixture):
     clock = Clock()
-    d = build_degradation(GatewayConfig(degradation=DegradationConfig(window_s=2.0, enter_dwell_s=2.0,
-                                                                exit_dwell_s=3.0)), clock)
+    d = build_degradation(
+        GatewayConfig(degradation=DegradationConfig(window_s=2.0, enter_dwell_s=2.0, exit_dwell_s=3.0)), clock
+    )
     assert d is not None
     ups = sample("gateway_degradation_changes_total", {"direction": "up", "cause": KV_USE})
     downs = sample("gateway_degradation_changes_total", {"direction": "down", "cause": RECOVERED})
@@ -187,7 +206,7 @@ def test_a_change_is_published_and_logged_with_its_cause(caplog: pytest.LogCaptu
     scrape_for(2.5, 0.97)
     assert d.level == 1 and sample("gateway_degradation_level") == 1.0
     assert sample("gateway_degradation_changes_total", {"direction": "up", "cause": KV_USE}) == ups + 1
-    up, = [r for r in caplog.records if r.levelno == logging.WARNING]
+    (up,) = [r for r in caplog.records if r.levelno == logging.WARNING]
     fields = up.fields  # type: ignore[attr-defined]
     assert fields["cause"] == KV_USE and fields["value"] == pytest.approx(0.97) and fields["threshold"] == 0.9
     # not "level": the JSON log line's own field (WARNING) must stay
@@ -197,7 +216,7 @@ def test_a_change_is_published_and_logged_with_its_cause(caplog: pytest.LogCaptu
     scrape_for(10.0, 0.1)
     assert d.level == 0 and sample("gateway_degradation_level") == 0.0
     assert sample("gateway_degradation_changes_total", {"direction": "down", "cause": RECOVERED}) == downs + 1
-    down, = [r for r in caplog.records if r.levelno == logging.INFO and "degradation level" in r.getMessage()]
+    (down,) = [r for r in caplog.records if r.levelno == logging.INFO and "degradation level" in r.getMessage()]
     assert down.fields["direction"] == "down" and down.fields["cause"] == RECOVERED  # type: ignore[attr-defined]
     assert d.describe()["level"] == 0 and d.describe()["signals"][KV_USE]["enter"] == 0.9
 

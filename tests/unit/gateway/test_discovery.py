@@ -1,6 +1,7 @@
 """Replicas from DNS (a headless service), with a scripted resolver: new
 addresses join, vanished ones are retired and leave once idle, a failed
 lookup changes nothing."""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,11 +27,13 @@ class ScriptedDNS:
 
 
 def test_the_fleet_follows_the_dns_name():
-    config = GatewayConfig(fleet=FleetConfig(discovery_dns="triton.llm.svc.cluster.local:8001",
-                                             discovery_metrics_port=8002))
+    config = GatewayConfig(
+        fleet=FleetConfig(discovery_dns="triton.llm.svc.cluster.local:8001", discovery_metrics_port=8002)
+    )
     fleet = Fleet(config, [])
-    dns = ScriptedDNS(["10.0.0.1", "10.0.0.2"], ["10.0.0.2", "10.0.0.3"], OSError("SERVFAIL"), ["10.0.0.3"],
-                      ["10.0.0.3", "fd00::7"])
+    dns = ScriptedDNS(
+        ["10.0.0.1", "10.0.0.2"], ["10.0.0.2", "10.0.0.3"], OSError("SERVFAIL"), ["10.0.0.3"], ["10.0.0.3", "fd00::7"]
+    )
     fleet.discovery.resolver = dns
 
     async def scenario():
@@ -38,11 +41,11 @@ def test_the_fleet_follows_the_dns_name():
         await fleet.discovery.refresh()
         names.append(sorted(fleet.by_name))
         first = fleet.by_name["10.0.0.1:8001"]
-        first.in_flight = 1                          # a stream still runs there
+        first.in_flight = 1  # a stream still runs there
         await fleet.discovery.refresh()
         names.append(sorted(fleet.by_name))
         retired_routable = first.routable
-        await fleet.discovery.refresh()              # the lookup fails: nothing changes
+        await fleet.discovery.refresh()  # the lookup fails: nothing changes
         names.append(sorted(fleet.by_name))
         first.in_flight = 0
         await fleet.discovery.refresh()

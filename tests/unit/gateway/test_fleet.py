@@ -2,6 +2,7 @@
 (ejection, the last replica kept, re-admission with a growing back-off), the
 routing policies, failover before the first token, the inference probe's
 verdicts, and the fleet behind the real app (drain, admin endpoints)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -52,7 +53,7 @@ def test_prefix_blocks_chain_and_the_index_forgets_the_oldest():
     one, two = block_hashes(system + "Question one?"), block_hashes(system + "Another, different question")
     assert one[:4] == two[:4] and len(one) >= 4
     assert block_hashes("x" * 255) == [] and block_hashes("y" + system)[0] != one[0]
-    shared = next(i for i, (x, y) in enumerate(zip(one, two)) if x != y) if one != two[:len(one)] else len(one)
+    shared = next(i for i, (x, y) in enumerate(zip(one, two)) if x != y) if one != two[: len(one)] else len(one)
     index = PrefixIndex(capacity_blocks=len(one))
     index.record(one)
     assert index.matched(one) == len(one) and index.matched(two) == shared > 0
@@ -76,9 +77,10 @@ def test_health_ejects_after_consecutive_failures_never_the_last_and_backs_off()
 
 def replica(name: str, *, waiting: float = 0, kv: float = 0.0, at: float | None = None) -> Replica:
     config = GatewayConfig()
-    r = Replica.build(name, ReplicaConfig(grpc_url=f"{name}:1"), config, upstream=object())   # type: ignore[arg-type]
-    r.load = LoadReading(waiting=waiting, running=0, kv_used=kv * 100, kv_capacity=100,
-                         at=time.monotonic() if at is None else at)
+    r = Replica.build(name, ReplicaConfig(grpc_url=f"{name}:1"), config, upstream=object())  # type: ignore[arg-type]
+    r.load = LoadReading(
+        waiting=waiting, running=0, kv_used=kv * 100, kv_capacity=100, at=time.monotonic() if at is None else at
+    )
     return r
 
 
@@ -86,7 +88,7 @@ def test_least_load_prefers_the_idle_replica_and_stale_metrics_count_as_saturate
     router = Router(GatewayConfig(fleet=FleetConfig(routing_policy="least_load")))
     busy, idle = replica("busy", waiting=6, kv=0.8), replica("idle", waiting=0, kv=0.1)
     assert router.pick([busy, idle], RouteRequest("hi")).replica is idle
-    silent = replica("silent", waiting=0, kv=0.0, at=1.0)      # last scraped long ago
+    silent = replica("silent", waiting=0, kv=0.0, at=1.0)  # last scraped long ago
     assert router.pick([silent, busy], RouteRequest("hi")).replica is busy
 
 
@@ -114,12 +116,19 @@ def test_round_robin_cycles_and_session_affinity_counts():
 
 
 def fleet_of(scripts: dict[str, object], **fleet: Any) -> tuple[Fleet, dict[str, FakeTransport]]:
-    settings = GatewayConfig(fleet=FleetConfig(replicas={n: ReplicaConfig(grpc_url=f"{n}:1") for n in scripts},
-                                               **fleet))
+    settings = GatewayConfig(
+        fleet=FleetConfig(replicas={n: ReplicaConfig(grpc_url=f"{n}:1") for n in scripts}, **fleet)
+    )
     transports = {n: FakeTransport(s) for n, s in scripts.items()}
-    replicas = [Replica.build(n, settings.fleet.replicas[n], settings,
-                              ReplicaClient(client=AsyncLLMClient(client_config(f"{n}:1"), transport=transports[n])))
-                for n in scripts]
+    replicas = [
+        Replica.build(
+            n,
+            settings.fleet.replicas[n],
+            settings,
+            ReplicaClient(client=AsyncLLMClient(client_config(f"{n}:1"), transport=transports[n])),
+        )
+        for n in scripts
+    ]
     return Fleet(settings, replicas), transports
 
 
@@ -169,6 +178,7 @@ def test_when_every_replica_refuses_the_caller_gets_the_503():
 
 def _options():
     from client import GenerationOptions
+
     return GenerationOptions(max_tokens=4, request_id="r1")
 
 
@@ -189,6 +199,7 @@ class FakeProbeClient:
         class Result:
             output_ids: list[int]
             error: str | None = None
+
         return Result(self.answer or [])
 
 
@@ -199,12 +210,15 @@ class Golden:
     output_ids: tuple[int, ...] = (1, 2, 3)
 
 
-@pytest.mark.parametrize("client, outcome", [
-    (FakeProbeClient(answer=[1, 2, 3]), "ok"),
-    (FakeProbeClient(answer=[1, 2, 4]), "wrong_answer"),
-    (FakeProbeClient(answer=RequestError("overloaded: the waiting queue is full (9)")), "overloaded"),
-    (FakeProbeClient(ready_after_s=5.0), "ready_timeout"),
-])
+@pytest.mark.parametrize(
+    "client, outcome",
+    [
+        (FakeProbeClient(answer=[1, 2, 3]), "ok"),
+        (FakeProbeClient(answer=[1, 2, 4]), "wrong_answer"),
+        (FakeProbeClient(answer=RequestError("overloaded: the waiting queue is full (9)")), "overloaded"),
+        (FakeProbeClient(ready_after_s=5.0), "ready_timeout"),
+    ],
+)
 def test_the_inference_probe_judges_the_answer_not_just_readiness(client, outcome):
     verdict = asyncio.run(probe_once(client, Golden(), ready_timeout_s=0.1, answer_timeout_s=1.0))
     assert verdict == outcome
@@ -212,14 +226,17 @@ def test_the_inference_probe_judges_the_answer_not_just_readiness(client, outcom
 
 def test_the_prompt_text_of_a_chat_is_its_turns_in_order():
     from client import GenerationOptions
+
     options = GenerationOptions(messages=[{"role": "system", "content": "S"}, {"role": "user", "content": "U"}])
     assert prompt_text("", options) == "<system>S<user>U"
 
 
 def test_draining_the_gateway_refuses_new_posts_and_fails_readiness():
-    app = create_app(GatewayConfig(), FakePolicy(),
-                     ReplicaClient(client=AsyncLLMClient(client_config("x:1"),
-                                                         transport=FakeTransport(simple_script("a")))))
+    app = create_app(
+        GatewayConfig(),
+        FakePolicy(),
+        ReplicaClient(client=AsyncLLMClient(client_config("x:1"), transport=FakeTransport(simple_script("a")))),
+    )
     body = json.dumps({"model": "ensemble", "prompt": "hi"}).encode()
 
     async def scenario():
@@ -237,13 +254,17 @@ def test_draining_the_gateway_refuses_new_posts_and_fails_readiness():
 def test_admin_endpoints_need_the_admin_key_and_drain_a_replica(tmp_path):
     key_file = tmp_path / "admin_key"
     key_file.write_text("s3cret-admin-key")
-    settings = GatewayConfig(admin_key_file=str(key_file), fleet=FleetConfig(
-        routing_policy="round_robin", replicas={"a": ReplicaConfig("a:1"), "b": ReplicaConfig("b:1")}))
+    settings = GatewayConfig(
+        admin_key_file=str(key_file),
+        fleet=FleetConfig(
+            routing_policy="round_robin", replicas={"a": ReplicaConfig("a:1"), "b": ReplicaConfig("b:1")}
+        ),
+    )
     app = create_app(settings, FakePolicy())
     admin = {"Authorization": "Bearer s3cret-admin-key", "Content-Length": "0"}
 
     async def scenario():
-        ops = app.state.ops_asgi          # the ops listener's app: /admin is nowhere else
+        ops = app.state.ops_asgi  # the ops listener's app: /admin is nowhere else
         denied = await call(ops, "POST", "/admin/replicas/a/drain", headers={**AUTH, "Content-Length": "0"})
         drained = await call(ops, "POST", "/admin/replicas/a/drain", headers=admin)
         listed = await call(ops, "GET", "/admin/replicas", headers=admin)
@@ -262,11 +283,16 @@ def test_admin_endpoints_need_the_admin_key_and_drain_a_replica(tmp_path):
 def test_a_replica_dying_mid_stream_ends_the_stream_with_an_error_event_and_counts_against_it():
     from client import ServerConnectionError
     from tests.unit.gateway.openai_fakes import ev
+
     died = lambda *a: [ev("Hel", ids=(1,)), ServerConnectionError("connection reset")]  # noqa: E731
     settings = GatewayConfig(fleet=FleetConfig(routing_policy="round_robin", replicas={"a": ReplicaConfig("a:1")}))
     transport = FakeTransport(died)
-    replica_a = Replica.build("a", settings.fleet.replicas["a"], settings,
-                              ReplicaClient(client=AsyncLLMClient(client_config("a:1"), transport=transport)))
+    replica_a = Replica.build(
+        "a",
+        settings.fleet.replicas["a"],
+        settings,
+        ReplicaClient(client=AsyncLLMClient(client_config("a:1"), transport=transport)),
+    )
     app = create_app(settings, FakePolicy())
     app.state.fleet.replicas[:] = [replica_a]
     app.state.fleet.by_name = {"a": replica_a}
@@ -287,6 +313,7 @@ def test_a_wrong_probe_answer_ejects_at_once_unless_it_is_the_last_replica():
 
 def test_the_routable_gauge_says_what_routing_does_a_replica_not_yet_proven_takes_no_callers():
     from gateway.ops.metrics import REPLICA_ROUTABLE
+
     fleet, _ = fleet_of({"p": simple_script("ok"), "q": simple_script("ok")})
     fleet.golden = Golden()
 
@@ -295,7 +322,7 @@ def test_the_routable_gauge_says_what_routing_does_a_replica_not_yet_proven_take
 
     fleet._publish()
     assert gauges() == {"p": 0, "q": 0}, "before any probe answered, a caller waits: nobody takes it yet"
-    fleet.succeeded(fleet.by_name["p"])      # p answered its first probe; q has not yet
+    fleet.succeeded(fleet.by_name["p"])  # p answered its first probe; q has not yet
     assert [r.name for r in fleet.routable()] == ["p"] and gauges() == {"p": 1, "q": 0}
     fleet.succeeded(fleet.by_name["q"])
     assert gauges() == {"p": 1, "q": 1}
@@ -304,22 +331,22 @@ def test_the_routable_gauge_says_what_routing_does_a_replica_not_yet_proven_take
 
 
 def test_the_gauges_are_published_when_what_a_caller_gets_changes_not_on_every_good_probe(monkeypatch):
-    fleet, _ = fleet_of({"p": simple_script("ok"), "q": simple_script("ok")})   # q: p may be ejected
+    fleet, _ = fleet_of({"p": simple_script("ok"), "q": simple_script("ok")})  # q: p may be ejected
     fleet.golden = Golden()
     fleet.succeeded(fleet.by_name["q"])
     published = []
     monkeypatch.setattr(fleet, "_publish", lambda: published.append(1))
     p = fleet.by_name["p"]
-    fleet.succeeded(p)          # first good answer: proven, takes callers now
+    fleet.succeeded(p)  # first good answer: proven, takes callers now
     assert len(published) == 1
     for _ in range(5):
-        fleet.succeeded(p)      # steady: nothing a caller gets changes
+        fleet.succeeded(p)  # steady: nothing a caller gets changes
     assert len(published) == 1
     for _ in range(fleet.config.fleet.eject_after_failures):
         fleet.failed(p, "probe", decisive=True)
     ejected = len(published)
     assert p.health.ejected and ejected >= 2
-    p.health.ejected_until = 0.0   # its back-off over
+    p.health.ejected_until = 0.0  # its back-off over
     for _ in range(fleet.config.fleet.readmit_after_successes):
         fleet.succeeded(p)
-    assert not p.health.ejected and len(published) == ejected + 1   # the re-admission
+    assert not p.health.ejected and len(published) == ejected + 1  # the re-admission

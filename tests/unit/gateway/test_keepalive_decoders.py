@@ -10,6 +10,7 @@ back: after an event with an `id:` the SDK's decoder, which keeps the last id
 across events as the spec says, dispatched an empty event and failed on
 json.loads(""). The comment LINE sent now ends no event, so it dispatches
 nothing anywhere: before the first event, mid-stream, or as the last bytes."""
+
 from __future__ import annotations
 
 import asyncio
@@ -48,7 +49,7 @@ def quiet_script(*args: object) -> list[object]:
     return items
 
 
-@cache      # an app a body: the same bytes serve every decoder
+@cache  # an app a body: the same bytes serve every decoder
 def gateway_chunks(route: str, keepalive: bytes) -> tuple[bytes, ...]:
     """The body the gateway sends for one streamed request, chunk by chunk as sent."""
     path, fields = REQUESTS[route]
@@ -66,12 +67,13 @@ def cut_after_a_keepalive(chunks: tuple[bytes, ...], keepalive: bytes) -> tuple[
     event: a keep-alive as a stream's last bytes (a reader cut off by the buffer)."""
     first_event = next(i for i, c in enumerate(chunks) if c.startswith(b"id: "))
     cut = next(i for i in range(first_event, len(chunks)) if chunks[i] == keepalive)
-    return chunks[:cut + 1]
+    return chunks[: cut + 1]
 
 
 def transport(chunks: tuple[bytes, ...]) -> httpx.MockTransport:
     """Serves `chunks` as an SSE body, each as its own read (so a decoder sees
     the gateway's chunk boundaries), to a sync or an async client."""
+
     def handler(request: httpx.Request) -> httpx.Response:
         headers = {"content-type": "text/event-stream"}
 
@@ -84,6 +86,7 @@ def transport(chunks: tuple[bytes, ...]) -> httpx.MockTransport:
                     yield chunk
 
         return httpx.Response(200, headers=headers, stream=Body())
+
     return httpx.MockTransport(handler)
 
 
@@ -99,25 +102,34 @@ def sdk_text(route: str, chunks: tuple[bytes, ...], asynchronous: bool) -> str:
 
     def text_of(item: object) -> str:
         if route == "chat":
-            return "".join(c.delta.content or "" for c in item.choices)    # type: ignore[attr-defined]
+            return "".join(c.delta.content or "" for c in item.choices)  # type: ignore[attr-defined]
         if route == "completions":
-            return "".join(c.text for c in item.choices)                    # type: ignore[attr-defined]
+            return "".join(c.text for c in item.choices)  # type: ignore[attr-defined]
         return item.delta if item.type == "response.output_text.delta" else ""  # type: ignore[attr-defined]
 
     def create(client: openai.OpenAI | openai.AsyncOpenAI) -> Callable[..., object]:
-        return {"chat": client.chat.completions.create, "completions": client.completions.create,
-                "responses": client.responses.create}[route]
+        return {
+            "chat": client.chat.completions.create,
+            "completions": client.completions.create,
+            "responses": client.responses.create,
+        }[route]
 
     if not asynchronous:
-        client = openai.OpenAI(base_url="http://gw/v1", api_key="k", max_retries=0,
-                               http_client=httpx.Client(transport=transport(chunks)))
-        return "".join(text_of(item) for item in create(client)(**kwargs))   # type: ignore[attr-defined]
+        client = openai.OpenAI(
+            base_url="http://gw/v1", api_key="k", max_retries=0, http_client=httpx.Client(transport=transport(chunks))
+        )
+        return "".join(text_of(item) for item in create(client)(**kwargs))  # type: ignore[attr-defined]
 
     async def read() -> str:
-        aclient = openai.AsyncOpenAI(base_url="http://gw/v1", api_key="k", max_retries=0,
-                                     http_client=httpx.AsyncClient(transport=transport(chunks)))
-        stream = await create(aclient)(**kwargs)                              # type: ignore[misc]
+        aclient = openai.AsyncOpenAI(
+            base_url="http://gw/v1",
+            api_key="k",
+            max_retries=0,
+            http_client=httpx.AsyncClient(transport=transport(chunks)),
+        )
+        stream = await create(aclient)(**kwargs)  # type: ignore[misc]
         return "".join([text_of(item) async for item in stream])
+
     return asyncio.run(read())
 
 
@@ -132,6 +144,7 @@ def httpx_sse_data(chunks: tuple[bytes, ...], asynchronous: bool) -> list[str]:
         async with httpx.AsyncClient(transport=transport(chunks)) as client:
             async with aconnect_sse(client, "POST", "http://gw/v1/x") as source:
                 return [sse.data async for sse in source.aiter_sse()]
+
     return asyncio.run(read())
 
 
@@ -161,9 +174,11 @@ def data_lines(chunks: tuple[bytes, ...]) -> list[str]:
 def test_keepalives_flow_before_the_first_event_and_between_events(route):
     chunks = gateway_chunks(route, NEW_KEEPALIVE)
     events = [i for i, chunk in enumerate(chunks) if chunk.startswith(b"id: ")]
-    before, between = chunks[:events[0]].count(NEW_KEEPALIVE), chunks[events[0]:events[-1]].count(NEW_KEEPALIVE)
-    print(f"\n[{route}: {before} keep-alives before the first event, {between} between its events, "
-          f"interval {INTERVAL_S} s, silences of {INTERVAL_S * 6} s]")
+    before, between = chunks[: events[0]].count(NEW_KEEPALIVE), chunks[events[0] : events[-1]].count(NEW_KEEPALIVE)
+    print(
+        f"\n[{route}: {before} keep-alives before the first event, {between} between its events, "
+        f"interval {INTERVAL_S} s, silences of {INTERVAL_S * 6} s]"
+    )
     # the first comment comes after the first interval waited before the 200; timers slip on a busy box
     assert before >= 1 and between >= len(WORDS) - 1
     assert OLD_KEEPALIVE not in b"".join(chunks), "a comment block: it ends an event"
@@ -182,7 +197,7 @@ def test_the_openai_sdk_reads_the_keepalives_and_failed_on_the_old_ones(route, a
 def test_a_keepalive_as_the_last_bytes_ends_the_sdks_stream_quietly(route, asynchronous):
     cut = cut_after_a_keepalive(gateway_chunks(route, NEW_KEEPALIVE), NEW_KEEPALIVE)
     assert cut[-1] == NEW_KEEPALIVE
-    assert WORDS[0].startswith(sdk_text(route, cut, asynchronous))   # what came before the cut, nothing more
+    assert WORDS[0].startswith(sdk_text(route, cut, asynchronous))  # what came before the cut, nothing more
     old_cut = cut_after_a_keepalive(gateway_chunks(route, OLD_KEEPALIVE), OLD_KEEPALIVE)
     with pytest.raises(json.JSONDecodeError):
         sdk_text(route, old_cut, asynchronous)

@@ -1,6 +1,7 @@
 """The rate windows: window sizes from tier rates, the sliding token window's
 arithmetic (used, fits, wait, reset), header formats, and both windows on
 `limits`' memory storage under a fake clock."""
+
 from __future__ import annotations
 
 import asyncio
@@ -22,9 +23,20 @@ from gateway.admission.limits import (
 from tests.unit.gateway.access_fakes import FakeClock, clock  # noqa: F401  (fixture)
 
 
-@pytest.mark.parametrize("rps, window", [(0, None), (-1, None), (2, RateWindow(2, 1)), (50, RateWindow(50, 1)),
-                                         (2.5, RateWindow(5, 2)), (0.5, RateWindow(1, 2)), (0.1, RateWindow(1, 10)),
-                                         (1 / 3, RateWindow(1, 3)), (0.001, RateWindow(1, 1000))])
+@pytest.mark.parametrize(
+    "rps, window",
+    [
+        (0, None),
+        (-1, None),
+        (2, RateWindow(2, 1)),
+        (50, RateWindow(50, 1)),
+        (2.5, RateWindow(5, 2)),
+        (0.5, RateWindow(1, 2)),
+        (0.1, RateWindow(1, 10)),
+        (1 / 3, RateWindow(1, 3)),
+        (0.001, RateWindow(1, 1000)),
+    ],
+)
 def test_request_window(rps: float, window: RateWindow | None) -> None:
     assert request_window(rps) == window
 
@@ -32,7 +44,7 @@ def test_request_window(rps: float, window: RateWindow | None) -> None:
 def test_token_window() -> None:
     assert token_window(0) is None
     assert token_window(200) == RateWindow(12_000, 60)
-    assert token_window(0.01, 10) == RateWindow(1, 10)     # never a zero budget
+    assert token_window(0.01, 10) == RateWindow(1, 10)  # never a zero budget
 
 
 def test_token_state_arithmetic() -> None:
@@ -60,19 +72,32 @@ def test_debt_wait_scales_with_the_debt() -> None:
     # one token must fit: used < 100
     assert small.wait_for(1) == pytest.approx(10 + 10 * (1 - 100 / 150))
     assert large.wait_for(1) == pytest.approx(10 + 10 * (1 - 100 / 1000))
-    assert small.wait_for(1) < large.wait_for(1) <= 20     # forgiven after 2 windows at most
+    assert small.wait_for(1) < large.wait_for(1) <= 20  # forgiven after 2 windows at most
 
 
 def test_format_reset_and_retry_headers() -> None:
-    assert [format_reset(s) for s in (0, 0.0201, 0.5, 1, 1.5, 59.9994, 60, 360, 361.2)] == \
-        ["0s", "21ms", "500ms", "1s", "1.5s", "59.999s", "1m0s", "6m0s", "6m2s"]
+    assert [format_reset(s) for s in (0, 0.0201, 0.5, 1, 1.5, 59.9994, 60, 360, 361.2)] == [
+        "0s",
+        "21ms",
+        "500ms",
+        "1s",
+        "1.5s",
+        "59.999s",
+        "1m0s",
+        "6m0s",
+        "6m2s",
+    ]
     assert retry_headers(0.2) == {"retry-after": "1", "retry-after-ms": "200"}
     assert retry_headers(7.0001) == {"retry-after": "8", "retry-after-ms": "7001"}
     assert rate_limit_headers(None, None) == {}
     assert rate_limit_headers(RequestState(2, 1, 0.25), TokenState(100, 10, 0, 30, 5.0)) == {
-        "x-ratelimit-limit-requests": "2", "x-ratelimit-remaining-requests": "1",
-        "x-ratelimit-reset-requests": "250ms", "x-ratelimit-limit-tokens": "100",
-        "x-ratelimit-remaining-tokens": "70", "x-ratelimit-reset-tokens": "15s"}
+        "x-ratelimit-limit-requests": "2",
+        "x-ratelimit-remaining-requests": "1",
+        "x-ratelimit-reset-requests": "250ms",
+        "x-ratelimit-limit-tokens": "100",
+        "x-ratelimit-remaining-tokens": "70",
+        "x-ratelimit-reset-tokens": "15s",
+    }
 
 
 def test_request_window_on_memory_storage(clock: FakeClock) -> None:  # noqa: F811
@@ -83,14 +108,14 @@ def test_request_window_on_memory_storage(clock: FakeClock) -> None:  # noqa: F8
         assert await windows.hit_request("k", w)
         clock.advance(0.4)
         assert await windows.hit_request("k", w)
-        assert not await windows.hit_request("k", w)       # 2 in the last second
-        assert not await windows.hit_request("k", w)       # a refusal is not counted
+        assert not await windows.hit_request("k", w)  # 2 in the last second
+        assert not await windows.hit_request("k", w)  # a refusal is not counted
         state = await windows.request_state("k", w)
         assert (state.limit, state.remaining) == (2, 0) and state.reset_s == pytest.approx(0.601)
-        assert await windows.hit_request("other", w)      # keys are separate
+        assert await windows.hit_request("other", w)  # keys are separate
         clock.advance(0.6)
-        assert not await windows.hit_request("k", w)       # exactly 1 s old: still inside
-        clock.advance(0.001)                               # reset_s later: the first one left
+        assert not await windows.hit_request("k", w)  # exactly 1 s old: still inside
+        clock.advance(0.001)  # reset_s later: the first one left
         assert await windows.hit_request("k", w)
         assert not await windows.hit_request("k", w)
 
@@ -104,10 +129,10 @@ def test_token_window_on_memory_storage(clock: FakeClock) -> None:  # noqa: F811
         await windows.charge_tokens("k", w, 30)
         state = await windows.token_state("k", w)
         assert (state.previous, state.current, state.ends_in) == (0, 30, pytest.approx(10.0))
-        await windows.charge_tokens("k", w, 500)           # past the budget: recorded all the same
+        await windows.charge_tokens("k", w, 500)  # past the budget: recorded all the same
         state = await windows.token_state("k", w)
         assert state.current == 530 and state.remaining == 0
-        clock.advance(12.0)                               # the next window, 2 s in
+        clock.advance(12.0)  # the next window, 2 s in
         state = await windows.token_state("k", w)
         assert (state.previous, state.current) == (530, 0) and state.ends_in == pytest.approx(8.0)
         assert state.used == pytest.approx(530 * 0.8)

@@ -1,6 +1,7 @@
 """Migration of a stream whose replica dies or stalls after its first token,
 the orphan left on a stalled replica stopped by key, and tier pools; with
 scripted engines under the real client library (no Triton)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,28 +24,41 @@ from tests.unit.gateway.asgi_driver import call
 from tests.unit.gateway.openai_fakes import AUTH, HANG, FakePolicy, FakeTransport, ev
 
 
-def fleet_of(scripts: dict[str, object], dedicated: dict[str, tuple[str, ...]] | None = None,
-             **fleet: Any) -> tuple[Fleet, dict[str, FakeTransport]]:
+def fleet_of(
+    scripts: dict[str, object], dedicated: dict[str, tuple[str, ...]] | None = None, **fleet: Any
+) -> tuple[Fleet, dict[str, FakeTransport]]:
     dedicated = dedicated or {}
-    settings = GatewayConfig(fleet=FleetConfig(
-        replicas={n: ReplicaConfig(grpc_url=f"{n}:1", dedicated_to=dedicated.get(n, ())) for n in scripts},
-        routing_policy="round_robin", **fleet))
+    settings = GatewayConfig(
+        fleet=FleetConfig(
+            replicas={n: ReplicaConfig(grpc_url=f"{n}:1", dedicated_to=dedicated.get(n, ())) for n in scripts},
+            routing_policy="round_robin",
+            **fleet,
+        )
+    )
     transports = {n: FakeTransport(s) for n, s in scripts.items()}
-    replicas = [Replica.build(n, settings.fleet.replicas[n], settings,
-                              ReplicaClient(client=AsyncLLMClient(client_config(f"{n}:1"), transport=transports[n])))
-                for n in scripts]
+    replicas = [
+        Replica.build(
+            n,
+            settings.fleet.replicas[n],
+            settings,
+            ReplicaClient(client=AsyncLLMClient(client_config(f"{n}:1"), transport=transports[n])),
+        )
+        for n in scripts
+    ]
     return Fleet(settings, replicas), transports
 
 
 def dies_after(*ids: int):
     def script(model, values, request_id):
         return [*(ev(f"t{i}", ids=(i,)) for i in ids), ServerConnectionError("connection reset by peer")]
+
     return script
 
 
 def stalls_after(*ids: int):
     def script(model, values, request_id):
         return [*(ev(f"t{i}", ids=(i,)) for i in ids), HANG]
+
     return script
 
 
@@ -109,13 +123,21 @@ def test_nothing_moves_when_the_budget_is_spent_already():
 
 
 def test_through_the_app_the_caller_sees_one_whole_stream_with_exact_usage():
-    settings = GatewayConfig(fleet=FleetConfig(routing_policy="round_robin", replicas={"a": ReplicaConfig("a:1"),
-                                                                                       "b": ReplicaConfig("b:1")}))
+    settings = GatewayConfig(
+        fleet=FleetConfig(routing_policy="round_robin", replicas={"a": ReplicaConfig("a:1"), "b": ReplicaConfig("b:1")})
+    )
     app = create_app(settings, FakePolicy())
     for replica, script in zip(app.state.fleet.replicas, (dies_after(1, 2), continues)):
         replica.upstream = ReplicaClient(client=AsyncLLMClient(client_config("x:1"), transport=FakeTransport(script)))
-    body = json.dumps({"model": "ensemble", "prompt": "hi", "stream": True, "max_tokens": 8,
-                       "stream_options": {"include_usage": True}}).encode()
+    body = json.dumps(
+        {
+            "model": "ensemble",
+            "prompt": "hi",
+            "stream": True,
+            "max_tokens": 8,
+            "stream_options": {"include_usage": True},
+        }
+    ).encode()
     exchange = asyncio.run(call(app.state.asgi, "POST", "/v1/completions", headers=AUTH, body=body))
     events = exchange.data()
     assert exchange.status == 200 and events[-1] == "[DONE]"
@@ -126,11 +148,21 @@ def test_through_the_app_the_caller_sees_one_whole_stream_with_exact_usage():
 
 
 def test_tier_pools_keep_free_keys_off_paid_replicas_and_spill_over_by_rule():
-    tiers = {"free": TierConfig(priority=0), "paid": TierConfig(priority=10, spill_over="when_down"),
-             "gold": TierConfig(priority=20, spill_over="never"), "busy": TierConfig(spill_over="when_busy")}
-    settings = GatewayConfig(tiers=tiers, fleet=FleetConfig(replicas={
-        "p": ReplicaConfig("p:1", metrics_url="http://p/metrics", dedicated_to=("paid", "gold", "busy")),
-        "s": ReplicaConfig("s:1")}))
+    tiers = {
+        "free": TierConfig(priority=0),
+        "paid": TierConfig(priority=10, spill_over="when_down"),
+        "gold": TierConfig(priority=20, spill_over="never"),
+        "busy": TierConfig(spill_over="when_busy"),
+    }
+    settings = GatewayConfig(
+        tiers=tiers,
+        fleet=FleetConfig(
+            replicas={
+                "p": ReplicaConfig("p:1", metrics_url="http://p/metrics", dedicated_to=("paid", "gold", "busy")),
+                "s": ReplicaConfig("s:1"),
+            }
+        ),
+    )
     replicas = [Replica.build(n, c, settings, upstream=object()) for n, c in settings.fleet.replicas.items()]  # type: ignore[arg-type]
     paid, shared = replicas
     now = time.monotonic()
@@ -148,7 +180,8 @@ def test_tier_pools_keep_free_keys_off_paid_replicas_and_spill_over_by_rule():
     paid.load = LoadReading(waiting=3, at=now)
     assert pool("busy") == (["p", "s"], True) and pool("paid") == (["p"], False)
     with pytest.raises(ValueError, match=r"gateway\.fleet\.replicas\.p\.dedicated_to: no tier named nope"):
-        check_pools(settings, [Replica.build("p", ReplicaConfig("p:1", dedicated_to=("nope",)), settings,
-                                             upstream=object())])   # type: ignore[arg-type]
+        check_pools(
+            settings, [Replica.build("p", ReplicaConfig("p:1", dedicated_to=("nope",)), settings, upstream=object())]
+        )  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"gateway\.tiers\.x\.spill_over"):
         check_pools(GatewayConfig(tiers={"x": TierConfig(spill_over="sometimes")}), [])

@@ -1,5 +1,6 @@
 """The load test's OpenAI user type: what it sends and how it reads a stream
 (tokens, finish, errors, abandoning), against canned gateway answers."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,9 @@ from loadtest.streams import StreamRequest
 
 
 def chunk(text: str, finish: str | None = None) -> str:
-    return "data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": text},
-                                               "finish_reason": finish}]}) + "\n\n"
+    return (
+        "data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": finish}]}) + "\n\n"
+    )
 
 
 def client(body: str, status: int = 200, seen: list | None = None) -> httpx.Client:
@@ -23,21 +25,28 @@ def client(body: str, status: int = 200, seen: list | None = None) -> httpx.Clie
             seen.append(request)
         content_type = "text/event-stream" if status == 200 else "application/json"
         return httpx.Response(status, content=body.encode(), headers={"content-type": content_type})
-    return httpx.Client(base_url="http://gw/v1", transport=httpx.MockTransport(handler),
-                        headers={"Authorization": "Bearer sk-x"})
+
+    return httpx.Client(
+        base_url="http://gw/v1", transport=httpx.MockTransport(handler), headers={"Authorization": "Bearer sk-x"}
+    )
 
 
 def request(**kwargs) -> StreamRequest:
-    return StreamRequest(**{"model": "ensemble", "prompt": "Hi", "max_tokens": 8, "request_id": "r1",
-                            "chat": True, **kwargs})
+    return StreamRequest(
+        **{"model": "ensemble", "prompt": "Hi", "max_tokens": 8, "request_id": "r1", "chat": True, **kwargs}
+    )
 
 
 def test_a_chat_stream_is_read_to_done():
     seen: list[httpx.Request] = []
     body = chunk("Hel") + chunk("lo") + chunk("", "stop") + 'data: {"choices": [], "usage": {}}\n\ndata: [DONE]\n\n'
     outcome = run_openai(client(body, seen=seen), request(), 5.0)
-    assert (outcome.request_type, outcome.text, outcome.finish_reason, outcome.error) == ("OpenAI", "Hello", "stop",
-                                                                                          None)
+    assert (outcome.request_type, outcome.text, outcome.finish_reason, outcome.error) == (
+        "OpenAI",
+        "Hello",
+        "stop",
+        None,
+    )
     assert len(outcome.token_times_s) == 2
     sent = seen[0]
     assert sent.url.path == "/v1/chat/completions" and sent.headers["authorization"] == "Bearer sk-x"
@@ -56,8 +65,7 @@ def test_errors_and_abandoning():
     assert refused.error == "HTTP 429: slow down" and not refused.token_times_s
     broken = run_openai(client(chunk("a") + 'data: {"error": {"message": "engine failed"}}\n\n'), request(), 5.0)
     assert broken.error == "engine failed" and broken.text == "a"
-    abandoned = run_openai(client(chunk("a") + chunk("b") + chunk("c", "length")),
-                           request(cancel_after_tokens=2), 5.0)
+    abandoned = run_openai(client(chunk("a") + chunk("b") + chunk("c", "length")), request(cancel_after_tokens=2), 5.0)
     assert abandoned.cancelled and abandoned.text == "ab"
 
 

@@ -1,5 +1,6 @@
 """Structured logs: W3C trace context, hashed user ids, one JSON line per
 request with its ids, and nothing secret or private at INFO."""
+
 from __future__ import annotations
 
 import asyncio
@@ -15,10 +16,15 @@ PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 def test_traceparent_is_continued_only_when_valid():
     assert logs.parse_traceparent(PARENT) == ("0af7651916cd43dd8448eb211c80319c", "01")
-    for bad in (None, "", "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",      # unknown version
-                "00-" + "0" * 32 + "-b7ad6b7169203331-01",                                 # all-zero trace id
-                "00-0af7651916cd43dd8448eb211c80319c-" + "0" * 16 + "-01",                 # all-zero parent
-                "00-0af7651916cd43dd8448eb211c8031-b7ad6b7169203331-01", "garbage"):
+    for bad in (
+        None,
+        "",
+        "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",  # unknown version
+        "00-" + "0" * 32 + "-b7ad6b7169203331-01",  # all-zero trace id
+        "00-0af7651916cd43dd8448eb211c80319c-" + "0" * 16 + "-01",  # all-zero parent
+        "00-0af7651916cd43dd8448eb211c8031-b7ad6b7169203331-01",
+        "garbage",
+    ):
         assert logs.parse_traceparent(bad) is None, bad
     continued = logs.new_context("abc", PARENT)
     assert continued.trace_id == "0af7651916cd43dd8448eb211c80319c" and continued.span_id != "b7ad6b7169203331"
@@ -53,10 +59,16 @@ def test_one_json_access_line_per_request_without_prompt_text_or_keys():
 
         async def go():
             async with h.client() as client:
-                return await client.post("/v1/chat/completions", headers={**AUTH, "x-request-id": "caller-9",
-                                                                          "traceparent": PARENT},
-                                         json={"model": "ensemble", "user": "alice",
-                                               "messages": [{"role": "user", "content": secret_prompt}]})
+                return await client.post(
+                    "/v1/chat/completions",
+                    headers={**AUTH, "x-request-id": "caller-9", "traceparent": PARENT},
+                    json={
+                        "model": "ensemble",
+                        "user": "alice",
+                        "messages": [{"role": "user", "content": secret_prompt}],
+                    },
+                )
+
         response = asyncio.run(go())
     finally:
         root.removeHandler(handler)
@@ -77,6 +89,7 @@ def test_the_serve_command_reads_the_gateway_section_and_names_bad_settings(caps
     import pytest
 
     from gateway.__main__ import load_config
+
     assert load_config(None, ["gateway.port=9300", "engine.max_num_seqs=2"]).port == 9300
     with pytest.raises(SystemExit, match=r"error: --set: gateway\.nope: no such setting"):
         load_config(None, ["gateway.nope=1"])

@@ -3,6 +3,7 @@ models the validators are, with their bounds, enums, unions and
 `additionalProperties: false`, and the deployment's `gateway.limits.max_n`. Checked
 two ways: the schema's own words (bounds, enums), and its verdict on bodies
 against the gateway's answer (schema-valid ⇔ 200)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -21,7 +22,7 @@ from gateway.openai.fields import FP32_TINY, INT32_MAX
 from gateway.openai.schemas import MAX_STOP_SEQUENCES
 from tests.unit.gateway.openai_fakes import AUTH, FakePolicy, harness, simple_script
 
-MAX_N = 3       # not the default (4): the published bound comes from the setting
+MAX_N = 3  # not the default (4): the published bound comes from the setting
 REQUEST_MODELS = ("ChatCompletionRequest", "CompletionRequest", "ResponseRequest")
 
 
@@ -43,21 +44,29 @@ def _member(prop: dict[str, Any], kind: str) -> dict[str, Any]:
 
 
 def test_every_object_in_a_request_refuses_unknown_fields(document: dict[str, Any]) -> None:
-    objects = {name: schema for name, schema in document["components"]["schemas"].items()
-               if schema.get("type") == "object" and name != "Error"}
+    objects = {
+        name: schema
+        for name, schema in document["components"]["schemas"].items()
+        if schema.get("type") == "object" and name != "Error"
+    }
     assert set(REQUEST_MODELS) | {"ChatMessage", "TextPart", "InputMessage", "TextContent"} <= set(objects)
-    assert all(schema.get("additionalProperties") is False for schema in objects.values()), \
-        [name for name, schema in objects.items() if schema.get("additionalProperties") is not False]
+    assert all(schema.get("additionalProperties") is False for schema in objects.values()), [
+        name for name, schema in objects.items() if schema.get("additionalProperties") is not False
+    ]
 
 
 def test_the_validators_bounds_and_enums_are_published(document: dict[str, Any]) -> None:
     for component in ("ChatCompletionRequest", "CompletionRequest", "ResponseRequest"):
         assert _prop(document, component, "model")["enum"] == list(PUBLIC_MODELS)
-        assert {k: v for k, v in _member(_prop(document, component, "temperature"), "number").items()
-                if k != "type"} == {"minimum": 0, "maximum": 2}
+        assert {
+            k: v for k, v in _member(_prop(document, component, "temperature"), "number").items() if k != "type"
+        } == {"minimum": 0, "maximum": 2}
         # > 0 as the engine's FP32 input holds it: its smallest normal
         assert _member(_prop(document, component, "top_p"), "number") == {
-            "type": "number", "minimum": FP32_TINY, "maximum": 1}
+            "type": "number",
+            "minimum": FP32_TINY,
+            "maximum": 1,
+        }
     tokens = _member(_prop(document, "ChatCompletionRequest", "max_tokens"), "integer")
     assert (tokens["minimum"], tokens["maximum"]) == (1, INT32_MAX)
     assert _member(_prop(document, "ChatCompletionRequest", "n"), "integer")["maximum"] == MAX_N
@@ -65,7 +74,7 @@ def test_the_validators_bounds_and_enums_are_published(document: dict[str, Any])
     assert {"type": "string", "minLength": 1} in stop
     assert _member(_prop(document, "CompletionRequest", "stop"), "array")["maxItems"] == MAX_STOP_SEQUENCES
     assert _member(_prop(document, "CompletionRequest", "prompt"), "array")["maxItems"] == MAX_N
-    assert _member(_prop(document, "ChatCompletionRequest", "seed"), "integer")["maximum"] == 2 ** 64 - 1
+    assert _member(_prop(document, "ChatCompletionRequest", "seed"), "integer")["maximum"] == 2**64 - 1
     assert _prop(document, "ChatMessage", "role")["enum"] == ["system", "developer", "user", "assistant"]
     # refused values are not in the accepted type
     assert _member(_prop(document, "ChatCompletionRequest", "tools"), "array")["maxItems"] == 0
@@ -82,14 +91,16 @@ def test_errors_are_published_as_answered(document: dict[str, Any]) -> None:
     assert "422" not in chat and chat["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/Error")
     assert set(chat["200"]["content"]) == {"application/json", "text/event-stream"}
     assert set(document["paths"]["/v1/streams/{stream_id}"]["get"]["responses"]["200"]["content"]) == {
-        "text/event-stream"}
+        "text/event-stream"
+    }
     model = document["paths"]["/v1/models/{model}"]["get"]["parameters"][0]["schema"]
     assert model["enum"] == list(PUBLIC_MODELS)
 
 
 def _validator(document: dict[str, Any], component: str) -> Draft202012Validator:
-    registry = Registry().with_resource("urn:openapi", Resource.from_contents(document,
-                                                                              default_specification=DRAFT202012))
+    registry = Registry().with_resource(
+        "urn:openapi", Resource.from_contents(document, default_specification=DRAFT202012)
+    )
     return Draft202012Validator({"$ref": f"urn:openapi#/components/schemas/{component}"}, registry=registry)
 
 
@@ -98,37 +109,107 @@ PROMPT = {"model": "llm_bls", "prompt": "Hi"}
 RESPONSE = {"model": "ensemble", "input": "Hi"}
 # (route, body): each the schema and the gateway must agree on
 BODIES: list[tuple[str, dict[str, Any]]] = [
-    *[("/v1/chat/completions", {**CHAT, **extra}) for extra in [
-        {}, {"n": MAX_N}, {"n": MAX_N + 1}, {"tools": []}, {"tools": [{"type": "function"}]},
-        {"tool_choice": "none"}, {"tool_choice": "auto"}, {"response_format": {"type": "text"}},
-        {"response_format": {"type": "json_object"}}, {"logit_bias": {}}, {"logit_bias": {"1": 2.0}},
-        {"top_logprobs": 0, "logprobs": True}, {"top_logprobs": 2}, {"modalities": ["text"]},
-        {"modalities": ["text", "audio"]}, {"stop": ["a"] * 16}, {"stop": ["a"] * 17}, {"stop": ""},
-        {"stream": True, "stream_options": {"include_usage": True}}, {"stream_options": {"include_usage": True}},
-        {"temperature": 2}, {"temperature": 2.01}, {"max_tokens": INT32_MAX}, {"max_tokens": INT32_MAX + 1},
-        {"max_tokens": "5"}, {"stream": 1}, {"top_p": 1e-40}, {"top_p": FP32_TINY}, {"token_timeout_ms": 999},
-        {"token_timeout_ms": 1000}, {"seed": 2 ** 64 - 1}, {"seed": 2 ** 64},
-        {"n": 2.0}, {"max_tokens": 1.5}, {"max_tokens": 1e3}, {"temperature": True}, {"model": "gpt-4o"},
-        {"audio": None},
-        {"audio": {"voice": "alloy"}}, {"messages": [{"role": "tool", "content": "x"}]},
-        {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]},
-        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, {"messages": []}, {"unknown": 1}]],
-    *[("/v1/completions", {**PROMPT, **extra}) for extra in [
-        {}, {"prompt": ["a"] * MAX_N}, {"prompt": ["a"] * (MAX_N + 1)}, {"prompt": ["a", "b"], "n": 2},
-        {"prompt": "a", "n": MAX_N}, {"best_of": 1}, {"n": 2, "best_of": 2}, {"n": 2, "best_of": 3},
-        {"best_of": 2}, {"echo": False}, {"echo": True}, {"echo": 0}, {"suffix": ""}, {"suffix": "x"},
-        {"logprobs": 0}, {"logprobs": 1}, {"prompt": ""}, {"prompt": []}, {"prompt": [1, 2]}]],
-    *[("/v1/responses", {**RESPONSE, **extra}) for extra in [
-        {}, {"background": True}, {"background": True, "store": False}, {"store": False},
-        {"stream": True, "stream_options": {"include_obfuscation": False}}, {"stream_options": {}},
-        {"text": {"format": {"type": "text"}}}, {"text": {"format": {"type": "json_object"}}},
-        {"tools": []}, {"tools": [{"type": "web_search"}]}, {"reasoning": {"effort": "low"}},
-        {"top_logprobs": 0}, {"top_logprobs": 1}, {"input": []}, {"max_output_tokens": 0},
-        {"input": [{"role": "user", "content": [{"type": "input_text", "text": "x"}]}]},
-        {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}]],
+    *[
+        ("/v1/chat/completions", {**CHAT, **extra})
+        for extra in [
+            {},
+            {"n": MAX_N},
+            {"n": MAX_N + 1},
+            {"tools": []},
+            {"tools": [{"type": "function"}]},
+            {"tool_choice": "none"},
+            {"tool_choice": "auto"},
+            {"response_format": {"type": "text"}},
+            {"response_format": {"type": "json_object"}},
+            {"logit_bias": {}},
+            {"logit_bias": {"1": 2.0}},
+            {"top_logprobs": 0, "logprobs": True},
+            {"top_logprobs": 2},
+            {"modalities": ["text"]},
+            {"modalities": ["text", "audio"]},
+            {"stop": ["a"] * 16},
+            {"stop": ["a"] * 17},
+            {"stop": ""},
+            {"stream": True, "stream_options": {"include_usage": True}},
+            {"stream_options": {"include_usage": True}},
+            {"temperature": 2},
+            {"temperature": 2.01},
+            {"max_tokens": INT32_MAX},
+            {"max_tokens": INT32_MAX + 1},
+            {"max_tokens": "5"},
+            {"stream": 1},
+            {"top_p": 1e-40},
+            {"top_p": FP32_TINY},
+            {"token_timeout_ms": 999},
+            {"token_timeout_ms": 1000},
+            {"seed": 2**64 - 1},
+            {"seed": 2**64},
+            {"n": 2.0},
+            {"max_tokens": 1.5},
+            {"max_tokens": 1e3},
+            {"temperature": True},
+            {"model": "gpt-4o"},
+            {"audio": None},
+            {"audio": {"voice": "alloy"}},
+            {"messages": [{"role": "tool", "content": "x"}]},
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}]}]},
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            {"messages": []},
+            {"unknown": 1},
+        ]
+    ],
+    *[
+        ("/v1/completions", {**PROMPT, **extra})
+        for extra in [
+            {},
+            {"prompt": ["a"] * MAX_N},
+            {"prompt": ["a"] * (MAX_N + 1)},
+            {"prompt": ["a", "b"], "n": 2},
+            {"prompt": "a", "n": MAX_N},
+            {"best_of": 1},
+            {"n": 2, "best_of": 2},
+            {"n": 2, "best_of": 3},
+            {"best_of": 2},
+            {"echo": False},
+            {"echo": True},
+            {"echo": 0},
+            {"suffix": ""},
+            {"suffix": "x"},
+            {"logprobs": 0},
+            {"logprobs": 1},
+            {"prompt": ""},
+            {"prompt": []},
+            {"prompt": [1, 2]},
+        ]
+    ],
+    *[
+        ("/v1/responses", {**RESPONSE, **extra})
+        for extra in [
+            {},
+            {"background": True},
+            {"background": True, "store": False},
+            {"store": False},
+            {"stream": True, "stream_options": {"include_obfuscation": False}},
+            {"stream_options": {}},
+            {"text": {"format": {"type": "text"}}},
+            {"text": {"format": {"type": "json_object"}}},
+            {"tools": []},
+            {"tools": [{"type": "web_search"}]},
+            {"reasoning": {"effort": "low"}},
+            {"top_logprobs": 0},
+            {"top_logprobs": 1},
+            {"input": []},
+            {"max_output_tokens": 0},
+            {"input": [{"role": "user", "content": [{"type": "input_text", "text": "x"}]}]},
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+        ]
+    ],
 ]
-COMPONENTS = {"/v1/chat/completions": "ChatCompletionRequest", "/v1/completions": "CompletionRequest",
-              "/v1/responses": "ResponseRequest"}
+COMPONENTS = {
+    "/v1/chat/completions": "ChatCompletionRequest",
+    "/v1/completions": "CompletionRequest",
+    "/v1/responses": "ResponseRequest",
+}
 
 
 def test_the_schema_accepts_exactly_what_the_gateway_accepts(document: dict[str, Any]) -> None:
@@ -136,8 +217,14 @@ def test_the_schema_accepts_exactly_what_the_gateway_accepts(document: dict[str,
 
     async def answers() -> list[int]:
         async with h.client() as client:
-            return [(await client.post(route, content=json.dumps(body), headers={
-                **AUTH, "content-type": "application/json"})).status_code for route, body in BODIES]
+            return [
+                (
+                    await client.post(
+                        route, content=json.dumps(body), headers={**AUTH, "content-type": "application/json"}
+                    )
+                ).status_code
+                for route, body in BODIES
+            ]
 
     disagreements = []
     for (route, body), status in zip(BODIES, asyncio.run(answers())):
@@ -159,8 +246,9 @@ def test_bodies_generated_from_the_published_schema_are_accepted(document: dict[
     for route in COMPONENTS:
         generated: list[Any] = []
 
-        @settings(max_examples=80, derandomize=True, database=None, deadline=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=80, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck)
+        )
         @given(schema[route]["POST"].as_strategy())
         def collect(case: Any) -> None:
             generated.append(case.body)  # noqa: B023
@@ -171,12 +259,17 @@ def test_bodies_generated_from_the_published_schema_are_accepted(document: dict[
 
     async def answers() -> list[tuple[int, str]]:
         async with h.client() as client:
-            replies = [await client.post(route, content=json.dumps(body), headers={
-                **AUTH, "content-type": "application/json"}) for route, body in bodies]
+            replies = [
+                await client.post(route, content=json.dumps(body), headers={**AUTH, "content-type": "application/json"})
+                for route, body in bodies
+            ]
             return [(r.status_code, r.text[:200]) for r in replies]
 
-    refused = [f"{route} {json.dumps(body)[:300]} → {status} {text}"
-               for (route, body), (status, text) in zip(bodies, asyncio.run(answers())) if status != 200]
+    refused = [
+        f"{route} {json.dumps(body)[:300]} → {status} {text}"
+        for (route, body), (status, text) in zip(bodies, asyncio.run(answers()))
+        if status != 200
+    ]
     assert len(bodies) >= 3 * 50 and not refused, "\n".join(refused[:10])
 
 
@@ -196,8 +289,11 @@ def test_every_published_operation_needs_the_api_key_and_refuses_without_it(docu
         found = []
         async with h.client() as client:
             for method, path in operations:
-                url = path.replace("{model}", "ensemble").replace("{response_id}", "resp_x").replace(
-                    "{stream_id}", "chatcmpl-x")
+                url = (
+                    path.replace("{model}", "ensemble")
+                    .replace("{response_id}", "resp_x")
+                    .replace("{stream_id}", "chatcmpl-x")
+                )
                 for label, headers in (("no key", {}), ("wrong key", {"Authorization": "Bearer sk-wrong"})):
                     answer = await client.request(method.upper(), url, json=bodies.get(path), headers=headers)
                     found.append((method, path, label, answer.status_code))

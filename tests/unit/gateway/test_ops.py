@@ -3,6 +3,7 @@ app answers 404 on /metrics and /admin/* and lists neither in its OpenAPI
 document; the ops app serves them (admin still behind the admin key); both
 servers run in one event loop, the ops one through the public one's drain and
 stopping after it; a taken ops port fails the start naming the setting."""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,8 +27,13 @@ from tests.unit.gateway.openai_fakes import AUTH, FakePolicy, FakeTransport, sim
 
 ADMIN_KEY = "ops-admin-key-0123456789"
 CHAT = {"model": "ensemble", "messages": [{"role": "user", "content": "Hi"}], "temperature": 0}
-OPS_PATHS = [("GET", "/metrics"), ("GET", "/admin/replicas"), ("GET", "/admin/degradation"),
-             ("POST", "/admin/replicas/default/drain"), ("POST", "/admin/replicas/default/resume")]
+OPS_PATHS = [
+    ("GET", "/metrics"),
+    ("GET", "/admin/replicas"),
+    ("GET", "/admin/degradation"),
+    ("POST", "/admin/replicas/default/drain"),
+    ("POST", "/admin/replicas/default/resume"),
+]
 
 
 def free_port() -> int:
@@ -44,8 +50,9 @@ def build(tmp_path: Path, **config: Any) -> Any:
     return create_app(settings, FakePolicy(), ReplicaClient(client=client))
 
 
-async def request(asgi: Any, method: str, path: str, headers: dict[str, str] | None = None,
-                  json: Any = None) -> httpx.Response:
+async def request(
+    asgi: Any, method: str, path: str, headers: dict[str, str] | None = None, json: Any = None
+) -> httpx.Response:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=asgi), base_url="http://gw") as client:
         return await client.request(method, path, headers=headers, json=json)
 
@@ -69,15 +76,17 @@ def test_the_ops_app_serves_metrics_and_admin_behind_the_admin_key(tmp_path: Pat
     app = build(tmp_path)
 
     async def scenario() -> dict[str, httpx.Response]:
-        return {"chat": await request(app.state.asgi, "POST", "/v1/chat/completions", headers=AUTH, json=CHAT),
-                "metrics": await request(app.state.ops_asgi, "GET", "/metrics"),
-                "no_key": await request(app.state.ops_asgi, "GET", "/admin/replicas"),
-                "api_key": await request(app.state.ops_asgi, "GET", "/admin/replicas", headers=AUTH),
-                "admin": await request(app.state.ops_asgi, "GET", "/admin/replicas",
-                                       headers={"Authorization": f"Bearer {ADMIN_KEY}"}),
-                "api_route": await request(app.state.ops_asgi, "POST", "/v1/chat/completions", headers=AUTH,
-                                           json=CHAT),
-                "openapi": await request(app.state.ops_asgi, "GET", "/openapi.json")}
+        return {
+            "chat": await request(app.state.asgi, "POST", "/v1/chat/completions", headers=AUTH, json=CHAT),
+            "metrics": await request(app.state.ops_asgi, "GET", "/metrics"),
+            "no_key": await request(app.state.ops_asgi, "GET", "/admin/replicas"),
+            "api_key": await request(app.state.ops_asgi, "GET", "/admin/replicas", headers=AUTH),
+            "admin": await request(
+                app.state.ops_asgi, "GET", "/admin/replicas", headers={"Authorization": f"Bearer {ADMIN_KEY}"}
+            ),
+            "api_route": await request(app.state.ops_asgi, "POST", "/v1/chat/completions", headers=AUTH, json=CHAT),
+            "openapi": await request(app.state.ops_asgi, "GET", "/openapi.json"),
+        }
 
     r = asyncio.run(scenario())
     assert r["chat"].status_code == 200
@@ -94,11 +103,14 @@ def test_both_listeners_in_one_loop_ops_through_the_drain_and_down_last(tmp_path
     port, ops_port = free_port(), free_port()
     app = build(tmp_path, host="127.0.0.1", port=port, ops_port=ops_port, drain_timeout_s=30)
     busy = [1]
-    public = DrainingServer(uvicorn.Config(app.state.asgi, host="127.0.0.1", port=port, log_config=None,
-                                           access_log=False, lifespan="on"),
-                            app.state.drain, busy=lambda: busy[0], drain_timeout_s=30)
+    public = DrainingServer(
+        uvicorn.Config(app.state.asgi, host="127.0.0.1", port=port, log_config=None, access_log=False, lifespan="on"),
+        app.state.drain,
+        busy=lambda: busy[0],
+        drain_timeout_s=30,
+    )
     ops = ops_server(app.state.config, app)
-    assert ops is not None and ops.socket.getsockname()[:2] == ("127.0.0.1", ops_port)   # loopback by default
+    assert ops is not None and ops.socket.getsockname()[:2] == ("127.0.0.1", ops_port)  # loopback by default
 
     async def scenario() -> dict[str, Any]:
         served = asyncio.create_task(serve_together(public, ops))
@@ -108,11 +120,11 @@ def test_both_listeners_in_one_loop_ops_through_the_drain_and_down_last(tmp_path
         async with httpx.AsyncClient(timeout=5) as http:
             seen["public_metrics"] = (await http.get(f"http://127.0.0.1:{port}/metrics")).status_code
             seen["ops_metrics"] = (await http.get(f"http://127.0.0.1:{ops_port}/metrics")).status_code
-            public.handle_exit(signal.SIGTERM, None)          # the drain begins; one request still "running"
+            public.handle_exit(signal.SIGTERM, None)  # the drain begins; one request still "running"
             await asyncio.sleep(0.3)
             seen["health_draining"] = (await http.get(f"http://127.0.0.1:{port}/health")).status_code
             seen["ops_while_draining"] = (await http.get(f"http://127.0.0.1:{ops_port}/metrics")).text
-            busy[0] = 0                                       # the last request ends: both servers stop
+            busy[0] = 0  # the last request ends: both servers stop
             await asyncio.wait_for(served, 20)
             try:
                 await http.get(f"http://127.0.0.1:{ops_port}/metrics")
@@ -140,11 +152,11 @@ def test_a_taken_ops_port_names_the_setting_and_zero_turns_it_off(tmp_path: Path
 
 def test_gateway_process_knows_its_ops_url(tmp_path: Path):
     chosen = GatewayProcess(["gateway.port=9100"], tmp_path / "log", port=9100)
-    port = int(chosen.assignments[-1].removeprefix("gateway.ops_port="))    # a free one, so tests never collide
+    port = int(chosen.assignments[-1].removeprefix("gateway.ops_port="))  # a free one, so tests never collide
     assert chosen.ops_url == f"http://127.0.0.1:{port}" and chosen.metrics_url == f"{chosen.ops_url}/metrics"
     assigned = GatewayProcess(["gateway.ops_port=9102"], tmp_path / "log", port=9100)
     assert assigned.ops_url == "http://127.0.0.1:9102" and assigned.assignments == ["gateway.ops_port=9102"]
     later = GatewayProcess(["gateway.ops_port=9102", "gateway.ops_port=9002"], tmp_path / "log", port=9100)
-    assert later.ops_url == "http://127.0.0.1:9002"                       # the last one wins, as with --set
+    assert later.ops_url == "http://127.0.0.1:9002"  # the last one wins, as with --set
     off = GatewayProcess(["gateway.ops_port=0"], tmp_path / "log", port=9100)
     assert off.ops_url is None and off.metrics_url is None

@@ -2,6 +2,7 @@
 (over httpx's ASGI transport), a scripted engine. Whole, streamed and
 background responses; a background stream dropped mid-way resumed with the
 SDK's own `retrieve(id, stream=True, starting_after=N)`; cancel; refusals."""
+
 from __future__ import annotations
 
 import asyncio
@@ -26,16 +27,19 @@ def test_a_whole_response_has_the_text_usage_and_the_conversation_upstream():
     h = harness(simple_script("Hello", " there", "!"))
 
     async def scenario():
-        return await sdk(h).responses.create(model="ensemble", input="Hi", instructions="Be brief.",
-                                             max_output_tokens=16, temperature=0)
+        return await sdk(h).responses.create(
+            model="ensemble", input="Hi", instructions="Be brief.", max_output_tokens=16, temperature=0
+        )
 
     response = asyncio.run(scenario())
     assert response.status == "completed" and response.output_text == "Hello there!"
     assert response.id.startswith("resp_") and response.output[0].role == "assistant"
     assert (response.usage.input_tokens, response.usage.output_tokens) == (5, 3)
-    (_, values, _), = h.transport.opened
-    assert json.loads(values["messages"]) == [{"role": "system", "content": "Be brief."},
-                                              {"role": "user", "content": "Hi"}]
+    ((_, values, _),) = h.transport.opened
+    assert json.loads(values["messages"]) == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+    ]
     assert values["max_tokens"] == 16 and values["priority"] == 7
 
 
@@ -48,10 +52,18 @@ def test_a_streamed_response_has_typed_events_in_sequence():
 
     events = asyncio.run(scenario())
     kinds = [e.type for e in events]
-    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
-                         "response.content_part.added"]
-    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done",
-                          "response.output_item.done", "response.incomplete"]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "Hello"
     final = events[-1].response
@@ -67,8 +79,7 @@ def test_a_dropped_background_stream_resumes_with_the_sdks_starting_after():
         response_id = first.headers["x-stream-id"]
         seen = [json.loads(d) for d in first.data()]
         # a grace period of 0 would stop a plain stream at once: a background one goes on
-        rest = await sdk(h).responses.retrieve(response_id, stream=True,
-                                               starting_after=seen[-1]["sequence_number"])
+        rest = await sdk(h).responses.retrieve(response_id, stream=True, starting_after=seen[-1]["sequence_number"])
         return seen, [event async for event in rest]
 
     seen, rest = asyncio.run(scenario())
@@ -118,12 +129,15 @@ def test_cancelling_a_background_response_stops_it_and_another_key_gets_404():
     assert h.policy.admissions[0].released == 1
 
 
-@pytest.mark.parametrize("extra, param", [
-    ({"tools": [{"type": "web_search"}]}, "tools"),
-    ({"previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"text": {"format": {"type": "json_object"}}}, "text.format"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
-])
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"text": {"format": {"type": "json_object"}}}, "text.format"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
+    ],
+)
 def test_what_this_server_cannot_honour_is_a_400_naming_it(extra, param):
     h = harness(simple_script("x"))
     body = json.dumps({"model": "ensemble", "input": "Hi", **extra}).encode()

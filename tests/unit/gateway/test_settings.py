@@ -1,5 +1,6 @@
 """The gateway's own reading of its settings section (gateway/lifecycle/settings.py):
 the same sources and the same result as the launcher's reading (serving/settings.py)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,8 +14,9 @@ from serving.settings import load_section
 
 def test_the_gateway_reads_its_section_from_file_environment_and_set_as_the_launcher_does(tmp_path: Path):
     settings = tmp_path / "settings.toml"
-    settings.write_text('[engine]\nmax_num_seqs = 2\n\n[gateway]\nport = 9300\nops_port = 9302\n\n'
-                        '[gateway.tiers.gold]\npriority = 5\n')
+    settings.write_text(
+        "[engine]\nmax_num_seqs = 2\n\n[gateway]\nport = 9300\nops_port = 9302\n\n[gateway.tiers.gold]\npriority = 5\n"
+    )
     environ = {"LLM__GATEWAY__OPS_PORT": "9312", "LLM__ENGINE__DTYPE": "float32", "LLM__GATEWAY__HOST": "127.0.0.9"}
     assignments = ["gateway.port=9400", "engine.max_num_seqs=3"]
     config = load_config(settings, assignments, environ)
@@ -25,12 +27,15 @@ def test_the_gateway_reads_its_section_from_file_environment_and_set_as_the_laun
     assert load_config(None, [], {}) == GatewayConfig()
 
 
-@pytest.mark.parametrize("assignments, problem", [
-    (["gateway.nope=1"], r"--set: gateway\.nope: no such setting"),
-    (["gateway.tiers={bad"], r"gateway\.tiers: not valid JSON"),
-    (["gateway.port=many"], r"gateway\.port: "),
-    (["port"], r"expected SECTION\.FIELD=VALUE"),
-])
+@pytest.mark.parametrize(
+    "assignments, problem",
+    [
+        (["gateway.nope=1"], r"--set: gateway\.nope: no such setting"),
+        (["gateway.tiers={bad"], r"gateway\.tiers: not valid JSON"),
+        (["gateway.port=many"], r"gateway\.port: "),
+        (["port"], r"expected SECTION\.FIELD=VALUE"),
+    ],
+)
 def test_a_bad_setting_is_named(assignments: list[str], problem: str):
     with pytest.raises(SettingsError, match=problem):
         load_config(None, assignments, {})

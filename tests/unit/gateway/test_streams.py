@@ -4,6 +4,7 @@ A dropped stream resumes with `Last-Event-ID` into exactly the uninterrupted
 answer; nobody back within the grace period stops the engine request; DELETE
 stops it at once; another key gets 404, a position past the buffer 410;
 keep-alive comments flow while the engine has not answered."""
+
 from __future__ import annotations
 
 import asyncio
@@ -86,7 +87,7 @@ def test_a_stream_nobody_resumes_is_stopped_after_its_grace_period():
         return stopped_after, 0.0
 
     stopped_after, _ = asyncio.run(scenario())
-    (model, _, key), = h.transport.stops
+    ((model, _, key),) = h.transport.stops
     assert model == "python_llm" and len(key) == 32
     assert 0.3 <= stopped_after < 3.0, stopped_after
 
@@ -135,8 +136,11 @@ def test_a_resume_from_before_the_buffer_is_410_and_a_bad_position_400():
 
 
 def test_keepalive_comments_flow_until_the_first_token():
-    h = harness(lambda *a: [Pause(0.35), ev("late", ids=(1,), finish="stop", final=True)], tier=grace(5),
-                streams=StreamsConfig(keepalive_interval_s=0.05))
+    h = harness(
+        lambda *a: [Pause(0.35), ev("late", ids=(1,), finish="stop", final=True)],
+        tier=grace(5),
+        streams=StreamsConfig(keepalive_interval_s=0.05),
+    )
     exchange = asyncio.run(call(h.app, "POST", "/v1/chat/completions", headers=AUTH, body=BODY))
     assert exchange.status == 200
     before_first = exchange.body.split(b"data: ", 1)[0]
@@ -170,7 +174,7 @@ def test_a_drain_stops_a_hung_up_stream_at_once_and_one_that_hangs_up_during_it(
     async def scenario() -> tuple[float, float]:
         await call(h.app, "POST", "/v1/chat/completions", headers=AUTH, body=BODY, hang_up_after=1)
         streams, t0 = h.streams, time.monotonic()
-        streams.expire_unread()              # the app's drain hook, as the drain begins (gateway/lifecycle/drain.py)
+        streams.expire_unread()  # the app's drain hook, as the drain begins (gateway/lifecycle/drain.py)
         await until(lambda: len(h.transport.stops) == 1)
         at_once = time.monotonic() - t0
         # a reader that leaves after the drain began: stopped at its detach, not 30 s later

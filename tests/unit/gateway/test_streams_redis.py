@@ -3,6 +3,7 @@ a stream running in one gateway app resumes and is deleted through another,
 and a reader attached elsewhere keeps the owner's grace period from expiring
 it. Two apps in one event loop stand for two gateway processes: they share
 nothing but Redis."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,8 +19,10 @@ from tests.unit.gateway.test_streams import BODY, WORDS, content, paced, until
 
 def pair(server: RedisServer, script, grace_s: float) -> tuple:
     tier = TierConfig(priority=7, stream_grace_s=grace_s)
-    return (harness(script, tier=tier, redis_url=server.url, streams=StreamsConfig(keepalive_interval_s=0.2)),
-            harness(script, tier=tier, redis_url=server.url, streams=StreamsConfig(keepalive_interval_s=0.2)))
+    return (
+        harness(script, tier=tier, redis_url=server.url, streams=StreamsConfig(keepalive_interval_s=0.2)),
+        harness(script, tier=tier, redis_url=server.url, streams=StreamsConfig(keepalive_interval_s=0.2)),
+    )
 
 
 async def close(*harnesses) -> None:
@@ -33,10 +36,13 @@ def test_a_stream_resumes_through_another_gateway(redis_server: RedisServer) -> 
     async def scenario():
         first = await call(owner.app, "POST", "/v1/chat/completions", headers=AUTH, body=BODY, hang_up_after=2)
         stream_id, last = first.headers["x-stream-id"], first.ids()[-1]
-        foreign = await call(other.app, "GET", f"/v1/streams/{stream_id}",
-                             headers={"Authorization": f"Bearer {OTHER_KEY}", "Last-Event-ID": str(last)})
-        rest = await call(other.app, "GET", f"/v1/streams/{stream_id}",
-                          headers={**AUTH, "Last-Event-ID": str(last)})
+        foreign = await call(
+            other.app,
+            "GET",
+            f"/v1/streams/{stream_id}",
+            headers={"Authorization": f"Bearer {OTHER_KEY}", "Last-Event-ID": str(last)},
+        )
+        rest = await call(other.app, "GET", f"/v1/streams/{stream_id}", headers={**AUTH, "Last-Event-ID": str(last)})
         await close(owner, other)
         return first, foreign, rest
 
@@ -54,7 +60,7 @@ def test_delete_through_another_gateway_stops_the_owners_engine_request(redis_se
 
     async def scenario() -> float:
         first = await call(owner.app, "POST", "/v1/chat/completions", headers=AUTH, body=BODY, hang_up_after=1)
-        await asyncio.sleep(0.2)      # the mirror's first writes and the cancel subscription
+        await asyncio.sleep(0.2)  # the mirror's first writes and the cancel subscription
         started = time.monotonic()
         deleted = await call(other.app, "DELETE", f"/v1/streams/{first.headers['x-stream-id']}", headers=AUTH)
         assert deleted.status == 204
@@ -76,8 +82,12 @@ def test_a_reader_elsewhere_keeps_the_stream_alive_past_the_grace_period(redis_s
 
     async def scenario():
         first = await call(owner.app, "POST", "/v1/chat/completions", headers=AUTH, body=BODY, hang_up_after=1)
-        rest = await call(other.app, "GET", f"/v1/streams/{first.headers['x-stream-id']}",
-                          headers={**AUTH, "Last-Event-ID": str(first.ids()[-1])})
+        rest = await call(
+            other.app,
+            "GET",
+            f"/v1/streams/{first.headers['x-stream-id']}",
+            headers={**AUTH, "Last-Event-ID": str(first.ids()[-1])},
+        )
         await close(owner, other)
         return first, rest
 

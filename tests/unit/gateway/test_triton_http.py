@@ -3,6 +3,7 @@ app, the real client library, a scripted engine answering with the raw
 outputs Triton sends (triton_fakes). generate / generate_stream / infer
 answer as Triton would, every refusal is Triton's `{"error": "..."}` with the
 right status, before anything reaches the engine."""
+
 from __future__ import annotations
 
 import asyncio
@@ -32,44 +33,63 @@ async def call(h, method: str, path: str, **kwargs):
 
 
 def sse_data(text: str) -> list[dict]:
-    return [json.loads(line[len("data: "):]) for block in text.split("\n\n") for line in block.split("\n")
-            if line.startswith("data: ")]
+    return [
+        json.loads(line[len("data: ") :])
+        for block in text.split("\n\n")
+        for line in block.split("\n")
+        if line.startswith("data: ")
+    ]
 
 
 def test_generate_answers_whole_like_triton_with_the_gateways_ids_and_the_tiers_values():
     h = harness(engine("-and", "-go"), tier=TierConfig(priority=9, max_tokens_cap=3))
     response = run(call(h, "POST", "/v2/models/ensemble/generate", json={**BODY, "id": "abc", "priority": 1}))
     assert response.status_code == 200, response.text
-    assert response.json() == {"model_name": "ensemble", "model_version": "1", "id": "abc", "text_output": "-and-go",
-                               "finish_reason": "length", "request_key_out": h.transport.opened[0][1]["request_key"],
-                               "num_input_tokens": 5,
-                               "num_output_tokens": 2, "output_ids": [], "cum_log_probs": [],
-                               "output_log_probs": [], "arrival_time_ns": 0, "first_token_time_ns": 0,
-                               "last_token_time_ns": 0,
-                               # the ensemble scheduler's response parameters, as Triton renders them
-                               "sequence_id": 0, "sequence_start": False, "sequence_end": False}
-    (model, values, request_id), = h.transport.opened
+    assert response.json() == {
+        "model_name": "ensemble",
+        "model_version": "1",
+        "id": "abc",
+        "text_output": "-and-go",
+        "finish_reason": "length",
+        "request_key_out": h.transport.opened[0][1]["request_key"],
+        "num_input_tokens": 5,
+        "num_output_tokens": 2,
+        "output_ids": [],
+        "cum_log_probs": [],
+        "output_log_probs": [],
+        "arrival_time_ns": 0,
+        "first_token_time_ns": 0,
+        "last_token_time_ns": 0,
+        # the ensemble scheduler's response parameters, as Triton renders them
+        "sequence_id": 0,
+        "sequence_start": False,
+        "sequence_end": False,
+    }
+    ((model, values, request_id),) = h.transport.opened
     assert model == "ensemble" and values["stream"] is False and values["priority"] == 9
     assert values["max_tokens"] == 3 and values["return_output_ids"] is True
     assert request_id != "abc" and request_id == response.headers["x-request-id"]
-    admission, = h.policy.admissions
+    (admission,) = h.policy.admissions
     assert admission.released == 1 and sum(admission.tokens) == 2 + 5 - h.policy.admitted_prompt_tokens[0]
     assert response.headers["x-ratelimit-limit-requests"] == "10"
 
 
 def test_generate_refuses_stream_true_and_bad_inputs_before_the_engine():
     h = harness(engine("x"))
-    cases = [({**BODY, "stream": True}, "stream: must be false on generate"),
-             ({**BODY, "max_tokens": "4"}, "max_tokens: expected an integer (INT32), got a string"),
-             ({**BODY, "nope": 1}, "nope: unknown input"),
-             ({"max_tokens": 4}, "text_input: required")]
+    cases = [
+        ({**BODY, "stream": True}, "stream: must be false on generate"),
+        ({**BODY, "max_tokens": "4"}, "max_tokens: expected an integer (INT32), got a string"),
+        ({**BODY, "nope": 1}, "nope: unknown input"),
+        ({"max_tokens": 4}, "text_input: required"),
+    ]
     for body, message in cases:
         response = run(call(h, "POST", "/v2/models/ensemble/generate", json=body))
         assert response.status_code == 400 and response.json()["error"].startswith(message), response.text
         assert list(response.json()) == ["error"]
     for raw, message in ((b"[1]", "The body must be a JSON object"), (b"{", "The body is not valid JSON")):
-        response = run(call(h, "POST", "/v2/models/ensemble/generate", content=raw,
-                            headers={"content-type": "application/json"}))
+        response = run(
+            call(h, "POST", "/v2/models/ensemble/generate", content=raw, headers={"content-type": "application/json"})
+        )
         assert response.status_code == 400 and response.json()["error"].startswith(message)
     assert h.transport.opened == [] and h.policy.admissions == []
 
@@ -80,12 +100,14 @@ def test_refusals_are_tritons_shape_with_their_status_and_headers():
     async def anonymous():
         async with h.client() as client:
             return await client.post("/v2/models/llm_bls/generate", json=BODY)
+
     assert run(anonymous()).status_code == 401 and "API key" in run(anonymous()).json()["error"]
     forbidden = run(call(h, "POST", "/v2/models/ensemble/generate", json=BODY))
     assert forbidden.status_code == 403 and list(forbidden.json()) == ["error"]
     unknown = run(call(h, "POST", "/v2/models/python_llm/generate", json=BODY))
     assert unknown.status_code == 404 and unknown.json() == {
-        "error": "Request for unknown model: 'python_llm' is not found"}
+        "error": "Request for unknown model: 'python_llm' is not found"
+    }
     assert run(call(h, "POST", "/v2/models/llm_bls/versions/2/generate", json=BODY)).status_code == 404
     big = run(call(h, "POST", "/v2/models/llm_bls/generate", json={"text_input": "x" * 2000}))
     assert big.status_code == 413 and big.json() == {"error": "The request body exceeds 1000 bytes."}
@@ -109,6 +131,7 @@ def test_an_overloaded_engine_is_a_503_with_retry_after_and_the_admission_is_rel
 
 def test_a_text_stage_refusal_is_a_400_naming_the_input():
     from client.errors import RequestError
+
     h = harness(lambda *a: [RequestError("in ensemble 'ensemble', max_tokens: must be <= 2048, got 5000")])
     response = run(call(h, "POST", "/v2/models/ensemble/generate", json=BODY))
     assert response.status_code == 400 and response.json() == {"error": "max_tokens: must be <= 2048, got 5000"}
@@ -116,8 +139,14 @@ def test_a_text_stage_refusal_is_a_400_naming_the_input():
 
 def test_generate_stream_sends_each_response_as_an_sse_event():
     h = harness(engine("Hel", "lo"))
-    response = run(call(h, "POST", "/v2/models/llm_bls/generate_stream", json={**BODY, "stream": True, "id": "s1",
-                                                                               "return_output_ids": True}))
+    response = run(
+        call(
+            h,
+            "POST",
+            "/v2/models/llm_bls/generate_stream",
+            json={**BODY, "stream": True, "id": "s1", "return_output_ids": True},
+        )
+    )
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
     events = sse_data(response.text)
     assert [e["text_output"] for e in events] == ["Hel", "lo"] and [e["output_ids"] for e in events] == [100, 101]
@@ -136,8 +165,9 @@ def test_generate_stream_refusals_are_statuses_and_a_break_is_an_error_event():
     refused = run(call(h, "POST", "/v2/models/ensemble/generate_stream", json={**BODY, "stream": True}))
     assert refused.status_code == 503 and list(refused.json()) == ["error"]
     broken = harness(lambda model, *a: [tev(model, "a", (1,)), ServerConnectionError("reset")])
-    events = sse_data(run(call(broken, "POST", "/v2/models/ensemble/generate_stream",
-                               json={**BODY, "stream": True})).text)
+    events = sse_data(
+        run(call(broken, "POST", "/v2/models/ensemble/generate_stream", json={**BODY, "stream": True})).text
+    )
     assert events[0]["text_output"] == "a" and list(events[-1]) == ["error"]
     assert "failed mid-stream" in events[-1]["error"]
 
@@ -150,7 +180,8 @@ def infer_request(binary: bool, *, stream: bool = False, outputs: list[str] | No
     flag.set_data_from_numpy(np.array([[stream]]), binary_data=binary)
     requested = [httpclient.InferRequestedOutput(name, binary_data=binary) for name in outputs or ()]
     body, json_size = httpclient.InferenceServerClient.generate_request_body(
-        [text, flag], outputs=requested or None, request_id="r-1")
+        [text, flag], outputs=requested or None, request_id="r-1"
+    )
     headers = {"content-type": "application/json"}
     if json_size is not None:
         headers["inference-header-content-length"] = str(json_size)
@@ -167,14 +198,19 @@ def test_infer_answers_what_tritonclient_http_decodes(binary):
     length = response.headers.get("inference-header-content-length")
     assert length is not None and response.headers["content-type"] == "application/octet-stream"
     result = httpclient.InferenceServerClient.parse_response_body(
-        response.content, header_length=int(length) if length else None)
+        response.content, header_length=int(length) if length else None
+    )
     assert result.as_numpy("text_output").reshape(-1).tolist() in ([b"Paris"], ["Paris"])
     assert result.as_numpy("finish_reason").reshape(-1).tolist() in ([b"stop"], ["stop"])
     assert result.get_response()["id"] == "r-1" and h.transport.opened[0][1]["stream"] is False
     named, named_headers = infer_request(binary, outputs=["text_output"])
     answer = run(call(h, "POST", "/v2/models/ensemble/infer", content=named, headers=named_headers))
-    assert [o["name"] for o in json.loads(answer.content[:int(answer.headers.get(
-        "inference-header-content-length", len(answer.content)))])["outputs"]] == ["text_output"]
+    assert [
+        o["name"]
+        for o in json.loads(
+            answer.content[: int(answer.headers.get("inference-header-content-length", len(answer.content)))]
+        )["outputs"]
+    ] == ["text_output"]
 
 
 def test_infer_refuses_stream_unknown_outputs_and_bad_binary():
@@ -188,8 +224,15 @@ def test_infer_refuses_stream_unknown_outputs_and_bad_binary():
     body, headers = infer_request(True)
     cut = run(call(h, "POST", "/v2/models/ensemble/infer", content=body[:-2], headers=headers))
     assert cut.status_code == 400 and "binary_data_size" in cut.json()["error"]
-    wrong = run(call(h, "POST", "/v2/models/ensemble/infer", content=body,
-                     headers={**headers, "inference-header-content-length": "x"}))
+    wrong = run(
+        call(
+            h,
+            "POST",
+            "/v2/models/ensemble/infer",
+            content=body,
+            headers={**headers, "inference-header-content-length": "x"},
+        )
+    )
     assert wrong.status_code == 400 and "Inference-Header-Content-Length" in wrong.json()["error"]
     assert h.transport.opened == []
 
@@ -200,6 +243,7 @@ def test_health_metadata_and_config():
     async def anonymous(path):
         async with h.client() as client:
             return await client.get(path)
+
     assert run(anonymous("/v2/health/live")).status_code == 200
     assert run(anonymous("/v2/health/ready")).status_code == 200
     assert run(anonymous("/v2")).status_code == 401 and run(anonymous("/v2/models/ensemble")).status_code == 401
@@ -237,19 +281,28 @@ def test_a_caller_hanging_up_during_a_whole_answer_stops_the_engine_request():
 
         async def send(message):
             sent.append(message)
-        scope = {"type": "http", "method": "POST", "path": "/v2/models/ensemble/generate",
-                 "raw_path": b"/v2/models/ensemble/generate", "query_string": b"",
-                 "headers": [(b"content-type", b"application/json"),
-                             (b"authorization", AUTH["Authorization"].encode())],
-                 "http_version": "1.1", "scheme": "http", "server": ("gw", 80), "client": ("1.2.3.4", 5),
-                 "root_path": "", "asgi": {"version": "3.0", "spec_version": "2.3"}}
+
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v2/models/ensemble/generate",
+            "raw_path": b"/v2/models/ensemble/generate",
+            "query_string": b"",
+            "headers": [(b"content-type", b"application/json"), (b"authorization", AUTH["Authorization"].encode())],
+            "http_version": "1.1",
+            "scheme": "http",
+            "server": ("gw", 80),
+            "client": ("1.2.3.4", 5),
+            "root_path": "",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+        }
         await asyncio.wait_for(h.app(scope, receive, send), 5)
         await asyncio.sleep(0.05)
         return sent, list(h.transport.stops)
 
     sent, stops = run(scenario())
     assert not [m for m in sent if m["type"] == "http.response.body" and m.get("body")]
-    (stop_model, _, key), = stops
+    ((stop_model, _, key),) = stops
     assert stop_model == "python_llm" and len(key) == 32 and h.policy.admissions[0].released == 1
 
 
@@ -258,7 +311,7 @@ def test_metrics_label_the_triton_routes():
     run(call(h, "POST", "/v2/models/ensemble/generate", json=BODY))
     run(call(h, "POST", "/v2/models/ensemble/generate_stream", json=BODY))
     run(call(h, "GET", "/v2/models/nope/whatever"))
-    text = exposition()[0].decode()     # what the ops listener serves (test_ops.py)
+    text = exposition()[0].decode()  # what the ops listener serves (test_ops.py)
     assert 'gateway_requests_total{route="generate",status="200",tier="free"}' in text
     assert 'gateway_requests_total{route="generate_stream",status="200",tier="free"}' in text
     assert 'route="triton_metadata",status="404"' in text

@@ -2,6 +2,7 @@
 the generate JSON decoder (wire_json.generate_inputs) and with hand-made wire
 inputs: every refusal a 400 naming the input; the tier's priority and
 max_tokens cap; the gateway's request id; output ids always asked for."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,9 @@ GOOD_KEY = "A" * 40
 
 def generate(body: dict, *, stream_refusal: str | None = None, tier: TierConfig = TIER) -> ValidatedCall:
     inputs, caller_id = generate_inputs(body)
-    return validate("ensemble", inputs, tier=tier, request_id="gw-1", caller_id=caller_id,
-                    stream_refusal=stream_refusal)
+    return validate(
+        "ensemble", inputs, tier=tier, request_id="gw-1", caller_id=caller_id, stream_refusal=stream_refusal
+    )
 
 
 def refused(body: dict, **kwargs: object) -> GatewayError:
@@ -42,14 +44,25 @@ def test_the_specs_are_the_public_inputs_with_wire_datatypes():
 
 
 def test_a_good_request_becomes_options_under_the_tier():
-    call = generate({"text_input": "Hi", "max_tokens": 100, "temperature": 0.5, "priority": 99, "id": "mine",
-                     "stop_words": ["a", "b"], "seed": 2 ** 63, "stream": True, "request_key": GOOD_KEY,
-                     "messages": json.dumps([{"role": "user", "content": "Q"}])})
+    call = generate(
+        {
+            "text_input": "Hi",
+            "max_tokens": 100,
+            "temperature": 0.5,
+            "priority": 99,
+            "id": "mine",
+            "stop_words": ["a", "b"],
+            "seed": 2**63,
+            "stream": True,
+            "request_key": GOOD_KEY,
+            "messages": json.dumps([{"role": "user", "content": "Q"}]),
+        }
+    )
     options = call.options
     assert call.text_input == "Hi" and call.streaming is True and call.caller_id == "mine"
-    assert options.max_tokens == 16 and options.priority == 7          # capped; the tier's priority
+    assert options.max_tokens == 16 and options.priority == 7  # capped; the tier's priority
     assert options.request_id == "gw-1" and options.request_key == GOOD_KEY
-    assert options.temperature == 0.5 and options.stop_words == ["a", "b"] and options.seed == 2 ** 63
+    assert options.temperature == 0.5 and options.stop_words == ["a", "b"] and options.seed == 2**63
     assert options.messages == [{"role": "user", "content": "Q"}]
     # ids always asked for (token accounting), the caller's wish kept for the rendering
     assert options.return_output_ids is True and call.return_output_ids is False
@@ -59,10 +72,11 @@ def test_a_good_request_becomes_options_under_the_tier():
 
 
 def test_defaults_and_what_means_none():
-    call = generate({"text_input": "Hi", "request_key": "", "stop_words": [], "return_output_ids": True},
-                    tier=TierConfig())
+    call = generate(
+        {"text_input": "Hi", "request_key": "", "stop_words": [], "return_output_ids": True}, tier=TierConfig()
+    )
     assert call.streaming is False and call.caller_id is None and call.return_output_ids is True
-    assert call.options.request_key is None          # the client library mints one
+    assert call.options.request_key is None  # the client library mints one
     assert call.options.stop_words is None and call.options.max_tokens is None and call.options.priority == 0
 
 
@@ -73,38 +87,43 @@ def test_messages_without_text_and_empty_text_without_messages():
     assert refused({"max_tokens": 4}).message == "text_input: required"
 
 
-@pytest.mark.parametrize("body, message", [
-    ({"text_input": "x", "foo": 1}, "foo: unknown input; the inputs are text_input, messages,"),
-    ({"text_input": "x", "max_tokens": "4"}, "max_tokens: expected an integer (INT32), got a string"),
-    ({"text_input": "x", "max_tokens": 4.5}, "max_tokens: expected an integer (INT32), got a number"),
-    ({"text_input": "x", "max_tokens": True}, "max_tokens: expected an integer (INT32), got a boolean"),
-    ({"text_input": "x", "max_tokens": 2 ** 31}, "max_tokens: 2147483648 is out of the INT32 range"),
-    ({"text_input": "x", "max_tokens": 0}, "max_tokens: must be >= 1, got 0"),
-    ({"text_input": "x", "seed": -1}, "seed: -1 is out of the UINT64 range"),
-    ({"text_input": "x", "temperature": float("nan")}, "temperature: nan is not a finite FP32 number"),
-    ({"text_input": "x", "temperature": 1e39}, "temperature: 1e+39 is not a finite FP32 number"),
-    ({"text_input": "x", "temperature": -1}, "temperature: must be >= 0, got -1.0"),
-    ({"text_input": "x", "top_p": 2}, "top_p: must be in (0, 1], got 2.0"),
-    ({"text_input": "x", "repetition_penalty": 0}, "repetition_penalty: must be > 0, got 0.0"),
-    ({"text_input": "x", "length_penalty": 1.5}, "length_penalty: 1.5 applies to beam search only"),
-    ({"text_input": "x", "token_timeout_ms": -1}, "token_timeout_ms: must be >= 0, got -1"),
-    ({"text_input": "x", "stream": 1}, "stream: expected a boolean (BOOL), got an integer"),
-    ({"text_input": 5}, "text_input: expected a string (BYTES), got an integer"),
-    ({"text_input": "\ud800"}, "text_input: not valid UTF-8 (a lone surrogate)"),
-    ({"text_input": "x", "segment": "word"}, "segment: must be one of ('token', 'sentence', 'paragraph')"),
-    ({"text_input": "x", "stop_words": ["a", ""]}, "stop_words: item 1 is empty"),
-    ({"text_input": "x", "stop_words": ["a" * 257]}, "stop_words: item 0 is longer than 256 characters"),
-    ({"text_input": "x", "bad_words": ["w"] * 65}, "bad_words: 65 words; at most 64"),
-    ({"text_input": "x", "stop_words": [["a"]]}, "stop_words: must be a value or a flat list of values"),
-    ({"text_input": "x", "max_tokens": [1, 2]}, "max_tokens: shape [2] is not [1] or [1, 1] (one value)"),
-    ({"text_input": "x", "max_tokens": []}, "max_tokens: shape [0] is not [1] or [1, 1] (one value)"),
-    ({"text_input": "", "messages": "[{"}, "messages: not valid JSON"),
-    ({"text_input": "", "messages": '{"role": "user"}'}, "messages: must be a JSON array"),
-    ({"text_input": "", "messages": "[" * 40 + "]" * 40}, "messages: JSON nested deeper than 16 levels"),
-    ({"text_input": "", "messages": '[{"role": "user", "content": 5}]'},
-     "messages: messages[0] must be a dict with string 'role' and 'content'"),
-    ({"text_input": "x", "id": 5}, "id: must be a string, got an integer"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"text_input": "x", "foo": 1}, "foo: unknown input; the inputs are text_input, messages,"),
+        ({"text_input": "x", "max_tokens": "4"}, "max_tokens: expected an integer (INT32), got a string"),
+        ({"text_input": "x", "max_tokens": 4.5}, "max_tokens: expected an integer (INT32), got a number"),
+        ({"text_input": "x", "max_tokens": True}, "max_tokens: expected an integer (INT32), got a boolean"),
+        ({"text_input": "x", "max_tokens": 2**31}, "max_tokens: 2147483648 is out of the INT32 range"),
+        ({"text_input": "x", "max_tokens": 0}, "max_tokens: must be >= 1, got 0"),
+        ({"text_input": "x", "seed": -1}, "seed: -1 is out of the UINT64 range"),
+        ({"text_input": "x", "temperature": float("nan")}, "temperature: nan is not a finite FP32 number"),
+        ({"text_input": "x", "temperature": 1e39}, "temperature: 1e+39 is not a finite FP32 number"),
+        ({"text_input": "x", "temperature": -1}, "temperature: must be >= 0, got -1.0"),
+        ({"text_input": "x", "top_p": 2}, "top_p: must be in (0, 1], got 2.0"),
+        ({"text_input": "x", "repetition_penalty": 0}, "repetition_penalty: must be > 0, got 0.0"),
+        ({"text_input": "x", "length_penalty": 1.5}, "length_penalty: 1.5 applies to beam search only"),
+        ({"text_input": "x", "token_timeout_ms": -1}, "token_timeout_ms: must be >= 0, got -1"),
+        ({"text_input": "x", "stream": 1}, "stream: expected a boolean (BOOL), got an integer"),
+        ({"text_input": 5}, "text_input: expected a string (BYTES), got an integer"),
+        ({"text_input": "\ud800"}, "text_input: not valid UTF-8 (a lone surrogate)"),
+        ({"text_input": "x", "segment": "word"}, "segment: must be one of ('token', 'sentence', 'paragraph')"),
+        ({"text_input": "x", "stop_words": ["a", ""]}, "stop_words: item 1 is empty"),
+        ({"text_input": "x", "stop_words": ["a" * 257]}, "stop_words: item 0 is longer than 256 characters"),
+        ({"text_input": "x", "bad_words": ["w"] * 65}, "bad_words: 65 words; at most 64"),
+        ({"text_input": "x", "stop_words": [["a"]]}, "stop_words: must be a value or a flat list of values"),
+        ({"text_input": "x", "max_tokens": [1, 2]}, "max_tokens: shape [2] is not [1] or [1, 1] (one value)"),
+        ({"text_input": "x", "max_tokens": []}, "max_tokens: shape [0] is not [1] or [1, 1] (one value)"),
+        ({"text_input": "", "messages": "[{"}, "messages: not valid JSON"),
+        ({"text_input": "", "messages": '{"role": "user"}'}, "messages: must be a JSON array"),
+        ({"text_input": "", "messages": "[" * 40 + "]" * 40}, "messages: JSON nested deeper than 16 levels"),
+        (
+            {"text_input": "", "messages": '[{"role": "user", "content": 5}]'},
+            "messages: messages[0] must be a dict with string 'role' and 'content'",
+        ),
+        ({"text_input": "x", "id": 5}, "id: must be a string, got an integer"),
+    ],
+)
 def test_refusals_name_the_input(body, message):
     error = refused(body)
     assert error.message.startswith(message), error.message
@@ -128,10 +147,18 @@ def test_unknown_names_are_bounded_in_the_message():
     assert len(error.message) < 600 and error.message.startswith("z" * 64 + "...: unknown input")
 
 
-@pytest.mark.parametrize("shape, values, ok", [
-    ((1,), ["x"], True), ((1, 1), ["x"], True), ((2,), ["x", "y"], False), ((2, 1), ["x", "y"], False),
-    ((1, 1, 1), ["x"], False), ((), ["x"], False), ((1, -1), ["x"], False),
-])
+@pytest.mark.parametrize(
+    "shape, values, ok",
+    [
+        ((1,), ["x"], True),
+        ((1, 1), ["x"], True),
+        ((2,), ["x", "y"], False),
+        ((2, 1), ["x", "y"], False),
+        ((1, 1, 1), ["x"], False),
+        ((), ["x"], False),
+        ((1, -1), ["x"], False),
+    ],
+)
 def test_scalar_shapes(shape, values, ok):
     inputs = [wire("text_input", shape, values)]
     if ok:
@@ -147,9 +174,11 @@ def test_word_list_shapes_and_batches():
     assert validate("ensemble", ok, tier=TIER, request_id="r").options.stop_words == ["a", "b"]
     flat = [wire("text_input", (1,), [b"x"]), wire("stop_words", (2,), [b"a", b"b"])]
     assert validate("ensemble", flat, tier=TIER, request_id="r").options.stop_words == ["a", "b"]
-    for shape, message in (((2, 1), "stop_words: batch size must be 1 (shape [2, 1])"),
-                           ((1, 1, 2), "stop_words: shape [1, 1, 2] is not [n] or [1, n]"),
-                           ((1, 3), "stop_words: shape [1, 3] holds 3 value(s), got 2")):
+    for shape, message in (
+        ((2, 1), "stop_words: batch size must be 1 (shape [2, 1])"),
+        ((1, 1, 2), "stop_words: shape [1, 1, 2] is not [n] or [1, n]"),
+        ((1, 3), "stop_words: shape [1, 3] holds 3 value(s), got 2"),
+    ):
         with pytest.raises(GatewayError) as caught:
             validate("ensemble", [ok[0], wire("stop_words", shape, [b"a", b"b"])], tier=TIER, request_id="r")
         assert caught.value.message == message
@@ -157,11 +186,15 @@ def test_word_list_shapes_and_batches():
 
 def test_datatype_duplicates_and_bad_bytes():
     text = wire("text_input", (1, 1), [b"x"])
-    cases = [([text, wire("max_tokens", (1, 1), [4], "INT64")], "max_tokens: datatype INT64 is not INT32"),
-             ([text, wire("text_input", (1, 1), [b"y"])], "text_input: given more than once"),
-             ([wire("text_input", (1, 1), [b"\xff\xfe"])], "text_input: not valid UTF-8 (byte 0: invalid start byte)"),
-             ([text, WireInput("max_tokens", "INT32", (1, 1), lambda: (_ for _ in ()).throw(ValueError("broken")))],
-              "max_tokens: broken")]
+    cases = [
+        ([text, wire("max_tokens", (1, 1), [4], "INT64")], "max_tokens: datatype INT64 is not INT32"),
+        ([text, wire("text_input", (1, 1), [b"y"])], "text_input: given more than once"),
+        ([wire("text_input", (1, 1), [b"\xff\xfe"])], "text_input: not valid UTF-8 (byte 0: invalid start byte)"),
+        (
+            [text, WireInput("max_tokens", "INT32", (1, 1), lambda: (_ for _ in ()).throw(ValueError("broken")))],
+            "max_tokens: broken",
+        ),
+    ]
     for inputs, message in cases:
         with pytest.raises(GatewayError) as caught:
             validate("ensemble", inputs, tier=TIER, request_id="r")
@@ -175,7 +208,9 @@ def test_values_are_decoded_only_after_name_datatype_and_shape_pass():
         def decode():
             decoded.append(name)
             return [b"x"]
+
         return decode
+
     with pytest.raises(GatewayError):
         validate("ensemble", [WireInput("nope", "BYTES", (1,), values("nope"))], tier=TIER, request_id="r")
     with pytest.raises(GatewayError):

@@ -2,6 +2,7 @@
 wire_proto.py, outputs.py), checked against tritonclient's own encoders and
 decoders: what tritonclient sends decodes to the right inputs, and what the
 gateway renders decodes in tritonclient to the engine's arrays."""
+
 from __future__ import annotations
 
 import json
@@ -26,28 +27,45 @@ CALLER = Caller("k1", "free", TierConfig(priority=3))
 
 
 def test_raw_round_trips_and_refuses_malformed_content():
-    assert decode_raw("BYTES", encode_raw(np.array([[b"ab", b"", "é".encode()]], dtype=np.object_))) == \
-        [b"ab", b"", "é".encode()]
+    assert decode_raw("BYTES", encode_raw(np.array([[b"ab", b"", "é".encode()]], dtype=np.object_))) == [
+        b"ab",
+        b"",
+        "é".encode(),
+    ]
     assert decode_raw("INT32", encode_raw(np.array([[1, -2]], dtype=np.int32))) == [1, -2]
-    assert decode_raw("UINT64", encode_raw(np.array([2 ** 64 - 1], dtype=np.uint64))) == [2 ** 64 - 1]
+    assert decode_raw("UINT64", encode_raw(np.array([2**64 - 1], dtype=np.uint64))) == [2**64 - 1]
     assert decode_raw("BOOL", b"\x01\x00") == [True, False]
     assert encode_raw(np.zeros((1, 0), dtype=np.object_)) == b""
-    for datatype, data, message in (("BYTES", b"\x05\x00\x00\x00ab", "an element runs past the end"),
-                                    ("BYTES", b"\x01\x00", "a truncated length prefix"),
-                                    ("INT32", b"\x01\x00\x00", "not a whole number of INT32 values"),
-                                    ("BOOL", b"\x02", "must be bytes 0 or 1")):
+    for datatype, data, message in (
+        ("BYTES", b"\x05\x00\x00\x00ab", "an element runs past the end"),
+        ("BYTES", b"\x01\x00", "a truncated length prefix"),
+        ("INT32", b"\x01\x00\x00", "not a whole number of INT32 values"),
+        ("BOOL", b"\x02", "must be bytes 0 or 1"),
+    ):
         with pytest.raises(ValueError, match=message):
             decode_raw(datatype, data)
 
 
-def grpc_request(*inputs: grpcclient.InferInput, model: str = "ensemble", request_id: str = "",
-                 outputs: list[str] | None = None) -> service_pb2.ModelInferRequest:
+def grpc_request(
+    *inputs: grpcclient.InferInput, model: str = "ensemble", request_id: str = "", outputs: list[str] | None = None
+) -> service_pb2.ModelInferRequest:
     """The protobuf tritonclient.grpc sends (raw_input_contents), built by its own code."""
     from tritonclient.grpc._utils import _get_inference_request
+
     requested = [grpcclient.InferRequestedOutput(name) for name in outputs or ()]
-    return _get_inference_request(model_name=model, inputs=list(inputs), model_version="", request_id=request_id,
-                                  outputs=requested or None, sequence_id=0, sequence_start=False,
-                                  sequence_end=False, priority=0, timeout=None, parameters=None)
+    return _get_inference_request(
+        model_name=model,
+        inputs=list(inputs),
+        model_version="",
+        request_id=request_id,
+        outputs=requested or None,
+        sequence_id=0,
+        sequence_start=False,
+        sequence_end=False,
+        priority=0,
+        timeout=None,
+        parameters=None,
+    )
 
 
 def grpc_input(name: str, datatype: str, array: np.ndarray) -> grpcclient.InferInput:
@@ -57,12 +75,15 @@ def grpc_input(name: str, datatype: str, array: np.ndarray) -> grpcclient.InferI
 
 
 def test_what_tritonclient_grpc_sends_decodes_and_validates():
-    request = grpc_request(grpc_input("text_input", "BYTES", np.array([["Hé".encode()]], dtype=np.object_)),
-                           grpc_input("max_tokens", "INT32", np.array([[8]], dtype=np.int32)),
-                           grpc_input("temperature", "FP32", np.array([[0.25]], dtype=np.float32)),
-                           grpc_input("stop_words", "BYTES", np.array([[b"a", b"bc"]], dtype=np.object_)),
-                           grpc_input("stream", "BOOL", np.array([[True]])),
-                           request_id="caller-7", outputs=["text_output"])
+    request = grpc_request(
+        grpc_input("text_input", "BYTES", np.array([["Hé".encode()]], dtype=np.object_)),
+        grpc_input("max_tokens", "INT32", np.array([[8]], dtype=np.int32)),
+        grpc_input("temperature", "FP32", np.array([[0.25]], dtype=np.float32)),
+        grpc_input("stop_words", "BYTES", np.array([[b"a", b"bc"]], dtype=np.object_)),
+        grpc_input("stream", "BOOL", np.array([[True]])),
+        request_id="caller-7",
+        outputs=["text_output"],
+    )
     assert len(request.raw_input_contents) == 5
     call, requested = validated_request(CALLER, request, stream_refusal=None)
     assert (call.text_input, call.options.max_tokens, call.options.temperature) == ("Hé", 8, 0.25)
@@ -75,14 +96,15 @@ def test_protobuf_contents_and_their_refusals():
     text = request.inputs.add(name="text_input", datatype="BYTES", shape=[1, 1])
     text.contents.bytes_contents.append(b"hello")
     seed = request.inputs.add(name="seed", datatype="UINT64", shape=[1])
-    seed.contents.uint64_contents.append(2 ** 64 - 1)
+    seed.contents.uint64_contents.append(2**64 - 1)
     call = validate("llm_bls", proto_request(request).inputs, tier=TierConfig(), request_id="r")
-    assert call.text_input == "hello" and call.options.seed == 2 ** 64 - 1
+    assert call.text_input == "hello" and call.options.seed == 2**64 - 1
 
     seed.contents.Clear()
     seed.contents.int64_contents.append(5)
-    with pytest.raises(GatewayError, match="seed: values given in int64_contents, which is not the field of "
-                                           "datatype UINT64"):
+    with pytest.raises(
+        GatewayError, match="seed: values given in int64_contents, which is not the field of datatype UINT64"
+    ):
         validate("llm_bls", proto_request(request).inputs, tier=TierConfig(), request_id="r")
 
     raw = service_pb2.ModelInferRequest(model_name="ensemble")
@@ -92,7 +114,7 @@ def test_protobuf_contents_and_their_refusals():
     with pytest.raises(GatewayError, match="raw_input_contents: 1 given for 2 inputs") as caught:
         proto_request(raw)
     assert caught.value.param == "raw_input_contents"
-    raw.raw_input_contents.append(b"\x01\x00")            # two bytes for an INT32
+    raw.raw_input_contents.append(b"\x01\x00")  # two bytes for an INT32
     with pytest.raises(GatewayError, match="max_tokens: raw content of 2 bytes is not a whole number"):
         validate("ensemble", proto_request(raw).inputs, tier=TierConfig(), request_id="r")
     raw.inputs[1].contents.int_contents.append(3)
@@ -109,8 +131,10 @@ def test_what_tritonclient_http_sends_decodes_json_and_binary():
         tokens = httpclient.InferInput("max_tokens", [1, 1], "INT32")
         tokens.set_data_from_numpy(np.array([[4]], dtype=np.int32), binary_data=binary)
         body, json_size = httpclient.InferenceServerClient.generate_request_body(
-            [text, words, tokens], request_id="abc",
-            outputs=[httpclient.InferRequestedOutput("text_output", binary_data=binary)])
+            [text, words, tokens],
+            request_id="abc",
+            outputs=[httpclient.InferRequestedOutput("text_output", binary_data=binary)],
+        )
         head, data = split_body(body, None if json_size is None else str(json_size))
         decoded = infer_body(json.loads(head), data)
         call = validate("ensemble", decoded.inputs, tier=TierConfig(), request_id="r", caller_id=decoded.caller_id)
@@ -119,21 +143,50 @@ def test_what_tritonclient_http_sends_decodes_json_and_binary():
         assert decoded.binary_outputs == ({"text_output"} if binary else set())
 
 
-@pytest.mark.parametrize("body, binary, message", [
-    ([], b"", "The body must be a JSON object"),
-    ({"inputs": []}, b"", "inputs: must be a non-empty list"),
-    ({"inputs": [{"name": "text_input"}], "extra": 1}, b"", "extra: unknown field of the infer request"),
-    ({"inputs": [{"datatype": "BYTES"}]}, b"", "inputs[0]: needs a string name"),
-    ({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1]}]}, b"", "text_input: needs data"),
-    ({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": "1", "data": ["x"]}]}, b"",
-     "text_input: shape must be a list of integers"),
-    ({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1],
-                  "parameters": {"binary_data_size": 9}}]}, b"abc", "text_input: binary_data_size 9 runs past"),
-    ({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["x"]}]}, b"abc",
-     "binary_data_size: the inputs' sizes add up to 0 bytes, the binary part holds 3"),
-    ({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["x"],
-                  "parameters": {"shared_memory_region": "r"}}]}, b"", "text_input: shared memory is not served"),
-])
+@pytest.mark.parametrize(
+    "body, binary, message",
+    [
+        ([], b"", "The body must be a JSON object"),
+        ({"inputs": []}, b"", "inputs: must be a non-empty list"),
+        ({"inputs": [{"name": "text_input"}], "extra": 1}, b"", "extra: unknown field of the infer request"),
+        ({"inputs": [{"datatype": "BYTES"}]}, b"", "inputs[0]: needs a string name"),
+        ({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1]}]}, b"", "text_input: needs data"),
+        (
+            {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": "1", "data": ["x"]}]},
+            b"",
+            "text_input: shape must be a list of integers",
+        ),
+        (
+            {
+                "inputs": [
+                    {"name": "text_input", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 9}}
+                ]
+            },
+            b"abc",
+            "text_input: binary_data_size 9 runs past",
+        ),
+        (
+            {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1], "data": ["x"]}]},
+            b"abc",
+            "binary_data_size: the inputs' sizes add up to 0 bytes, the binary part holds 3",
+        ),
+        (
+            {
+                "inputs": [
+                    {
+                        "name": "text_input",
+                        "datatype": "BYTES",
+                        "shape": [1],
+                        "data": ["x"],
+                        "parameters": {"shared_memory_region": "r"},
+                    }
+                ]
+            },
+            b"",
+            "text_input: shared memory is not served",
+        ),
+    ],
+)
 def test_kserve_json_refusals(body, binary, message):
     with pytest.raises(GatewayError) as caught:
         infer_body(body, binary)
@@ -141,9 +194,15 @@ def test_kserve_json_refusals(body, binary, message):
 
 
 def test_nested_json_data_is_flattened_row_major():
-    decoded = infer_body({"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": [["x"]]},
-                                     {"name": "bad_words", "datatype": "BYTES", "shape": [1, 2],
-                                      "data": [["p", "q"]]}]}, b"")
+    decoded = infer_body(
+        {
+            "inputs": [
+                {"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": [["x"]]},
+                {"name": "bad_words", "datatype": "BYTES", "shape": [1, 2], "data": [["p", "q"]]},
+            ]
+        },
+        b"",
+    )
     call = validate("ensemble", decoded.inputs, tier=TierConfig(), request_id="r")
     assert call.options.bad_words == ["p", "q"]
 
@@ -152,18 +211,35 @@ def test_generate_json_renders_like_triton():
     call = validate("ensemble", generate_inputs({"text_input": "x"})[0], tier=TierConfig(), request_id="r")
     shown = visible(call, outputs("ensemble", "-and-go", ids=(1, 2, 3, 4), finish="length", prompt=1))
     body = generate_json("ensemble", shown, "abc")
-    assert body == {"model_name": "ensemble", "model_version": "1", "id": "abc", "text_output": "-and-go",
-                    "finish_reason": "length", "request_key_out": KEY, "num_input_tokens": 1,
-                    "num_output_tokens": 4, "output_ids": [], "cum_log_probs": [], "output_log_probs": [],
-                    "arrival_time_ns": 0, "first_token_time_ns": 0, "last_token_time_ns": 0,
-                    "sequence_id": 0, "sequence_start": False, "sequence_end": False}
+    assert body == {
+        "model_name": "ensemble",
+        "model_version": "1",
+        "id": "abc",
+        "text_output": "-and-go",
+        "finish_reason": "length",
+        "request_key_out": KEY,
+        "num_input_tokens": 1,
+        "num_output_tokens": 4,
+        "output_ids": [],
+        "cum_log_probs": [],
+        "output_log_probs": [],
+        "arrival_time_ns": 0,
+        "first_token_time_ns": 0,
+        "last_token_time_ns": 0,
+        "sequence_id": 0,
+        "sequence_start": False,
+        "sequence_end": False,
+    }
     assert "id" not in generate_json("ensemble", shown, None)
-    wants_ids = validate("llm_bls", generate_inputs({"text_input": "x", "return_output_ids": True})[0],
-                         tier=TierConfig(), request_id="r")
+    wants_ids = validate(
+        "llm_bls", generate_inputs({"text_input": "x", "return_output_ids": True})[0], tier=TierConfig(), request_id="r"
+    )
     one = generate_json("llm_bls", visible(wants_ids, outputs("llm_bls", "a", ids=(7,))), None)
-    assert one["output_ids"] == 7 and one["request_key"] == KEY          # one element: a scalar, as Triton does
-    assert generate_json("llm_bls", visible(wants_ids, outputs("llm_bls", "ab", ids=(7, 8))), None)[
-        "output_ids"] == [7, 8]
+    assert one["output_ids"] == 7 and one["request_key"] == KEY  # one element: a scalar, as Triton does
+    assert generate_json("llm_bls", visible(wants_ids, outputs("llm_bls", "ab", ids=(7, 8))), None)["output_ids"] == [
+        7,
+        8,
+    ]
 
 
 def test_requested_outputs_are_checked_per_model():
@@ -175,8 +251,12 @@ def test_requested_outputs_are_checked_per_model():
 
 
 def test_infer_proto_decodes_in_tritonclient_with_the_final_flag():
-    call = validate("ensemble", generate_inputs({"text_input": "x", "return_output_ids": True})[0],
-                    tier=TierConfig(), request_id="r")
+    call = validate(
+        "ensemble",
+        generate_inputs({"text_input": "x", "return_output_ids": True})[0],
+        tier=TierConfig(),
+        request_id="r",
+    )
     arrays = visible(call, outputs("ensemble", "Paris", ids=(5, 6), finish="stop"))
     response = infer_proto("ensemble", arrays, "id-1", final=True)
     result = grpcclient.InferResult(response)
@@ -197,10 +277,10 @@ def test_infer_json_binary_and_plain_decode_in_tritonclient():
         header, data = infer_json("ensemble", arrays, "q", binary)
         head = json.dumps(header).encode()
         result = httpclient.InferenceServerClient.parse_response_body(
-            head + data, header_length=len(head) if binary else None)
+            head + data, header_length=len(head) if binary else None
+        )
         assert result.as_numpy("text_output").reshape(-1).tolist() in ([b"Paris"], ["Paris"])
         assert result.as_numpy("num_input_tokens").reshape(-1).tolist() == [5]
-        assert result.as_numpy("output_ids").size == 0        # not asked for
+        assert result.as_numpy("output_ids").size == 0  # not asked for
         assert result.get_response()["id"] == "q" and result.get_response()["model_version"] == "1"
-        assert result.get_response()["parameters"] == {"sequence_end": False, "sequence_id": 0,
-                                                       "sequence_start": False}
+        assert result.get_response()["parameters"] == {"sequence_end": False, "sequence_id": 0, "sequence_start": False}

@@ -2,6 +2,7 @@
 shape, and the exception stops at the gateway's outermost layer. Were it to reach uvicorn, the server
 would close the connection, and a keep-alive client's next request on it
 would be reset (the Triton HTTP fuzz of issue 48 saw exactly that)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -37,6 +38,7 @@ def _request(method: str, path: str) -> httpx.Response:
         transport = httpx.ASGITransport(app=_app(), raise_app_exceptions=True)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
             return await client.request(method, path)
+
     return asyncio.run(run())
 
 
@@ -45,7 +47,7 @@ def test_an_unhandled_exception_is_a_500_in_openais_shape_and_goes_no_further(ca
     assert response.status_code == 500
     assert response.json()["error"]["code"] == "internal_error"
     assert response.headers["x-request-id"]
-    assert sum("unhandled error" in r.getMessage() for r in caplog.records) == 1     # logged once
+    assert sum("unhandled error" in r.getMessage() for r in caplog.records) == 1  # logged once
 
 
 def test_under_v2_it_is_tritons_shape():
@@ -59,4 +61,5 @@ def test_the_connection_serves_the_next_request():
         transport = httpx.ASGITransport(app=_app(), raise_app_exceptions=True)
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
             return [(await client.get(path)).status_code for path in ("/v1/boom", "/health", "/v1/boom")]
+
     assert asyncio.run(run()) == [500, 200, 500]

@@ -4,6 +4,7 @@ what `tritonclient.grpc` hands the client library), shaped like
 ensemble/outbound/public_outputs.py builds them, and scripts that answer as
 the engine does for `stream: true` (deltas) and `stream: false` (one whole
 answer)."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -15,16 +16,18 @@ from client import StreamEvent
 from contract.public_tensors import ensemble_output_name
 from tests.unit.gateway.openai_fakes import HANG, Script
 
-KEY = "k" * 32          # a well-formed request key, as the engine echoes it
+KEY = "k" * 32  # a well-formed request key, as the engine echoes it
 
 
-def outputs(model: str, text: str, ids: tuple[int, ...] = (), finish: str = "", prompt: int = 5,
-            key: str = KEY) -> dict[str, np.ndarray]:
+def outputs(
+    model: str, text: str, ids: tuple[int, ...] = (), finish: str = "", prompt: int = 5, key: str = KEY
+) -> dict[str, np.ndarray]:
     return {
         "text_output": np.array([[text.encode()]], dtype=np.object_),
         "finish_reason": np.array([[finish.encode()]], dtype=np.object_),
-        ensemble_output_name("request_key") if model == "ensemble" else "request_key":
-            np.array([[key.encode()]], dtype=np.object_),
+        ensemble_output_name("request_key") if model == "ensemble" else "request_key": np.array(
+            [[key.encode()]], dtype=np.object_
+        ),
         "num_input_tokens": np.array([[prompt]], dtype=np.int32),
         "num_output_tokens": np.array([[len(ids)]], dtype=np.int32),
         "output_ids": np.array([list(ids)], dtype=np.int32),
@@ -36,18 +39,33 @@ def outputs(model: str, text: str, ids: tuple[int, ...] = (), finish: str = "", 
     }
 
 
-def tev(model: str, text: str, ids: tuple[int, ...] = (), finish: str = "", final: bool = False,
-        prompt: int = 5, key: str = KEY) -> StreamEvent:
-    return StreamEvent(text=text, finish_reason=finish or None, num_input_tokens=prompt, num_output_tokens=len(ids),
-                       output_ids=ids, final=final, request_key=key,
-                       outputs=outputs(model, text, ids, finish, prompt, key))
+def tev(
+    model: str,
+    text: str,
+    ids: tuple[int, ...] = (),
+    finish: str = "",
+    final: bool = False,
+    prompt: int = 5,
+    key: str = KEY,
+) -> StreamEvent:
+    return StreamEvent(
+        text=text,
+        finish_reason=finish or None,
+        num_input_tokens=prompt,
+        num_output_tokens=len(ids),
+        output_ids=ids,
+        final=final,
+        request_key=key,
+        outputs=outputs(model, text, ids, finish, prompt, key),
+    )
 
 
 def engine(*texts: str, finish: str = "length", hang_after: int | None = None) -> Script:
     """Each text one token's delta when streaming; one whole answer when not.
     `hang_after`: the engine goes quiet after that many streamed responses."""
+
     def script(model: str, values: Mapping[str, Any], request_id: str) -> list[Any]:
-        key = values["request_key"]          # the engine echoes the key it was sent
+        key = values["request_key"]  # the engine echoes the key it was sent
         if not values.get("stream"):
             ids = tuple(100 + i for i in range(len(texts)))
             return [tev(model, "".join(texts), ids, finish, final=True, key=key)]
@@ -57,4 +75,5 @@ def engine(*texts: str, finish: str = "length", hang_after: int | None = None) -
         if hang_after is not None:
             events = events[:hang_after] + [HANG]
         return events
+
     return script

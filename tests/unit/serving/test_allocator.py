@@ -1,4 +1,5 @@
 """serving/allocator.py: which malloc tritonserver gets, through LD_PRELOAD."""
+
 from __future__ import annotations
 
 import logging

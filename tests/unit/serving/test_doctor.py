@@ -1,6 +1,7 @@
 """`serving doctor`: the right cause on three recorded traces (one per cause,
 recorded from a real tritonserver with `python -m bench.doctor_load`), and
 the arithmetic on synthetic ones."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -49,10 +50,19 @@ def test_a_counter_reset_counts_from_zero_and_an_idle_server_is_said_to_be_idle(
 
 
 def test_a_growing_queue_with_room_in_the_kv_cache_is_named():
-    samples = [_sample(t, llm_num_requests_waiting=float(2 * t), llm_num_requests_running=2.0,
-                       llm_kv_cache_blocks_used=10.0, llm_kv_cache_blocks_capacity=100.0,
-                       llm_batch_size_sum=4.0 * t, llm_batch_size_count=2.0 * t,
-                       llm_generation_tokens_total=4.0 * t) for t in range(12)]
+    samples = [
+        _sample(
+            t,
+            llm_num_requests_waiting=float(2 * t),
+            llm_num_requests_running=2.0,
+            llm_kv_cache_blocks_used=10.0,
+            llm_kv_cache_blocks_capacity=100.0,
+            llm_batch_size_sum=4.0 * t,
+            llm_batch_size_count=2.0 * t,
+            llm_generation_tokens_total=4.0 * t,
+        )
+        for t in range(12)
+    ]
     top = diagnose(intervals(samples))[0]
     assert top.cause == "queue_growth" and top.score >= REPORT_SCORE
     assert "grew from" in top.evidence[0]
@@ -78,7 +88,13 @@ llm_batch_size_sum{model="python_llm",version="1"} 7
 llm_batch_size_count{model="python_llm",version="1"} 5
 """
     values = reduce(exposition)
-    assert values == {"llm_num_requests_waiting": 3, "llm_preemptions_total": 2, "llm_batch_size_bucket:1.0": 4,
-                      "llm_batch_size_bucket:inf": 5, "llm_batch_size_sum": 7, "llm_batch_size_count": 5}
+    assert values == {
+        "llm_num_requests_waiting": 3,
+        "llm_preemptions_total": 2,
+        "llm_batch_size_bucket:1.0": 4,
+        "llm_batch_size_bucket:inf": 5,
+        "llm_batch_size_sum": 7,
+        "llm_batch_size_count": 5,
+    }
     save([Sample(0.0, values), Sample(1.0, values)], tmp_path / "t.jsonl")
     assert load(tmp_path / "t.jsonl")[1].values == values

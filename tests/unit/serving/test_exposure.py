@@ -1,5 +1,6 @@
 """Triton's own front is closed by default: loopback, admin APIs behind a key
 (no server is started here; tests/e2e/test_serve_command.py checks a real one)."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,9 +28,9 @@ KEY = "k" * 20 + "_-."
 
 
 def _server(tmp_path: Path, **options: object) -> TritonServer:
-    return TritonServer(LaunchOptions(settings=DeploymentSettings.load(environ={}, model_dir="/models/x"),
-                                      work_dir=tmp_path,
-                                      **options))  # type: ignore[arg-type]
+    return TritonServer(
+        LaunchOptions(settings=DeploymentSettings.load(environ={}, model_dir="/models/x"), work_dir=tmp_path, **options)
+    )  # type: ignore[arg-type]
 
 
 def _flag(command: list[str], name: str) -> str:
@@ -56,7 +57,7 @@ def test_the_admin_groups_need_the_key_and_the_public_ones_do_not(tmp_path: Path
     assert _flag(command, "grpc-restricted-protocol") == expected
     groups = expected.split(":")[0].split(",")
     assert not {"health", "metadata", "inference", "model-config"} & set(groups)
-    assert ADMIN_KEY_HEADER == ADMIN_KEY_HEADER.lower()     # gRPC metadata keys must be lowercase
+    assert ADMIN_KEY_HEADER == ADMIN_KEY_HEADER.lower()  # gRPC metadata keys must be lowercase
     assert server.admin_headers == {ADMIN_KEY_HEADER: KEY}
     assert server.admin_grpc_metadata == {ADMIN_KEY_GRPC_METADATA: KEY}
 
@@ -102,14 +103,14 @@ def test_the_key_file_is_owner_only_even_over_a_world_readable_one(tmp_path: Pat
     path.parent.mkdir()
     path.write_text("old\n")
     path.chmod(0o644)
-    old_umask = os.umask(0)     # the widest umask: the mode must not depend on it
+    old_umask = os.umask(0)  # the widest umask: the mode must not depend on it
     try:
         write_admin_key(path, KEY)
     finally:
         os.umask(old_umask)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert path.read_text() == f"{KEY}\n"
-    assert [p.name for p in path.parent.iterdir()] == ["admin_key"]    # no temporary file left
+    assert [p.name for p in path.parent.iterdir()] == ["admin_key"]  # no temporary file left
 
 
 def _args(key_file: str | None = None) -> argparse.Namespace:

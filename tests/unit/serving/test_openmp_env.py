@@ -1,6 +1,7 @@
 """The OpenMP environment every tritonserver of this project starts with:
 bounded spinning for libgomp (the engine's kernels share torch's), passive
 waiting for other runtimes, and the caller's own choice kept."""
+
 from __future__ import annotations
 
 from serving.openmp_env import OPENMP_SPIN_COUNT, apply_openmp_defaults

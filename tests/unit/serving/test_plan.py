@@ -1,4 +1,5 @@
 """`serving plan`: the article's exercise 1, and the edge cases."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,12 @@ def _args(*argv: str) -> argparse.Namespace:
 
 
 def exercise(batched_tokens_per_s: float) -> PlanInput:
-    return PlanInput(peak_qps=10, mean_output_tokens=500, redundancy=Redundancy.parse("2N"),
-                     measurements=(Measurement(1, 30.0), Measurement(64, batched_tokens_per_s)))
+    return PlanInput(
+        peak_qps=10,
+        mean_output_tokens=500,
+        redundancy=Redundancy.parse("2N"),
+        measurements=(Measurement(1, 30.0), Measurement(64, batched_tokens_per_s)),
+    )
 
 
 def test_exercise_1_naive_167_batched_2_to_3_and_4_to_6_with_availability():
@@ -30,8 +35,20 @@ def test_exercise_1_naive_167_batched_2_to_3_and_4_to_6_with_availability():
 
 
 def test_the_cli_shows_its_reasoning():
-    given = plan_input(_args("--peak-qps", "10", "--mean-output-tokens", "500", "--throughput", "1:30",
-                             "--throughput", "64:2500", "--redundancy", "2N"))
+    given = plan_input(
+        _args(
+            "--peak-qps",
+            "10",
+            "--mean-output-tokens",
+            "500",
+            "--throughput",
+            "1:30",
+            "--throughput",
+            "64:2500",
+            "--redundancy",
+            "2N",
+        )
+    )
     text = explain(given, make_plan(given))
     assert "5,000 output tokens/s" in text and "= 167 replicas" in text and "N = 2" in text
     assert "2N redundancy" in text and "= 4" in text
@@ -39,8 +56,9 @@ def test_the_cli_shows_its_reasoning():
 
 def test_the_slo_picks_the_operating_point_and_an_impossible_slo_is_an_error():
     points = (Measurement(1, 20, 0.1), Measurement(8, 120, 0.4), Measurement(32, 300, 2.5))
-    plan = make_plan(PlanInput(peak_qps=2, mean_output_tokens=100, measurements=points, tpot_slo_s=0.1,
-                               ttft_p90_slo_s=1.0))
+    plan = make_plan(
+        PlanInput(peak_qps=2, mean_output_tokens=100, measurements=points, tpot_slo_s=0.1, ttft_p90_slo_s=1.0)
+    )
     assert plan.operating_point.concurrency == 8, "c=32 misses TTFT and TPOT"
     assert [m.concurrency for m, _ in plan.rejected] == [32]
     with pytest.raises(PlanError, match="no measured concurrency meets the SLO"):
@@ -49,31 +67,63 @@ def test_the_slo_picks_the_operating_point_and_an_impossible_slo_is_an_error():
 
 def test_littles_law_can_need_more_replicas_than_throughput():
     # a long TTFT keeps requests in flight: 5 req/s x (10 s + 100 x 0.05 s) = 75 in flight, 16 per replica
-    plan = make_plan(PlanInput(peak_qps=5, mean_output_tokens=100, redundancy=Redundancy(0), min_replicas=1,
-                               measurements=(Measurement(16, 320, ttft_p90_s=10.0),)))
+    plan = make_plan(
+        PlanInput(
+            peak_qps=5,
+            mean_output_tokens=100,
+            redundancy=Redundancy(0),
+            min_replicas=1,
+            measurements=(Measurement(16, 320, ttft_p90_s=10.0),),
+        )
+    )
     assert plan.replicas_for_throughput == 2 and plan.replicas_for_concurrency == 5 and plan.replicas == 5
 
 
 def test_floors_redundancy_headroom_and_gpus():
-    tiny = make_plan(PlanInput(peak_qps=0.1, mean_output_tokens=10, measurements=(Measurement(4, 100),),
-                               redundancy=Redundancy(0), gpus_per_replica=4))
+    tiny = make_plan(
+        PlanInput(
+            peak_qps=0.1,
+            mean_output_tokens=10,
+            measurements=(Measurement(4, 100),),
+            redundancy=Redundancy(0),
+            gpus_per_replica=4,
+        )
+    )
     assert tiny.replicas_needed == 1 and tiny.replicas == 2 and tiny.gpus == 8, "availability floor of 2"
-    exact = make_plan(PlanInput(peak_qps=10, mean_output_tokens=100, measurements=(Measurement(10, 1000),),
-                                redundancy=Redundancy(1), min_replicas=1))
+    exact = make_plan(
+        PlanInput(
+            peak_qps=10,
+            mean_output_tokens=100,
+            measurements=(Measurement(10, 1000),),
+            redundancy=Redundancy(1),
+            min_replicas=1,
+        )
+    )
     assert exact.replicas_needed == 1 and exact.replicas == 2, "exactly at capacity is 1, not 2, before N+1"
-    headroom = make_plan(PlanInput(peak_qps=10, mean_output_tokens=100, measurements=(Measurement(10, 1000),),
-                                   max_utilisation=0.5, redundancy=Redundancy(0), min_replicas=1))
+    headroom = make_plan(
+        PlanInput(
+            peak_qps=10,
+            mean_output_tokens=100,
+            measurements=(Measurement(10, 1000),),
+            max_utilisation=0.5,
+            redundancy=Redundancy(0),
+            min_replicas=1,
+        )
+    )
     assert headroom.replicas == 2
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--throughput", "64"], "--throughput: C:TOK_S"),
-    (["--throughput", "1.5:30"], "whole number"),
-    (["--throughput", "0:30"], "concurrency >= 1"),
-    (["--redundancy", "N-1", "--throughput", "1:30"], "--redundancy"),
-    (["--max-utilisation", "1.5", "--throughput", "1:30"], "--max-utilisation"),
-    ([], "at least one measured concurrency"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--throughput", "64"], "--throughput: C:TOK_S"),
+        (["--throughput", "1.5:30"], "whole number"),
+        (["--throughput", "0:30"], "concurrency >= 1"),
+        (["--redundancy", "N-1", "--throughput", "1:30"], "--redundancy"),
+        (["--max-utilisation", "1.5", "--throughput", "1:30"], "--max-utilisation"),
+        ([], "at least one measured concurrency"),
+    ],
+)
 def test_bad_options_name_themselves(argv, message):
     with pytest.raises(PlanError, match=message):
         plan_input(_args("--peak-qps", "1", "--mean-output-tokens", "10", *argv))
@@ -81,9 +131,16 @@ def test_bad_options_name_themselves(argv, message):
 
 def test_measurements_from_a_bench_record(tmp_path):
     record = tmp_path / "capacity.json"
-    record.write_text(json.dumps({"measurements": [
-        {"concurrency": 1, "output_tokens_per_s": 15.0, "ttft_p90_s": 0.2, "tpot_s": 0.066},
-        {"concurrency": 16, "output_tokens_per_s": 90.0, "ttft_p90_s": 1.5, "tpot_s": 0.18}]}))
+    record.write_text(
+        json.dumps(
+            {
+                "measurements": [
+                    {"concurrency": 1, "output_tokens_per_s": 15.0, "ttft_p90_s": 0.2, "tpot_s": 0.066},
+                    {"concurrency": 16, "output_tokens_per_s": 90.0, "ttft_p90_s": 1.5, "tpot_s": 0.18},
+                ]
+            }
+        )
+    )
     given = plan_input(_args("--peak-qps", "1", "--mean-output-tokens", "100", "--bench-json", str(record)))
     assert make_plan(given).operating_point.concurrency == 16
     record.write_text("{}")

@@ -2,6 +2,7 @@
 packaged weights (deterministic, and what Hugging Face's own greedy decoding of
 the same weights says), written where the gateway looks, read back whole, and
 recomputed only when the weights, the dtype or the probe request change."""
+
 from __future__ import annotations
 
 import json
@@ -30,10 +31,11 @@ def real_golden(model_dir: Path) -> Golden:
 
 # -- the real engine -------------------------------------------------------------
 
+
 def test_golden_is_the_fixed_greedy_request_and_deterministic(model_dir: Path, real_golden: Golden):
     prompt, max_tokens = pg.probe_request()
     assert (real_golden.prompt, real_golden.max_tokens) == (prompt, max_tokens)
-    assert len(real_golden.output_ids) == max_tokens       # ignore_eos: always the full length
+    assert len(real_golden.output_ids) == max_tokens  # ignore_eos: always the full length
     assert real_golden.temperature == 0.0 and real_golden.ignore_eos and real_golden.model == "ensemble"
     assert real_golden.model_dir == str(model_dir.resolve())
     assert real_golden.dtype == EngineConfig(model_dir=str(model_dir)).dtype == "float32"
@@ -53,23 +55,29 @@ def test_golden_agrees_with_hugging_face_greedy_decoding(model_dir: Path, real_g
     ids = tokenizer(real_golden.prompt, return_tensors="pt").input_ids
     assert ids.shape[1] == real_golden.num_input_tokens
     with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=real_golden.max_tokens, do_sample=False,
-                             min_new_tokens=real_golden.max_tokens)
-    expected = [int(t) for t in out[0, ids.shape[1]:]]
+        out = model.generate(
+            ids, max_new_tokens=real_golden.max_tokens, do_sample=False, min_new_tokens=real_golden.max_tokens
+        )
+    expected = [int(t) for t in out[0, ids.shape[1] :]]
     assert list(real_golden.output_ids) == expected
     assert real_golden.text == tokenizer.decode(expected, skip_special_tokens=True)
 
 
-def test_ensure_golden_writes_the_file_the_gateway_reads(model_dir: Path, real_golden: Golden, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch):
+def test_ensure_golden_writes_the_file_the_gateway_reads(
+    model_dir: Path, real_golden: Golden, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     monkeypatch.setattr(pg, "compute_golden", lambda folder, served, progress: real_golden)
     path = ensure_golden(model_dir, build_dir=tmp_path, progress=_quiet)
     assert path == tmp_path / "probe" / f"{model_dir.resolve().name}.json" == golden_path(model_dir, tmp_path)
     data = json.loads(path.read_text())
     assert {"prompt", "max_tokens", "output_ids", "text", "model_dir", "weights_fingerprint"} <= set(data)
     assert data["output_ids"] == list(real_golden.output_ids)
-    assert data["request"] == {"max_tokens": real_golden.max_tokens, "temperature": 0.0, "ignore_eos": True,
-                               "return_output_ids": True}
+    assert data["request"] == {
+        "max_tokens": real_golden.max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "return_output_ids": True,
+    }
     assert load_golden(path) == real_golden
     assert not list(path.parent.glob(".*.tmp"))
 
@@ -94,6 +102,7 @@ def test_golden_path_defaults_to_the_build_dir(model_dir: Path):
 
 # -- staleness, on a fake model folder (no engine: compute_golden is counted) ----
 
+
 @pytest.fixture
 def fake_model(tmp_path: Path) -> Path:
     folder = tmp_path / "tiny-model"
@@ -112,8 +121,15 @@ class CountingCompute:
         dtype = served.dtype if served is not None else "float32"
         self.calls.append((folder, dtype))
         prompt, max_tokens = pg.probe_request()
-        return Golden(prompt=prompt, max_tokens=max_tokens, output_ids=tuple(range(max_tokens)), text="x",
-                      model_dir=str(folder), weights_fingerprint=weights_fingerprint(folder), dtype=dtype)
+        return Golden(
+            prompt=prompt,
+            max_tokens=max_tokens,
+            output_ids=tuple(range(max_tokens)),
+            text="x",
+            model_dir=str(folder),
+            weights_fingerprint=weights_fingerprint(folder),
+            dtype=dtype,
+        )
 
 
 @pytest.fixture
@@ -142,7 +158,7 @@ def test_a_weights_change_recomputes(fake_model: Path, tmp_path: Path, compute: 
     ensure_golden(fake_model, build_dir=tmp_path, progress=_quiet)
     before = weights_fingerprint(fake_model)
     if change == "weights_rewritten":
-        (fake_model / "model.safetensors").write_bytes(b"\1" * 65)     # another size
+        (fake_model / "model.safetensors").write_bytes(b"\1" * 65)  # another size
     elif change == "weights_touched":
         _bump(fake_model / "model.safetensors")
     else:
@@ -159,8 +175,9 @@ def test_unrelated_files_do_not_change_the_fingerprint(fake_model: Path):
     assert weights_fingerprint(fake_model) == before
 
 
-def test_another_dtype_or_probe_request_recomputes(fake_model: Path, tmp_path: Path, compute: CountingCompute,
-                                                   monkeypatch: pytest.MonkeyPatch):
+def test_another_dtype_or_probe_request_recomputes(
+    fake_model: Path, tmp_path: Path, compute: CountingCompute, monkeypatch: pytest.MonkeyPatch
+):
     ensure_golden(fake_model, build_dir=tmp_path, progress=_quiet)
     bf16 = EngineConfig(model_dir=str(fake_model), dtype="bfloat16")
     ensure_golden(fake_model, bf16, build_dir=tmp_path, progress=_quiet)
@@ -189,14 +206,27 @@ def test_no_weights_is_an_error(tmp_path: Path):
 
 # -- reading -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("content, problem", [
-    ("[]", "not a JSON object"),
-    ('{"prompt": "p", "max_tokens": 2, "output_ids": [1, 2], "text": "t", "model_dir": "m"}', "weights_fingerprint"),
-    ('{"prompt": "p", "max_tokens": 3, "output_ids": [1, 2], "text": "t", "model_dir": "m", '
-     '"weights_fingerprint": "f", "dtype": "float32"}', "expected 3 output ids"),
-    ('{"prompt": "p", "max_tokens": 2, "output_ids": ["a", 2], "text": "t", "model_dir": "m", '
-     '"weights_fingerprint": "f", "dtype": "float32"}', "malformed"),
-])
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        ("[]", "not a JSON object"),
+        (
+            '{"prompt": "p", "max_tokens": 2, "output_ids": [1, 2], "text": "t", "model_dir": "m"}',
+            "weights_fingerprint",
+        ),
+        (
+            '{"prompt": "p", "max_tokens": 3, "output_ids": [1, 2], "text": "t", "model_dir": "m", '
+            '"weights_fingerprint": "f", "dtype": "float32"}',
+            "expected 3 output ids",
+        ),
+        (
+            '{"prompt": "p", "max_tokens": 2, "output_ids": ["a", 2], "text": "t", "model_dir": "m", '
+            '"weights_fingerprint": "f", "dtype": "float32"}',
+            "malformed",
+        ),
+    ],
+)
 def test_load_golden_refuses_a_bad_file(tmp_path: Path, content: str, problem: str):
     path = tmp_path / "golden.json"
     path.write_text(content)

@@ -12,8 +12,14 @@ from serving.settings import DeploymentSettings
 
 
 def test_every_template_renders_with_no_placeholder_left(tmp_path: Path):
-    settings = DeploymentSettings.load(environ={}, model_dir="/models/x", max_queue_size=7, postprocessing_instances=3,
-                                       enable_kv_cache_reuse=False, default_system_prompt='say "hi"')
+    settings = DeploymentSettings.load(
+        environ={},
+        model_dir="/models/x",
+        max_queue_size=7,
+        postprocessing_instances=3,
+        enable_kv_cache_reuse=False,
+        default_system_prompt='say "hi"',
+    )
     out = render_repository(settings, tmp_path / "repo")
     configs = sorted(p.parent.name for p in out.glob("*/config.pbtxt"))
     assert configs == ["ensemble", "llm_bls", "postprocessing", "preprocessing", "python_llm"]
@@ -37,8 +43,10 @@ def test_a_template_naming_an_unknown_setting_is_an_error(tmp_path: Path):
 
 
 def _configs(root: Path) -> dict[str, model_config_pb2.ModelConfig]:
-    return {path.parent.name: text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
-            for path in root.glob("*/config.pbtxt")}
+    return {
+        path.parent.name: text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+        for path in root.glob("*/config.pbtxt")
+    }
 
 
 def test_the_ensemble_wiring_connects_declared_tensors_of_one_type(tmp_path: Path):
@@ -87,8 +95,9 @@ def _variant(tmp_path: Path, variant: str, **overrides: object) -> dict[str, mod
 def test_every_rendered_config_of_both_variants_parses_with_tritons_model_config(tmp_path: Path, variant: str):
     """Every config.pbtxt, parsed by Triton's own ModelConfig protobuf (text_format
     refuses unknown fields and malformed values), and the ensemble's wiring holds."""
-    out = render_repository(DeploymentSettings.load(environ={}, model_dir="/m",
-                                                    **{"server.llm_model_name": variant}), tmp_path / "repo")
+    out = render_repository(
+        DeploymentSettings.load(environ={}, model_dir="/m", **{"server.llm_model_name": variant}), tmp_path / "repo"
+    )
     configs = _configs(out)
     expected = {"ensemble", "llm_bls", "postprocessing", "preprocessing", "python_llm"}
     if variant == "tensorrt_llm":
@@ -114,8 +123,10 @@ def test_every_rendered_config_of_both_variants_parses_with_tritons_model_config
 
 
 def _tensors(config: model_config_pb2.ModelConfig) -> tuple[list[str], list[str]]:
-    return ([text_format.MessageToString(t, as_one_line=True) for t in config.input],
-            [text_format.MessageToString(t, as_one_line=True) for t in config.output])
+    return (
+        [text_format.MessageToString(t, as_one_line=True) for t in config.input],
+        [text_format.MessageToString(t, as_one_line=True) for t in config.output],
+    )
 
 
 def test_the_public_tensors_and_the_llm_steps_tensors_are_the_same_in_both_variants(tmp_path: Path):
@@ -129,23 +140,32 @@ def test_the_public_tensors_and_the_llm_steps_tensors_are_the_same_in_both_varia
     assert trtllm["tensorrt_llm"].backend == "python"
     # the ensembles differ only in the LLM step's name
     step_names = [[s.model_name for s in c["ensemble"].ensemble_scheduling.step] for c in (python_llm, trtllm)]
-    assert step_names == [["preprocessing", "python_llm", "postprocessing"],
-                          ["preprocessing", "tensorrt_llm", "postprocessing"]]
+    assert step_names == [
+        ["preprocessing", "python_llm", "postprocessing"],
+        ["preprocessing", "tensorrt_llm", "postprocessing"],
+    ]
     for a, b in zip(python_llm["ensemble"].ensemble_scheduling.step, trtllm["ensemble"].ensemble_scheduling.step):
         assert (dict(a.input_map), dict(a.output_map)) == (dict(b.input_map), dict(b.output_map))
 
 
 def test_the_thin_step_reads_the_engine_settings_like_python_llm(tmp_path: Path):
     from python_llm.config_params import engine_config_from_parameters
-    settings = DeploymentSettings.load(environ={}, model_dir="/m", **{"server.llm_model_name": "tensorrt_llm",
-                                                                      "engine.default_token_timeout_ms": 1500,
-                                                                      "engine.max_queue_size": 9,
-                                                                      "engine.max_num_seqs": 3})
+
+    settings = DeploymentSettings.load(
+        environ={},
+        model_dir="/m",
+        **{
+            "server.llm_model_name": "tensorrt_llm",
+            "engine.default_token_timeout_ms": 1500,
+            "engine.max_queue_size": 9,
+            "engine.max_num_seqs": 3,
+        },
+    )
     configs = _configs(render_repository(settings, tmp_path / "repo"))
     params = {k: v.string_value for k, v in configs["tensorrt_llm"].parameters.items()}
     assert engine_config_from_parameters(params) == settings.engine
     assert params["engine_model_name"] == "tensorrt_llm_engine"
-    assert params["max_live_requests"] == "12"           # TensorRT-LLM's 3 running + 9 queued
+    assert params["max_live_requests"] == "12"  # TensorRT-LLM's 3 running + 9 queued
 
 
 def test_an_unknown_llm_step_is_refused_naming_the_setting(tmp_path: Path):

@@ -1,5 +1,6 @@
 """`python -m serving settings`: the settings reference, rendered from the
 settings dataclasses, with no blank row: every field carries its comment."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,5 +43,5 @@ def test_the_command_prints_each_group_with_its_fields_types_and_defaults(capsys
     for f in dataclasses.fields(DegradationConfig):
         assert f"| `{f.name}` |" in group
     assert "| `max_level` | `int` | `4` | 0 turns degradation off; 4 needs a fallback model |" in group
-    assert "| `fallback_model` | `str` | `\"\"` |" in group
+    assert '| `fallback_model` | `str` | `""` |' in group
     assert "| `degradation` |" not in out, "a group is a heading of its own, not a row"

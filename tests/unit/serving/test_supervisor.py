@@ -1,6 +1,7 @@
 """The supervisor's restart policy: exponential backoff with jitter and a cap,
 a new row after a long enough run, the exit cause as a label, and restarts
 against stand-in servers (real child processes, no Triton)."""
+
 from __future__ import annotations
 
 import signal
@@ -19,7 +20,7 @@ from serving.supervisor import Backoff, Supervisor, SupervisorMetrics, exit_caus
 def test_the_delay_doubles_per_exit_in_a_row_up_to_the_cap():
     backoff = Backoff(initial_s=1.0, max_s=30.0, reset_after_s=60.0, jitter=0.5)
     assert [backoff.delay(n, 0.0) for n in range(7)] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
-    assert backoff.delay(1000, 0.0) == 30.0       # no overflow however long the row
+    assert backoff.delay(1000, 0.0) == 30.0  # no overflow however long the row
 
 
 @pytest.mark.parametrize("in_row", [0, 3, 10])
@@ -31,8 +32,9 @@ def test_jitter_draws_within_half_the_delay_and_never_above_the_cap(in_row):
 
 
 def test_the_policy_comes_from_the_server_settings():
-    assert Backoff.from_settings(ServerConfig(restart_backoff_s=0.5, restart_backoff_max_s=4.0,
-                                              restart_reset_after_s=9.0)) == Backoff(0.5, 4.0, 9.0)
+    assert Backoff.from_settings(
+        ServerConfig(restart_backoff_s=0.5, restart_backoff_max_s=4.0, restart_reset_after_s=9.0)
+    ) == Backoff(0.5, 4.0, 9.0)
 
 
 @pytest.mark.parametrize("bad", [dict(initial_s=0.0), dict(max_s=0.5), dict(reset_after_s=-1.0), dict(jitter=1.5)])
@@ -51,6 +53,7 @@ def test_the_cause_names_the_signal_or_the_exit_code():
 @dataclass
 class StandIn:
     """A server's start / stop / process, with a sleeping child for a process."""
+
     starts: int = 0
     fail_starts: int = 0
     process: subprocess.Popen[bytes] | None = None
@@ -84,7 +87,7 @@ class Clock:
 
 def _supervise(server: StandIn, clock: Clock, lines: list[str]) -> tuple[Supervisor, SupervisorMetrics]:
     metrics = SupervisorMetrics()
-    fleet = ReplicaProcesses([ReplicaProcess("r0", server)])      # type: ignore[arg-type]
+    fleet = ReplicaProcesses([ReplicaProcess("r0", server)])  # type: ignore[arg-type]
     backoff = Backoff(initial_s=1.0, max_s=8.0, reset_after_s=60.0, jitter=0.5)
     return Supervisor(fleet, backoff, metrics, say=lines.append, draw=lambda: 0.0, clock=clock), metrics
 
@@ -110,18 +113,18 @@ def test_a_killed_replica_is_restarted_after_its_backoff_and_counted():
     server.start()
     supervisor, metrics = _supervise(server, clock, lines)
     try:
-        server.process.send_signal(signal.SIGKILL)      # type: ignore[union-attr]
-        server.process.wait()                           # type: ignore[union-attr]
+        server.process.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
+        server.process.wait()  # type: ignore[union-attr]
         supervisor.poll()
         assert "replica r0: tritonserver exited on its own (killed by SIGKILL); restarting it in 1.0 s" in lines[-1]
         assert metrics.registry.get_sample_value("serving_replica_up", {"replica": "r0"}) == 0
         clock.now += 0.9
         supervisor.poll()
-        assert server.starts == 1                        # not before its delay
+        assert server.starts == 1  # not before its delay
         clock.now += 0.2
         _settle(supervisor)
         assert server.starts == 2 and server.process is not None and server.process.poll() is None
-        assert server.stopped == [-signal.SIGKILL]      # the dead one reaped (stubs, shm) before the new start
+        assert server.stopped == [-signal.SIGKILL]  # the dead one reaped (stubs, shm) before the new start
         assert "replica r0: restarted, ready in" in lines[-1]
         assert _restarts(metrics, "SIGKILL") == 1
         assert metrics.registry.get_sample_value("serving_replica_up", {"replica": "r0"}) == 1
@@ -136,17 +139,17 @@ def test_exits_in_a_row_back_off_and_a_long_run_starts_a_new_row():
     delays = []
     try:
         for _ in range(5):
-            server.process.kill()                       # type: ignore[union-attr]
-            server.process.wait()                       # type: ignore[union-attr]
+            server.process.kill()  # type: ignore[union-attr]
+            server.process.wait()  # type: ignore[union-attr]
             supervisor.poll()
             delays.append(supervisor._watches["r0"].restart_at - clock.now)
             clock.now += delays[-1]
             _settle(supervisor)
         assert delays == [1.0, 2.0, 4.0, 8.0, 8.0]
-        clock.now += 61.0                               # a run long enough: the next exit starts over
+        clock.now += 61.0  # a run long enough: the next exit starts over
         supervisor.poll()
-        server.process.kill()                           # type: ignore[union-attr]
-        server.process.wait()                           # type: ignore[union-attr]
+        server.process.kill()  # type: ignore[union-attr]
+        server.process.wait()  # type: ignore[union-attr]
         supervisor.poll()
         assert supervisor._watches["r0"].restart_at - clock.now == 1.0
         assert _restarts(metrics, "SIGKILL") == 5

@@ -2,6 +2,7 @@
 one line and exits non-zero; with them (faked here) it converts the checkpoint
 with TP x PP ranks through TensorRT-LLM's API and builds with `trtllm-build`,
 limits from the deployment settings."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -25,9 +26,11 @@ HAS_TRTLLM = importlib.util.find_spec("tensorrt_llm") is not None
 
 def _fake_machine(gpus: int = 4, version: str | None = TENSORRT_LLM_VERSION, trtllm_build: bool = True) -> Probes:
     def which(name: str) -> str | None:
-        return {"nvidia-smi": "/usr/bin/nvidia-smi" if gpus else None,
-                "trtllm-build": "/usr/local/bin/trtllm-build" if trtllm_build else None,
-                "python3": "/usr/bin/python3"}.get(name)
+        return {
+            "nvidia-smi": "/usr/bin/nvidia-smi" if gpus else None,
+            "trtllm-build": "/usr/local/bin/trtllm-build" if trtllm_build else None,
+            "python3": "/usr/bin/python3",
+        }.get(name)
 
     def run(command: list[str], **_: object) -> subprocess.CompletedProcess:
         if command[-1] == "-L":
@@ -37,14 +40,20 @@ def _fake_machine(gpus: int = 4, version: str | None = TENSORRT_LLM_VERSION, trt
             return subprocess.CompletedProcess(command, 0, f"{version}\n", "")
         return subprocess.CompletedProcess(command, 1, "", "ModuleNotFoundError: tensorrt_llm")
 
-    return Probes(which=which, run=run,
-                  exists=lambda path: path.startswith("/usr/bin/python3") or path == sys.executable)
+    return Probes(
+        which=which, run=run, exists=lambda path: path.startswith("/usr/bin/python3") or path == sys.executable
+    )
 
 
 @pytest.mark.skipif(HAS_TRTLLM, reason="TensorRT-LLM is installed here")
 def test_without_tensorrt_llm_the_command_says_so_in_one_line():
-    done = subprocess.run([sys.executable, "-m", "serving", "build-trtllm", "--tp", "2", "--pp", "1"],
-                          capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "serving", "build-trtllm", "--tp", "2", "--pp", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+    )
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
@@ -53,13 +62,16 @@ def test_without_tensorrt_llm_the_command_says_so_in_one_line():
     assert done.stdout == ""
 
 
-@pytest.mark.parametrize(("machine", "expected"), [
-    (dict(version=None), "TensorRT-LLM is not installed here"),
-    (dict(version="0.15.0"), f"TensorRT-LLM 0.15.0 found, this repository is pinned to {TENSORRT_LLM_VERSION}"),
-    (dict(trtllm_build=False), "trtllm-build is not on PATH"),
-    (dict(gpus=0), "no NVIDIA GPU here (nvidia-smi lists none)"),
-    (dict(gpus=1), "tp 2 x pp 2 needs 4 GPUs, nvidia-smi lists 1"),
-])
+@pytest.mark.parametrize(
+    ("machine", "expected"),
+    [
+        (dict(version=None), "TensorRT-LLM is not installed here"),
+        (dict(version="0.15.0"), f"TensorRT-LLM 0.15.0 found, this repository is pinned to {TENSORRT_LLM_VERSION}"),
+        (dict(trtllm_build=False), "trtllm-build is not on PATH"),
+        (dict(gpus=0), "no NVIDIA GPU here (nvidia-smi lists none)"),
+        (dict(gpus=1), "tp 2 x pp 2 needs 4 GPUs, nvidia-smi lists 1"),
+    ],
+)
 def test_each_missing_piece_is_named(machine: dict, expected: str):
     with pytest.raises(EnvironmentMissing) as caught:
         find_toolchain(2, 2, probes=_fake_machine(**machine))
@@ -77,7 +89,7 @@ def test_the_commands_carry_tp_pp_and_the_settings_limits(tmp_path: Path):
     engine = EngineConfig(model_dir=str(tmp_path / "m"), max_num_seqs=32, max_num_batched_tokens=4096, block_size=32)
     plan = plan_build(engine, max_seq_len=2048, tp=2, pp=2, checkpoint_dtype="float16")
     tools = Toolchain("/usr/bin/python3", TENSORRT_LLM_VERSION, "/usr/local/bin/trtllm-build", 4)
-    assert plan.engine_dir == tmp_path / "m" / "tensorrt_llm_engine"     # where the render looks
+    assert plan.engine_dir == tmp_path / "m" / "tensorrt_llm_engine"  # where the render looks
     convert = convert_command(plan, tools)
     assert convert[:2] == ["/usr/bin/python3", str(CONVERT_SCRIPT)]
     assert convert[convert.index("--tp") + 1] == "2" and convert[convert.index("--pp") + 1] == "2"
@@ -89,8 +101,14 @@ def test_the_commands_carry_tp_pp_and_the_settings_limits(tmp_path: Path):
     assert (flags["--workers"], flags["--max_batch_size"], flags["--max_num_tokens"]) == ("4", "32", "4096")
     assert (flags["--max_seq_len"], flags["--max_input_len"], flags["--tokens_per_block"]) == ("2048", "2047", "32")
     assert flags["--kv_cache_type"] == "paged" and flags["--use_paged_context_fmha"] == "enable"
-    plain = plan_build(EngineConfig(model_dir="/m", enable_kv_cache_reuse=False, enable_chunked_context=False),
-                       max_seq_len=512, tp=1, pp=1, checkpoint_dtype="auto", output=tmp_path / "e")
+    plain = plan_build(
+        EngineConfig(model_dir="/m", enable_kv_cache_reuse=False, enable_chunked_context=False),
+        max_seq_len=512,
+        tp=1,
+        pp=1,
+        checkpoint_dtype="auto",
+        output=tmp_path / "e",
+    )
     assert "--use_paged_context_fmha" not in build_command(plain, tools) and plain.engine_dir == tmp_path / "e"
 
 
@@ -112,14 +130,19 @@ def test_the_checkpoint_is_converted_rank_by_rank_through_tensorrt_llms_api(tmp_
 
     monkeypatch.setitem(sys.modules, "tensorrt_llm", types.ModuleType("tensorrt_llm"))
     monkeypatch.setitem(sys.modules, "tensorrt_llm.mapping", types.SimpleNamespace(Mapping=Mapping))
-    monkeypatch.setitem(sys.modules, "tensorrt_llm.models",
-                        types.SimpleNamespace(MODEL_MAP={"LlamaForCausalLM": LLaMAForCausalLM}))
+    monkeypatch.setitem(
+        sys.modules, "tensorrt_llm.models", types.SimpleNamespace(MODEL_MAP={"LlamaForCausalLM": LLaMAForCausalLM})
+    )
     model = tmp_path / "m"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
     out = str(tmp_path / "ckpt")
-    assert convert_checkpoint.main(["--model-dir", str(model), "--output-dir", out, "--tp", "2", "--pp", "2",
-                                    "--dtype", "float16"]) == 0
+    assert (
+        convert_checkpoint.main(
+            ["--model-dir", str(model), "--output-dir", out, "--tp", "2", "--pp", "2", "--dtype", "float16"]
+        )
+        == 0
+    )
     loads = [c for c in calls if c[0] == "load"]
     assert [c[3] for c in loads] == [(4, rank, 2, 2) for rank in range(4)]
     assert [c[2] for c in calls if c[0] == "save"] == [True, False, False, False]

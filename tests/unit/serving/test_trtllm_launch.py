@@ -2,6 +2,7 @@
 (TP x PP), one tritonserver per rank under mpirun as TensorRT-LLM's
 scripts/launch_triton_server.py (tensorrtllm_backend v0.14.0) starts them, or
 one in orchestrator mode; without the container's Triton it says so in one line."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,17 @@ VARIANT = ("preprocessing", "ensemble", "llm_bls", "postprocessing", "tensorrt_l
 
 def _engine(folder: Path, tp: int, pp: int) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps({"version": "0.14.0", "pretrained_config": {
-        "architecture": "LlamaForCausalLM", "mapping": {"world_size": tp * pp, "tp_size": tp, "pp_size": pp}}}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "version": "0.14.0",
+                "pretrained_config": {
+                    "architecture": "LlamaForCausalLM",
+                    "mapping": {"world_size": tp * pp, "tp_size": tp, "pp_size": pp},
+                },
+            }
+        )
+    )
     return folder
 
 
@@ -63,9 +73,16 @@ def test_the_engines_tp_and_pp_give_the_world_size(tmp_path: Path):
 
 
 def test_leader_mode_runs_one_tritonserver_per_rank(tmp_path: Path):
-    command, env = launch_command("/opt/tritonserver/bin/tritonserver", EngineShape(2, 2), tmp_path / "repo",
-                                  tmp_path / "backends", VARIANT, ["--http-port=8000"], orchestrator=False,
-                                  mpirun="/usr/bin/mpirun")
+    command, env = launch_command(
+        "/opt/tritonserver/bin/tritonserver",
+        EngineShape(2, 2),
+        tmp_path / "repo",
+        tmp_path / "backends",
+        VARIANT,
+        ["--http-port=8000"],
+        orchestrator=False,
+        mpirun="/usr/bin/mpirun",
+    )
     assert command[:2] == ["/usr/bin/mpirun", "--allow-run-as-root"] and env == {}
     ranks = _segments(command)
     assert len(ranks) == 4
@@ -88,8 +105,9 @@ def test_orchestrator_mode_and_a_single_rank_run_one_tritonserver(tmp_path: Path
 
 def _prepare(tmp_path: Path, engine_dir: Path, probes: Probes, orchestrator: bool = False):
     settings = DeploymentSettings.load(environ={}, model_dir=str(tmp_path / "model"))
-    options = LaunchOptions(settings=settings, http_port=18000, grpc_port=18001, metrics_port=18002,
-                            work_dir=tmp_path / "work")
+    options = LaunchOptions(
+        settings=settings, http_port=18000, grpc_port=18001, metrics_port=18002, work_dir=tmp_path / "work"
+    )
     return prepare(settings, options, engine_dir, CONTAINER_TRITONSERVER, orchestrator, probes)
 
 
@@ -99,11 +117,12 @@ def test_prepare_renders_the_variant_for_the_engine_and_checks_the_machine(tmp_p
     assert shape == EngineShape(2, 2) and command[0] == "/usr/bin/mpirun"
     work = tmp_path / "work"
     repository = work / "model_repository"
-    engine = text_format.Parse((repository / ENGINE_MODEL_NAME / "config.pbtxt").read_text(),
-                               model_config_pb2.ModelConfig())
+    engine = text_format.Parse(
+        (repository / ENGINE_MODEL_NAME / "config.pbtxt").read_text(), model_config_pb2.ModelConfig()
+    )
     assert engine.parameters["gpt_model_path"].string_value == str(engine_dir)
     ensemble = (repository / "ensemble" / "config.pbtxt").read_text()
-    assert 'model_name: "tensorrt_llm"' in ensemble          # switched although the settings said python_llm
+    assert 'model_name: "tensorrt_llm"' in ensemble  # switched although the settings said python_llm
     assert os.readlink(work / "backends" / "tensorrtllm") == CONTAINER_BACKEND_DIR
     assert (work / "backends" / "python" / "triton_python_backend_stub").is_file()
     rank0 = _segments(command)[0]
@@ -113,13 +132,18 @@ def test_prepare_renders_the_variant_for_the_engine_and_checks_the_machine(tmp_p
     assert oct((work / "admin_key").stat().st_mode & 0o777) == "0o600"
 
 
-@pytest.mark.parametrize(("probes", "expected"), [
-    (Probes(which=lambda _: None, exists=lambda _: False), f"no tritonserver at {CONTAINER_TRITONSERVER}"),
-    (Probes(which=lambda _: None, exists=lambda p: p == CONTAINER_TRITONSERVER),
-     "TensorRT-LLM's Triton backend is not here"),
-    (_machine(mpirun=False), "mpirun is not on PATH"),
-    (_machine(gpus=2), "tp 2 x pp 2 needs 4 GPUs, nvidia-smi lists 2"),
-])
+@pytest.mark.parametrize(
+    ("probes", "expected"),
+    [
+        (Probes(which=lambda _: None, exists=lambda _: False), f"no tritonserver at {CONTAINER_TRITONSERVER}"),
+        (
+            Probes(which=lambda _: None, exists=lambda p: p == CONTAINER_TRITONSERVER),
+            "TensorRT-LLM's Triton backend is not here",
+        ),
+        (_machine(mpirun=False), "mpirun is not on PATH"),
+        (_machine(gpus=2), "tp 2 x pp 2 needs 4 GPUs, nvidia-smi lists 2"),
+    ],
+)
 def test_each_missing_piece_is_named(tmp_path: Path, probes: Probes, expected: str):
     with pytest.raises(EnvironmentMissing) as caught:
         _prepare(tmp_path, _engine(tmp_path / "e", 2, 2), probes)
@@ -128,8 +152,13 @@ def test_each_missing_piece_is_named(tmp_path: Path, probes: Probes, expected: s
 
 @pytest.mark.skipif(Path(CONTAINER_TRITONSERVER).exists(), reason="the container's Triton is here")
 def test_outside_the_container_the_command_says_so_in_one_line():
-    done = subprocess.run([sys.executable, "-m", "serving", "launch-trtllm", "--dry-run"],
-                          capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "serving", "launch-trtllm", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+    )
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"launch-trtllm: no tritonserver at {CONTAINER_TRITONSERVER}")

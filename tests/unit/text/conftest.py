@@ -1,5 +1,6 @@
 """Fixtures for the text stages: the default model's real tokenizer and a
 tiny SentencePiece tokenizer trained on the spot (for the missing-space case)."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,6 +1,7 @@
 """ensemble.bls_responses: a finished decoupled BLS call's response iterator
 keeps its last reference in Python until an `is_cancelled()` round trip that
 began after it was retired, and is then dropped by the thread that made it."""
+
 from __future__ import annotations
 
 import gc
@@ -28,7 +29,7 @@ class FakeRequest:
 
     def exec(self, decoupled: bool) -> FakeResponses:
         assert decoupled
-        responses, self.responses = self.responses, None    # the request keeps no reference
+        responses, self.responses = self.responses, None  # the request keeps no reference
         return responses
 
 

@@ -29,8 +29,8 @@ def test_word_split_across_tokens_is_masked() -> None:
 
 def test_only_the_possible_start_of_a_word_is_held_back() -> None:
     content_filter = MASK_DANGER.new_filter()
-    assert content_filter.push("这很危").text == "这很"   # "危" may start "危险"
-    assert content_filter.push("机").text == "危机"       # it did not
+    assert content_filter.push("这很危").text == "这很"  # "危" may start "危险"
+    assert content_filter.push("机").text == "危机"  # it did not
     assert content_filter.flush().text == ""
 
 
@@ -56,8 +56,7 @@ def test_words_are_case_insensitive_unless_told_otherwise() -> None:
 
 
 def test_mask_and_stop_rules_together_mask_text_before_the_stop() -> None:
-    rules = ContentFilterRules.from_dicts([
-        {"pattern": "危险"}, {"pattern": "炸弹", "action": "stop"}])
+    rules = ContentFilterRules.from_dicts([{"pattern": "危险"}, {"pattern": "炸弹", "action": "stop"}])
     assert _run(rules, ["危险的", "炸", "弹在这"]) == ("**的", True, "炸弹")
 
 
@@ -75,13 +74,16 @@ def test_rules_load_from_a_json_file(tmp_path: Path) -> None:
     assert _run(rules, ["小心危", "险"]) == ("小心", True, "danger")
 
 
-@pytest.mark.parametrize("item, message", [
-    ({"pattern": ""}, "non-empty pattern"),
-    ({"pattern": "a*", "regex": True}, "matches the empty string"),
-    ({"pattern": "(", "regex": True}, "bad regular expression"),
-    ({"pattern": "x", "action": "delete"}, "delete"),
-    ({"pattern": "x", "colour": "red"}, "unknown keys"),
-])
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        ({"pattern": ""}, "non-empty pattern"),
+        ({"pattern": "a*", "regex": True}, "matches the empty string"),
+        ({"pattern": "(", "regex": True}, "bad regular expression"),
+        ({"pattern": "x", "action": "delete"}, "delete"),
+        ({"pattern": "x", "colour": "red"}, "unknown keys"),
+    ],
+)
 def test_bad_rules_are_rejected_at_load_time(item: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ContentFilterRules.from_dicts([item])
@@ -118,15 +120,17 @@ def test_each_push_scans_at_most_the_hold_window_plus_the_new_text() -> None:
     open-ended pattern that could hold forever. (Its speed in microseconds is
     a benchmark's business, not a unit test's.)"""
     words = [{"pattern": w} for w in ("危险", "炸弹", "暴力", "password", "secret", "kill", "attack")]
-    regexes = [{"pattern": p, "regex": True} for p in (r"\d{3}-\d{4}", r"\b[\w.]+@\w+\.\w+\b", r"(?:api|key)=\w+",
-                                                       r"<private>.*</private>")]
+    regexes = [
+        {"pattern": p, "regex": True}
+        for p in (r"\d{3}-\d{4}", r"\b[\w.]+@\w+\.\w+\b", r"(?:api|key)=\w+", r"<private>.*</private>")
+    ]
     stop = [{"pattern": "绝密", "action": "stop"}]
     rules = ContentFilterRules.from_dicts(words * 3 + regexes + stop)
     lengths: list[int] = []
     rules.mask_pattern = _ScannedLengths(rules.mask_pattern, lengths)  # type: ignore[assignment]
     rules.stop_pattern = _ScannedLengths(rules.stop_pattern, lengths)  # type: ignore[assignment]
     tokens = ["The", " quick", " brown", " fox", "，", "今天", "天气", "很好", "。", " email", " me"] * 100
-    tokens += ["<private>"] + ["xxxx"] * 100     # never closed: held up to the window, then given up
+    tokens += ["<private>"] + ["xxxx"] * 100  # never closed: held up to the window, then given up
 
     text, stopped, _ = _run(rules, tokens)
     assert not stopped and text == "".join(tokens)

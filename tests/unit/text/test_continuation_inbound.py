@@ -2,6 +2,7 @@
 builder): appended after the rendered prompt, counted as output against
 `max_tokens`, announced to the LLM step as `continuation_length`, and handed
 to postprocessing in the request context."""
+
 from __future__ import annotations
 
 import json
@@ -19,16 +20,20 @@ Arrays = dict[str, np.ndarray]
 
 
 def _builder(info: TokenizerInfo, max_context: int | None = None) -> LLMRequestBuilder:
-    return LLMRequestBuilder(info, PromptBuilder(info, max_context=max_context),
-                             EngineMaxTokens(default_max_tokens=16, max_tokens_limit=4096))
+    return LLMRequestBuilder(
+        info,
+        PromptBuilder(info, max_context=max_context),
+        EngineMaxTokens(default_max_tokens=16, max_tokens_limit=4096),
+    )
 
 
 def _inputs(continuation: list[int] | None = None, **values: object) -> Arrays:
     """Public request tensors as Triton hands them over: [1, n]; INT32 ids."""
     arrays: Arrays = {}
     for name, value in values.items():
-        arrays[name] = (np.asarray([[value.encode()]], dtype=np.object_) if isinstance(value, str)
-                        else np.asarray([[value]]))
+        arrays[name] = (
+            np.asarray([[value.encode()]], dtype=np.object_) if isinstance(value, str) else np.asarray([[value]])
+        )
     if continuation is not None:
         arrays["continuation_ids"] = np.asarray([continuation], dtype=np.int32)
     return arrays
@@ -38,8 +43,7 @@ def _context(built: Arrays) -> RequestContext:
     return RequestContext.from_json(scalar(built.get, "request_context"))
 
 
-def test_the_ids_follow_the_rendered_prompt_and_their_count_reaches_the_llm_step(
-        tokenizer_info: TokenizerInfo) -> None:
+def test_the_ids_follow_the_rendered_prompt_and_their_count_reaches_the_llm_step(tokenizer_info: TokenizerInfo) -> None:
     builder = _builder(tokenizer_info)
     plain = builder.build(_inputs(text_input="The capital of France is", max_tokens=10).get)
     built = builder.build(_inputs([11, 22, 33], text_input="The capital of France is", max_tokens=10).get)
@@ -47,7 +51,7 @@ def test_the_ids_follow_the_rendered_prompt_and_their_count_reaches_the_llm_step
     assert built["input_ids"].tolist() == [prompt + [11, 22, 33]]
     assert built["input_lengths"].tolist() == [[len(prompt) + 3]]
     assert built["continuation_length"].tolist() == [[3]] and plain["continuation_length"].tolist() == [[0]]
-    assert built["request_output_len"].tolist() == [[10]]     # the continuation counts inside it
+    assert built["request_output_len"].tolist() == [[10]]  # the continuation counts inside it
     context = _context(built)
     assert context.continuation_ids == [11, 22, 33] and context.primed_ids == [11, 22, 33]
     assert _context(plain).continuation_ids == []
@@ -74,14 +78,18 @@ def test_with_the_input_echoed_nothing_is_primed(tokenizer_info: TokenizerInfo) 
     assert context.continuation_ids == [5, 6] and context.echo_input and context.primed_ids == []
 
 
-@pytest.mark.parametrize(("continuation", "max_tokens", "message"), [
-    ([1, -2, 3], 10, r"^continuation_ids: token ids must be >= 0, got -2$"),
-    (list(range(10)), 10, r"^continuation_ids: 10 ids leave nothing to generate within max_tokens 10 "),
-    (list(range(20)), 10, r"^continuation_ids: 20 ids leave nothing to generate within max_tokens 10 "),
-    ([1] * 16, None, r"^continuation_ids: 16 ids leave nothing to generate within max_tokens 16 "),  # the default
-])
+@pytest.mark.parametrize(
+    ("continuation", "max_tokens", "message"),
+    [
+        ([1, -2, 3], 10, r"^continuation_ids: token ids must be >= 0, got -2$"),
+        (list(range(10)), 10, r"^continuation_ids: 10 ids leave nothing to generate within max_tokens 10 "),
+        (list(range(20)), 10, r"^continuation_ids: 20 ids leave nothing to generate within max_tokens 10 "),
+        ([1] * 16, None, r"^continuation_ids: 16 ids leave nothing to generate within max_tokens 16 "),  # the default
+    ],
+)
 def test_bad_continuations_are_refused_naming_the_field(
-        tokenizer_info: TokenizerInfo, continuation: list[int], max_tokens: int | None, message: str) -> None:
+    tokenizer_info: TokenizerInfo, continuation: list[int], max_tokens: int | None, message: str
+) -> None:
     values: dict[str, object] = {"text_input": "Hi"}
     if max_tokens is not None:
         values["max_tokens"] = max_tokens
@@ -117,4 +125,4 @@ def test_llm_bls_passes_the_count_to_the_llm_step(tokenizer_info: TokenizerInfo)
     step = llm_inputs(built, inputs.get)
     assert step["continuation_length"].tolist() == [[2]]
     assert step["input_ids"][0, -2:].tolist() == [4, 5]
-    assert "continuation_ids" not in step           # the LLM step gets them inside input_ids
+    assert "continuation_ids" not in step  # the LLM step gets them inside input_ids

@@ -2,6 +2,7 @@
 continuation's ids, so what the new replica emits is exactly what the dead
 one had not emitted yet (an incomplete character, a possible stop string, an
 unfinished segment), and the two together equal an uninterrupted stream."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -70,21 +71,21 @@ def test_any_switch_point_reproduces_the_uninterrupted_text(tokenizer: Tokenizer
 
 
 def test_a_character_split_across_the_switch_comes_whole(tokenizer: Tokenizer) -> None:
-    ids = _ids(tokenizer, PARROT)                       # "Paris", " \xf0\x9f", "\xa6", "\x9c", " ok"
+    ids = _ids(tokenizer, PARROT)  # "Paris", " \xf0\x9f", "\xa6", "\x9c", " ok"
     first, second = _migrated(tokenizer, OutputConfig(), ids, 2)
-    assert "".join(first) == "Paris "                   # the half character was held back
+    assert "".join(first) == "Paris "  # the half character was held back
     assert second[:2] == ["", "🦜"] and "".join(second) == "🦜 ok"
 
 
 def test_a_stop_string_spanning_the_switch_stops_with_nothing_of_it_emitted(tokenizer: Tokenizer) -> None:
-    ids = _ids(tokenizer, "The end. STOP here")         # ..., " ST", "OP", " here"
+    ids = _ids(tokenizer, "The end. STOP here")  # ..., " ST", "OP", " here"
     switch = [tokenizer.decode([t]) for t in ids].index(" ST") + 1
     config = OutputConfig(stop_strings=("STOP",))
     first, _ = _migrated(tokenizer, config, ids, switch)
     assert "".join(first) == "The end. "
     second = OutputPipeline(tokenizer, config)
     second.prime(ids[:switch])
-    emission = second.push(ids[switch:switch + 1])
+    emission = second.push(ids[switch : switch + 1])
     assert emission.text == "" and emission.finish_reason == "stop"
 
 
@@ -111,7 +112,7 @@ def test_the_streaming_step_primes_a_new_stream_once(tokenizer: Tokenizer, tmp_p
     ids = _ids(tokenizer, PARROT)
     primed, new = ids[:2], ids[2:]
     texts = []
-    for index, token in enumerate(new):     # sequence_length counts the new tokens only
+    for index, token in enumerate(new):  # sequence_length counts the new tokens only
         reason = "length" if index == len(new) - 1 else None
         result = post.process(LLMDelta(KEY, [token], index + 1, reason, streaming=True), primed_ids=primed)
         texts.append(result.text)
@@ -122,8 +123,9 @@ def test_the_streaming_step_stops_the_engine_on_a_stop_spanning_the_switch(token
     post = StreamPostprocessor(tokenizer, InProcessStateStore())
     ids = _ids(tokenizer, "The end. STOP here")
     switch = [tokenizer.decode([t]) for t in ids].index(" ST") + 1
-    result = post.process(LLMDelta(KEY, ids[switch:switch + 1], 1, None, streaming=True),
-                          stop_strings=["STOP"], primed_ids=ids[:switch])
+    result = post.process(
+        LLMDelta(KEY, ids[switch : switch + 1], 1, None, streaming=True), stop_strings=["STOP"], primed_ids=ids[:switch]
+    )
     assert result.text == "" and result.stop_engine
     final = post.process(LLMDelta(KEY, [], 1, "cancelled", streaming=True), stop_strings=["STOP"])
     assert final.finish_reason == "stop"
@@ -137,17 +139,22 @@ def test_a_whole_answer_carries_only_the_new_text(tokenizer: Tokenizer) -> None:
 
 
 def test_llm_bls_primes_its_pipeline_and_stops_the_engine_on_a_spanning_stop(
-        tokenizer_info: TokenizerInfo, tokenizer: Tokenizer) -> None:
-    builder = LLMRequestBuilder(tokenizer_info, PromptBuilder(tokenizer_info),
-                                EngineMaxTokens(default_max_tokens=128, max_tokens_limit=4096))
+    tokenizer_info: TokenizerInfo, tokenizer: Tokenizer
+) -> None:
+    builder = LLMRequestBuilder(
+        tokenizer_info, PromptBuilder(tokenizer_info), EngineMaxTokens(default_max_tokens=128, max_tokens_limit=4096)
+    )
     post = StreamPostprocessor(tokenizer, InProcessStateStore())
     ids = _ids(tokenizer, "The end. STOP here")
     switch = [tokenizer.decode([t]) for t in ids].index(" ST") + 1
     llm = FakeLLM([([token], None) for token in ids[switch:]] + [([], "cancelled")])
-    inputs = {"text_input": np.asarray([[b"Q"]], dtype=np.object_),
-              "stream": np.asarray([[True]]), "stop_words": np.asarray([[b"STOP"]], dtype=np.object_),
-              "request_key": np.asarray([[KEY.encode()]], dtype=np.object_),
-              "continuation_ids": np.asarray([ids[:switch]], dtype=np.int32)}
+    inputs = {
+        "text_input": np.asarray([[b"Q"]], dtype=np.object_),
+        "stream": np.asarray([[True]]),
+        "stop_words": np.asarray([[b"STOP"]], dtype=np.object_),
+        "request_key": np.asarray([[KEY.encode()]], dtype=np.object_),
+        "continuation_ids": np.asarray([ids[:switch]], dtype=np.int32),
+    }
     assert run_bls_request(inputs.get, builder, post, llm.callbacks()) == "stop"
     assert llm.calls[0]["continuation_length"].tolist() == [[switch]]
     assert "".join(llm.texts()) == "" and llm.stops == [KEY]

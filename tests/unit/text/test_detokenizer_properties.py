@@ -1,6 +1,7 @@
 """Property tests: streaming deltas of the real default tokenizer (byte-level
 BPE) and of a trained SentencePiece tokenizer reassemble exactly into the full
 decode, for any split of the ids into chunks, and never show U+FFFD early."""
+
 from __future__ import annotations
 
 import os
@@ -14,13 +15,23 @@ from ensemble.outbound.detokenizer import IncrementalDetokenizer
 from tests.unit.text.spm_tokenizer import RARE_CHINESE
 
 SAMPLE_TEXTS = [
-    "你好，世界！今天天气很好。", "危险品请勿靠近", "emoji 😀🎉👍🏽 and 🇫🇷 flags", "naïve café – “quotes” …",
-    "日本語のテキスト、かな。", "한국어 문장입니다", "mixed 中文 and English words 混合", "Ünïcödé ß ∑ ∫ √",
-    f"rare {RARE_CHINESE} chars", "the quick brown fox jumps over the lazy dog. streaming tokens arrive",
+    "你好，世界！今天天气很好。",
+    "危险品请勿靠近",
+    "emoji 😀🎉👍🏽 and 🇫🇷 flags",
+    "naïve café – “quotes” …",
+    "日本語のテキスト、かな。",
+    "한국어 문장입니다",
+    "mixed 中文 and English words 混合",
+    "Ünïcödé ß ∑ ∫ √",
+    f"rare {RARE_CHINESE} chars",
+    "the quick brown fox jumps over the lazy dog. streaming tokens arrive",
 ]
 REPLACEMENT = "\ufffd"
-HYPOTHESIS = settings(max_examples=int(os.environ.get("TEXT_HYPOTHESIS_EXAMPLES", "150")), deadline=None,
-                      suppress_health_check=[HealthCheck.function_scoped_fixture])
+HYPOTHESIS = settings(
+    max_examples=int(os.environ.get("TEXT_HYPOTHESIS_EXAMPLES", "150")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 
 
 def _byte_piece_ids(tokenizer: Tokenizer) -> dict[int, int]:
@@ -45,9 +56,9 @@ def _token_sequences(tokenizer: Tokenizer) -> st.SearchStrategy[list[int]]:
     specials = sorted(tokenizer.get_added_tokens_decoder())
     real = [tokenizer.encode(t, add_special_tokens=False).ids for t in SAMPLE_TEXTS]
     single_id = st.one_of(
-        st.sampled_from(interesting),                                   # CJK / emoji pieces, any order
-        st.integers(0, size - 1).filter(lambda i: i not in byte_ids),   # anything at all
-        st.sampled_from(specials),                                      # must vanish from the text
+        st.sampled_from(interesting),  # CJK / emoji pieces, any order
+        st.integers(0, size - 1).filter(lambda i: i not in byte_ids),  # anything at all
+        st.sampled_from(specials),  # must vanish from the text
     )
     if byte_pieces:
         # ByteFallback decodes a run of byte pieces all-or-nothing (one bad
@@ -56,15 +67,22 @@ def _token_sequences(tokenizer: Tokenizer) -> st.SearchStrategy[list[int]]:
         # characters only; the invalid case has its own test below.
         real_slice = st.sampled_from(SAMPLE_TEXTS).flatmap(
             lambda text: st.tuples(st.integers(0, len(text)), st.integers(0, len(text))).map(
-                lambda ab: tokenizer.encode(text[min(ab):max(ab)], add_special_tokens=False).ids))
+                lambda ab: tokenizer.encode(text[min(ab) : max(ab)], add_special_tokens=False).ids
+            )
+        )
     else:  # byte-level BPE: any slice of ids, cutting characters anywhere
         real_slice = st.sampled_from(real).flatmap(
             lambda ids: st.tuples(st.integers(0, len(ids)), st.integers(0, len(ids))).map(
-                lambda ab: ids[min(ab):max(ab)]))
+                lambda ab: ids[min(ab) : max(ab)]
+            )
+        )
     pieces = [real_slice, st.lists(single_id, min_size=1, max_size=4)]
     if byte_pieces:
-        pieces.append(st.characters(min_codepoint=0x80, exclude_categories=["Cs"]).map(
-            lambda char: [byte_pieces[b] for b in char.encode("utf-8")]))
+        pieces.append(
+            st.characters(min_codepoint=0x80, exclude_categories=["Cs"]).map(
+                lambda char: [byte_pieces[b] for b in char.encode("utf-8")]
+            )
+        )
     return st.lists(st.one_of(pieces), min_size=1, max_size=6).map(lambda parts: [t for p in parts for t in p])
 
 
@@ -97,7 +115,7 @@ def _check_valid_text_is_never_held_longer_than_needed(tokenizer: Tokenizer, ids
     emitted = ""
     whole_so_far = ""
     for k in range(1, len(ids) + 1):
-        delta = detokenizer.push(ids[k - 1:k])
+        delta = detokenizer.push(ids[k - 1 : k])
         assert REPLACEMENT not in delta
         emitted += delta
         decoded = tokenizer.decode(ids[:k], skip_special_tokens=True)
@@ -122,12 +140,13 @@ def sequences(any_tokenizer: Tokenizer) -> st.SearchStrategy[list[int]]:
 @HYPOTHESIS
 @given(data=st.data())
 def test_deltas_reassemble_the_full_decode_for_any_chunking(
-        any_tokenizer: Tokenizer, sequences: st.SearchStrategy[list[int]], data: st.DataObject) -> None:
+    any_tokenizer: Tokenizer, sequences: st.SearchStrategy[list[int]], data: st.DataObject
+) -> None:
     ids = data.draw(sequences, label="ids")
     cuts = data.draw(st.lists(st.integers(0, len(ids)), max_size=len(ids)), label="cuts")
     _check_stream(any_tokenizer, ids, cuts)
-    _check_stream(any_tokenizer, ids, list(range(len(ids))))   # one id per push: a cut at every point
-    _check_stream(any_tokenizer, ids, [])                       # everything in one push
+    _check_stream(any_tokenizer, ids, list(range(len(ids))))  # one id per push: a cut at every point
+    _check_stream(any_tokenizer, ids, [])  # everything in one push
 
 
 @pytest.mark.parametrize("text", SAMPLE_TEXTS)
@@ -147,7 +166,7 @@ def test_sentencepiece_fixture_reproduces_the_missing_space_bug(spm_tokenizer: T
 
 
 def test_truncated_byte_fallback_run_keeps_the_characters_already_streamed(spm_tokenizer: Tokenizer) -> None:
-    """"，" (3 byte pieces) then one stray byte: a full decode turns the whole
+    """ "，" (3 byte pieces) then one stray byte: a full decode turns the whole
     run into U+FFFD; the stream has shown "，" already and must not take it
     back, so the stray byte alone ends up as U+FFFD."""
     byte_ids = [spm_tokenizer.token_to_id(f"<0x{b:02X}>") for b in "，".encode() + b"\xe6"]
@@ -155,7 +174,7 @@ def test_truncated_byte_fallback_run_keeps_the_characters_already_streamed(spm_t
     deltas = _stream(spm_tokenizer, ids, list(range(len(ids))))
     streamed = "".join(deltas)
     assert streamed.startswith("你好，")
-    assert streamed[len("你好，"):] and set(streamed[len("你好，"):]) == {REPLACEMENT}
+    assert streamed[len("你好，") :] and set(streamed[len("你好，") :]) == {REPLACEMENT}
 
 
 def test_special_tokens_never_reach_the_text(tokenizer: Tokenizer) -> None:

@@ -7,8 +7,9 @@ from ensemble.outbound.output_pipeline import Emission, OutputConfig, OutputPipe
 from ensemble.outbound.segmenter import SegmentMode
 
 
-def _stream(tokenizer: Tokenizer, text: str, config: OutputConfig, engine_reason: str = "length",
-            eos: bool = False) -> list[Emission]:
+def _stream(
+    tokenizer: Tokenizer, text: str, config: OutputConfig, engine_reason: str = "length", eos: bool = False
+) -> list[Emission]:
     ids = tokenizer.encode(text, add_special_tokens=False).ids + ([2] if eos else [])
     pipeline = OutputPipeline(tokenizer, config)
     emissions = []

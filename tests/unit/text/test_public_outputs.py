@@ -1,5 +1,6 @@
 """The LLM step's response read into an LLMResponse (one parser for `llm_bls`
 and `postprocessing`), and the public arrays built from it."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -46,8 +47,9 @@ def test_every_field_is_read() -> None:
     assert response.times_ns == (100, 200, 300)
     assert response.cum_log_probs is arrays["cum_log_probs"]
     assert response.output_log_probs is arrays["output_log_probs"]
-    assert [type(v) for v in (*response.token_ids, response.sequence_length, response.num_input_tokens,
-                              *response.times_ns)] == [int] * 8
+    assert [
+        type(v) for v in (*response.token_ids, response.sequence_length, response.num_input_tokens, *response.times_ns)
+    ] == [int] * 8
 
 
 def test_the_parsed_outputs_are_the_ones_llm_bls_asks_for() -> None:
@@ -63,20 +65,34 @@ def test_the_parsed_outputs_are_the_ones_llm_bls_asks_for() -> None:
 
 def test_absent_optional_outputs_read_as_zero_values() -> None:
     response = llm_response_from(_getter({"output_ids": np.asarray([[[4]]], dtype=np.int32)}))
-    assert response == LLMResponse(token_ids=[4], sequence_length=0, finish_reason=None, num_input_tokens=0,
-                                   cum_log_probs=None, output_log_probs=None, times_ns=(0, 0, 0))
-    assert llm_response_from(_getter({})) == LLMResponse(token_ids=[], sequence_length=0, finish_reason=None,
-                                                         times_ns=(0, 0, 0))
+    assert response == LLMResponse(
+        token_ids=[4],
+        sequence_length=0,
+        finish_reason=None,
+        num_input_tokens=0,
+        cum_log_probs=None,
+        output_log_probs=None,
+        times_ns=(0, 0, 0),
+    )
+    assert llm_response_from(_getter({})) == LLMResponse(
+        token_ids=[], sequence_length=0, finish_reason=None, times_ns=(0, 0, 0)
+    )
 
 
 def test_empty_arrays_read_like_absent_ones() -> None:
-    arrays = {name: np.zeros((1, 0), dtype=np.int64) for name in ("sequence_length", "num_input_tokens",
-                                                                  "arrival_time_ns")}
+    arrays = {
+        name: np.zeros((1, 0), dtype=np.int64) for name in ("sequence_length", "num_input_tokens", "arrival_time_ns")
+    }
     arrays["finish_reason"] = np.zeros((1, 0), dtype=np.object_)
     arrays["output_ids"] = np.zeros((1, 1, 0), dtype=np.int32)
     response = llm_response_from(_getter(arrays))
-    assert (response.token_ids, response.sequence_length, response.finish_reason, response.num_input_tokens,
-            response.times_ns) == ([], 0, None, 0, (0, 0, 0))
+    assert (
+        response.token_ids,
+        response.sequence_length,
+        response.finish_reason,
+        response.num_input_tokens,
+        response.times_ns,
+    ) == ([], 0, None, 0, (0, 0, 0))
 
 
 @pytest.mark.parametrize("reason", [b"length", "length", np.str_("length")])
@@ -94,8 +110,11 @@ def test_a_finish_reason_that_is_not_utf8_names_the_field() -> None:
         llm_response_from(_getter(_step_arrays(b"\xffstop")))
 
 
-@pytest.mark.parametrize("ids", [np.asarray([[[1, 2]]]), np.asarray([[1, 2]]), np.asarray([1, 2])],
-                         ids=["batch-beam-tokens", "batch-tokens", "tokens"])
+@pytest.mark.parametrize(
+    "ids",
+    [np.asarray([[[1, 2]]]), np.asarray([[1, 2]]), np.asarray([1, 2])],
+    ids=["batch-beam-tokens", "batch-tokens", "tokens"],
+)
 def test_token_ids_with_or_without_batch_and_beam_dims(ids: np.ndarray) -> None:
     assert llm_response_from(_getter({"output_ids": ids.astype(np.int32)})).token_ids == [1, 2]
 
@@ -103,8 +122,11 @@ def test_token_ids_with_or_without_batch_and_beam_dims(ids: np.ndarray) -> None:
 @pytest.mark.parametrize("shape", [(1, 2, 3), (2, 1, 3), (2, 3)])
 def test_more_than_one_sequence_is_refused_rather_than_run_together(shape: tuple[int, ...]) -> None:
     ids = np.zeros(shape, dtype=np.int32)
-    with pytest.raises(InvalidInputError, match=rf"^output_ids: one sequence per response expected, got shape "
-                                                rf"\[{', '.join(map(str, shape))}\]$"):
+    with pytest.raises(
+        InvalidInputError,
+        match=rf"^output_ids: one sequence per response expected, got shape "
+        rf"\[{', '.join(map(str, shape))}\]$",
+    ):
         llm_response_from(_getter({"output_ids": ids}))
 
 
@@ -117,17 +139,24 @@ def test_public_arrays_carry_only_what_was_asked_for() -> None:
     assert plain["num_input_tokens"].tolist() == [[5]] and plain["num_output_tokens"].tolist() == [[3]]
     assert plain["output_ids"].shape == (1, 0)
     assert plain["cum_log_probs"].shape == (1, 0) and plain["output_log_probs"].shape == (1, 0, 0)
-    assert [plain[n].tolist() for n in ("arrival_time_ns", "first_token_time_ns", "last_token_time_ns")] == \
-        [[[0]], [[0]], [[0]]]
+    assert [plain[n].tolist() for n in ("arrival_time_ns", "first_token_time_ns", "last_token_time_ns")] == [
+        [[0]],
+        [[0]],
+        [[0]],
+    ]
 
-    full = public_output_arrays("Hi", None, response, ReturnFlags(log_probs=True, perf_metrics=True,
-                                                                  output_ids=True), "k" * 32)
+    full = public_output_arrays(
+        "Hi", None, response, ReturnFlags(log_probs=True, perf_metrics=True, output_ids=True), "k" * 32
+    )
     assert full["finish_reason"].tolist() == [[b""]]
     assert full["output_ids"].tolist() == [[11, 12, 13]]
     assert full["cum_log_probs"].tolist() == [[-1.5]]
     assert full["output_log_probs"].tolist() == [[[-0.5, -0.25, -0.75]]]
-    assert [full[n].tolist() for n in ("arrival_time_ns", "first_token_time_ns", "last_token_time_ns")] == \
-        [[[100]], [[200]], [[300]]]
+    assert [full[n].tolist() for n in ("arrival_time_ns", "first_token_time_ns", "last_token_time_ns")] == [
+        [[100]],
+        [[200]],
+        [[300]],
+    ]
 
 
 def test_return_flags_are_the_ones_packed_in_the_request_context() -> None:

@@ -28,7 +28,9 @@ def test_sentence_mode_cjk_needs_no_space_and_keeps_closing_quotes() -> None:
 
 def test_sentence_mode_does_not_split_decimals_or_abbreviation_dots_without_space() -> None:
     assert _segments(SegmentMode.SENTENCE, ["Pi is 3", ".14 and e", ".g.x is", " odd. Yes"]) == [
-        "Pi is 3.14 and e.g.x is odd.", " Yes"]
+        "Pi is 3.14 and e.g.x is odd.",
+        " Yes",
+    ]
 
 
 def test_sentence_mode_ends_a_sentence_at_a_blank_line() -> None:
@@ -37,8 +39,7 @@ def test_sentence_mode_ends_a_sentence_at_a_blank_line() -> None:
 
 def test_paragraph_mode_waits_for_a_blank_line() -> None:
     chunks = ["First line. Second", " line.\n", "\nNext para", "graph.\n \n", "Last"]
-    assert _segments(SegmentMode.PARAGRAPH, chunks) == [
-        "First line. Second line.\n\n", "Next paragraph.\n \n", "Last"]
+    assert _segments(SegmentMode.PARAGRAPH, chunks) == ["First line. Second line.\n\n", "Next paragraph.\n \n", "Last"]
 
 
 @pytest.mark.parametrize("mode", list(SegmentMode))

@@ -1,5 +1,6 @@
 """Stream state handed between `postprocessing` instances (ensemble/shared_state.py):
 a delta's state is loaded only once the previous delta stored it."""
+
 from __future__ import annotations
 
 import multiprocessing
@@ -26,7 +27,7 @@ def test_in_process_store_keeps_the_latest_state_until_deleted() -> None:
 def test_sqlite_store_hands_state_from_one_instance_to_the_next(tmp_path: Path) -> None:
     path = str(tmp_path / "state.sqlite")
     first, second = SqliteStateStore(path), SqliteStateStore(path)
-    assert first.load(KEY, 0, timeout_s=0) is None        # a new stream starts without state
+    assert first.load(KEY, 0, timeout_s=0) is None  # a new stream starts without state
     first.save(KEY, 3, b"after three tokens")
     assert second.load(KEY, 3, timeout_s=0) == b"after three tokens"
     second.delete(KEY)

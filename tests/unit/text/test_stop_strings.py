@@ -26,8 +26,8 @@ def test_stop_string_split_over_chunks_is_caught_and_never_emitted() -> None:
 
 def test_partial_match_is_held_then_released_when_it_cannot_match() -> None:
     matcher = StopStringMatcher(["User:"])
-    assert matcher.push("a Us").text == "a "       # "Us" may become "User:"
-    assert matcher.push("e").text == ""           # "Use" still may
+    assert matcher.push("a Us").text == "a "  # "Us" may become "User:"
+    assert matcher.push("e").text == ""  # "Use" still may
     assert matcher.push("d it").text == "Used it"  # "Used" cannot: released
     assert matcher.flush().text == ""
 
@@ -46,9 +46,9 @@ def test_earliest_of_several_stop_strings_wins() -> None:
 
 def test_overlapping_prefixes_hold_only_what_can_still_match() -> None:
     matcher = StopStringMatcher(["abcd", "bce"])
-    assert matcher.push("xab").text == "x"    # "ab" prefixes "abcd"
-    assert matcher.push("c").text == ""       # "abc" / "bc" still live
-    result = matcher.push("e")                # "bce" completes
+    assert matcher.push("xab").text == "x"  # "ab" prefixes "abcd"
+    assert matcher.push("c").text == ""  # "abc" / "bc" still live
+    result = matcher.push("e")  # "bce" completes
     assert result.stopped and result.text == "a"  # "x" went out on the first push
 
 
@@ -62,7 +62,7 @@ def test_stop_at_the_very_start_emits_nothing_and_stays_stopped() -> None:
 @pytest.mark.parametrize("text", ["你好危险的世界", "plain text without stops"])
 def test_any_chunking_gives_the_same_result(text: str) -> None:
     stops = ["危险", "without"]
-    expected = text[:min(i for i in (text.find(s) for s in stops) if i >= 0)]
+    expected = text[: min(i for i in (text.find(s) for s in stops) if i >= 0)]
     for cut in range(len(text) + 1):
         out, stopped = _run(stops, [text[:cut], text[cut:]])
         assert stopped and "".join(out) == expected

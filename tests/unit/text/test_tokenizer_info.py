@@ -31,14 +31,18 @@ def _model_copy(source: Path, target: Path, **files: object) -> Path:
 
 
 def test_eos_ids_merge_generation_config_config_and_tokenizer(text_model_dir: Path, tmp_path: Path) -> None:
-    folder = _model_copy(text_model_dir, tmp_path / "m",
-                         generation_config={"eos_token_id": [5, 7]},
-                         config={"eos_token_id": 7, "n_positions": 1024},
-                         tokenizer_config={"eos_token": {"content": "<|im_end|>"},
-                                           "chat_template": [{"name": "default", "template": "T"},
-                                                             {"name": "tool_use", "template": "U"}]})
+    folder = _model_copy(
+        text_model_dir,
+        tmp_path / "m",
+        generation_config={"eos_token_id": [5, 7]},
+        config={"eos_token_id": 7, "n_positions": 1024},
+        tokenizer_config={
+            "eos_token": {"content": "<|im_end|>"},
+            "chat_template": [{"name": "default", "template": "T"}, {"name": "tool_use", "template": "U"}],
+        },
+    )
     info = load_tokenizer_info(folder)
-    assert info.eos_token_ids == (5, 7, 2)   # generation_config first: it names the chat model's stop
+    assert info.eos_token_ids == (5, 7, 2)  # generation_config first: it names the chat model's stop
     assert info.end_id == 5
     assert info.max_context == 1024
     assert info.chat_template == "T"

@@ -10,7 +10,7 @@ from ensemble.inbound.word_lists import encode_word_list, parse_word_list, to_wo
 
 
 def _contains(haystack: list[int], needle: list[int]) -> bool:
-    return any(haystack[i:i + len(needle)] == needle for i in range(len(haystack) - len(needle) + 1))
+    return any(haystack[i : i + len(needle)] == needle for i in range(len(haystack) - len(needle) + 1))
 
 
 def test_layout_is_tensorrt_llm_ids_row_and_offsets_row() -> None:
@@ -27,21 +27,23 @@ def test_parse_is_the_inverse_and_accepts_a_batch_dimension() -> None:
     assert parse_word_list("stop_words_list", None) == []
 
 
-@pytest.mark.parametrize("array, message", [
-    (np.zeros((3, 2), np.int32), r"^bad_words_list: must have shape \[2, N\]"),
-    (np.array([[1, 2], [3, -1]], np.int32), r"^bad_words_list: offsets must increase"),
-    (np.array([[1, 2], [2, 1]], np.int32), r"^bad_words_list: offsets must increase"),
-    (np.array([[1, -4], [2, -1]], np.int32), r"^bad_words_list: token ids must not be negative"),
-    (np.array([[1.0], [1.0]]), r"^bad_words_list: must be integers"),
-])
+@pytest.mark.parametrize(
+    "array, message",
+    [
+        (np.zeros((3, 2), np.int32), r"^bad_words_list: must have shape \[2, N\]"),
+        (np.array([[1, 2], [3, -1]], np.int32), r"^bad_words_list: offsets must increase"),
+        (np.array([[1, 2], [2, 1]], np.int32), r"^bad_words_list: offsets must increase"),
+        (np.array([[1, -4], [2, -1]], np.int32), r"^bad_words_list: token ids must not be negative"),
+        (np.array([[1.0], [1.0]]), r"^bad_words_list: must be integers"),
+    ],
+)
 def test_malformed_word_lists_are_rejected(array: np.ndarray, message: str) -> None:
     with pytest.raises(InvalidInputError, match=message):
         parse_word_list("bad_words_list", array)
 
 
 @pytest.mark.parametrize("context", ["Hello\n{}", "Hello {}", "{} at the start", "said:{}"])
-def test_some_spelling_of_a_stop_word_occurs_in_the_text_wherever_it_stands(
-        tokenizer: Tokenizer, context: str) -> None:
+def test_some_spelling_of_a_stop_word_occurs_in_the_text_wherever_it_stands(tokenizer: Tokenizer, context: str) -> None:
     spellings = word_spellings("User:", tokenizer)
     text_ids = tokenizer.encode(context.format("User:") + " more", add_special_tokens=False).ids
     assert any(_contains(text_ids, s) for s in spellings)
@@ -63,13 +65,16 @@ def test_encode_word_list_round_trips_through_parse(tokenizer: Tokenizer) -> Non
     assert encode_word_list("stop_words", [], tokenizer) is None
 
 
-@pytest.mark.parametrize("words, message", [
-    ("User:", r"^stop_words: must be a list of strings"),
-    (["ok", ""], r"^stop_words: item 1 is empty"),
-    (["ok", 3], r"^stop_words: item 1 is not a string"),
-    (["x"] * 65, r"^stop_words: 65 words; at most 64"),
-    (["x" * 300], r"^stop_words: item 0 is longer than"),
-])
+@pytest.mark.parametrize(
+    "words, message",
+    [
+        ("User:", r"^stop_words: must be a list of strings"),
+        (["ok", ""], r"^stop_words: item 1 is empty"),
+        (["ok", 3], r"^stop_words: item 1 is not a string"),
+        (["x"] * 65, r"^stop_words: 65 words; at most 64"),
+        (["x" * 300], r"^stop_words: item 0 is longer than"),
+    ],
+)
 def test_bad_word_inputs_name_the_field(words: object, message: str) -> None:
     with pytest.raises(InvalidInputError, match=message):
         validate_words("stop_words", words)  # type: ignore[arg-type]

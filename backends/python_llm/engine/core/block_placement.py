@@ -21,6 +21,7 @@ or would have been on blocks placement evicted (a bounded record of their
 hashes, as ARC keeps ghost entries), and cached blocks are placeable only
 while those stay under REVIVED_SHARE of the prompt blocks looked up.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -42,9 +43,9 @@ class BlockPlacement:
     def __init__(self, num_blocks: int) -> None:
         self.free = np.ones(num_blocks, dtype=bool)
         self.cached = np.zeros(num_blocks, dtype=bool)
-        self.over_cached = True            # no prompt has revived a free block yet
-        self._evicted: OrderedDict[Hashable, None] = OrderedDict()   # hashes placement evicted, oldest first
-        self._looked_up = 0.0              # decayed sums over admissions
+        self.over_cached = True  # no prompt has revived a free block yet
+        self._evicted: OrderedDict[Hashable, None] = OrderedDict()  # hashes placement evicted, oldest first
+        self._looked_up = 0.0  # decayed sums over admissions
         self._revived = 0.0
 
     def mark_free(self, block_id: int, free: bool) -> None:
@@ -54,8 +55,11 @@ class BlockPlacement:
         self.cached[block_id] = cached
 
     def placeable(self, block_id: int) -> bool:
-        return (0 <= block_id < len(self.free) and bool(self.free[block_id])
-                and (self.over_cached or not self.cached[block_id]))
+        return (
+            0 <= block_id < len(self.free)
+            and bool(self.free[block_id])
+            and (self.over_cached or not self.cached[block_id])
+        )
 
     def run_start(self, need: int) -> int:
         """Where `need` blocks start: the middle of the longest run of

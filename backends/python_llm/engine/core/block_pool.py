@@ -9,6 +9,7 @@ takes the free blocks placement allows where it puts them first
 ones, and cached ones while prompts rarely revive those), and the list's
 head (LRU) only when none is left.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -21,6 +22,7 @@ from .block_placement import BlockPlacement
 class BlockHash(NamedTuple):
     """Dict key of a cached block. The token ids are part of the key so that a
     collision of `value` alone can never serve the wrong tokens."""
+
     value: int
     token_ids: tuple[int, ...]
 
@@ -40,7 +42,7 @@ class KVBlock:
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_cnt = 0
-        self.block_hash: BlockHash | None = None   # set only while this block is in the cache map
+        self.block_hash: BlockHash | None = None  # set only while this block is in the cache map
 
     def __repr__(self) -> str:
         return f"KVBlock({self.block_id}, ref={self.ref_cnt}, cached={self.block_hash is not None})"
@@ -86,7 +88,7 @@ class BlockPool:
         placement = self.placement
         out: list[KVBlock] = []
         at = after + 1 if after is not None else -1
-        searching = True   # until placement finds no run: then the head for the rest
+        searching = True  # until placement finds no run: then the head for the rest
         while len(out) < n:
             if not placement.placeable(at):
                 at = placement.run_start(n - len(out)) if searching else -1
@@ -94,7 +96,7 @@ class BlockPool:
             block = free.pop(at) if at >= 0 else free.popitem(last=False)[1]
             placement.mark_free(block.block_id, False)
             if block.block_hash is not None:
-                if at >= 0:   # out of the LRU order
+                if at >= 0:  # out of the LRU order
                     placement.evicted(block.block_hash)
                 self._evict(block)
             block.ref_cnt = 1

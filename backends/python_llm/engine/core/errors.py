@@ -1,5 +1,6 @@
 """Errors the engine raises at intake. Their messages reach clients verbatim,
 so each one says what happened in words a client can act on."""
+
 from __future__ import annotations
 
 from contract.errors import OVERLOADED_MARKER

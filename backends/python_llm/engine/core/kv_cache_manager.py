@@ -5,6 +5,7 @@ Full blocks are published to the prefix cache only after the step that wrote
 them has run (`cache_computed_blocks`), so a hit never points at K/V that is
 still being written.
 """
+
 from __future__ import annotations
 
 from .block_pool import BlockHash, BlockPool, KVBlock, hash_block
@@ -22,7 +23,7 @@ class KVCacheManager:
         # the same tables as block ids, by request id (read-only outside this
         # class); the runner gets copies of what they grew by (scheduler_output.py)
         self.tables: dict[str, list[int]] = {}
-        self._num_cached_blocks: dict[str, int] = {}   # leading blocks already published
+        self._num_cached_blocks: dict[str, int] = {}  # leading blocks already published
 
     # -- queries ---------------------------------------------------------------
     @property
@@ -45,7 +46,7 @@ class KVCacheManager:
         bs = self.block_size
         tokens = request.all_token_ids
         for i in range(len(hashes), num_full_blocks):
-            hashes.append(hash_block(hashes[-1] if hashes else None, tokens[i * bs:(i + 1) * bs]))
+            hashes.append(hash_block(hashes[-1] if hashes else None, tokens[i * bs : (i + 1) * bs]))
         return hashes
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
@@ -66,8 +67,9 @@ class KVCacheManager:
         return hits, len(hits) * self.block_size
 
     # -- mutation --------------------------------------------------------------
-    def allocate_slots(self, request: Request, num_new_tokens: int,
-                       new_computed_blocks: list[KVBlock] | None = None) -> bool:
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVBlock] | None = None
+    ) -> bool:
         """Make room for `num_new_tokens` more tokens after the request's
         computed ones (and after `new_computed_blocks`, prefix hits taken on
         first admission). False, with nothing changed, when blocks run out."""
@@ -79,7 +81,7 @@ class KVCacheManager:
         total_tokens = request.num_computed_tokens + num_hit * self.block_size + num_new_tokens
         num_new_blocks = -(-total_tokens // self.block_size) - num_held
         if num_new_blocks <= 0 and not num_hit:
-            return True   # the common decode step: the last block has room
+            return True  # the common decode step: the last block has room
         # hits sitting in the free list stop being free once touched
         num_hits_free = sum(b.ref_cnt == 0 for b in hits)
         if num_new_blocks > self.pool.num_free_blocks - num_hits_free:
@@ -105,7 +107,7 @@ class KVCacheManager:
     def _report_revivals(self, request: Request, num_hit: int, num_hits_free: int) -> None:
         """Tell placement how many of an admitted prompt's blocks came back
         from free blocks, or would have from blocks placement evicted."""
-        looked_up = request.block_hashes[:(request.num_tokens - 1) // self.block_size]
+        looked_up = request.block_hashes[: (request.num_tokens - 1) // self.block_size]
         placement = self.pool.placement
         lost = 0
         for block_hash in looked_up[num_hit:]:

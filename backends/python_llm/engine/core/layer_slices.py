@@ -33,6 +33,7 @@ One request at a time has a chunk in slices; its blocks are allocated with
 the first slice, its tokens count as computed (and its blocks as cached)
 only after the last layer, and a preemption or an ending drops the chunk.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ PLAN_FILL = 0.9
 class LayerTime:
     """Seconds of one layer of a chunk of `tokens` from `start`: the mean of
     `samples` slices."""
+
     start: int
     tokens: int
     seconds: float
@@ -70,14 +72,15 @@ class LayerSlicer:
     def __init__(self, pacer: PrefillPacer, num_layers: int) -> None:
         self.pacer = pacer
         self.num_layers = num_layers
-        self.slicing: Request | None = None      # the request with a chunk in slices
-        self._chunk: LayerTime | None = None     # measured on its slices
-        self._last: LayerTime | None = None      # the chunk before it
-        self._rest_s: float | None = None        # a slice step's seconds less the slice's
-        self.at_floor = False                    # the last slice is longer than the step's plan allowed
+        self.slicing: Request | None = None  # the request with a chunk in slices
+        self._chunk: LayerTime | None = None  # measured on its slices
+        self._last: LayerTime | None = None  # the chunk before it
+        self._rest_s: float | None = None  # a slice step's seconds less the slice's
+        self.at_floor = False  # the last slice is longer than the step's plan allowed
 
-    def next_slice(self, req: Request, start: int, available: int, units: float | None,
-                   num_decodes: int, spent_units: float) -> tuple[LayerSlice | None, int]:
+    def next_slice(
+        self, req: Request, start: int, available: int, units: float | None, num_decodes: int, spent_units: float
+    ) -> tuple[LayerSlice | None, int]:
         """This step's slice of `req` and its chunk's tokens; (None, 0): a
         chunk through all layers. A chunk in flight always advances (at
         least one layer; all of them when nothing limits the step). A new
@@ -93,12 +96,18 @@ class LayerSlicer:
             step = self._layers(start, req, self._budget_s(units, num_decodes, spent_units))
             return LayerSlice(req.request_id, done, done + step), req.slice_tokens
         pacer = self.pacer
-        if (not layers or units is None or units <= 0 or pacer.unit_s is None or self.slicing is not None
-                or available <= pacer.max_tokens(start, units)):
+        if (
+            not layers
+            or units is None
+            or units <= 0
+            or pacer.unit_s is None
+            or self.slicing is not None
+            or available <= pacer.max_tokens(start, units)
+        ):
             return None, 0
         tokens, step = self.plan(start, available, self._budget_s(units, num_decodes, spent_units))
         if step >= layers:
-            return None, 0   # a plain chunk after all
+            return None, 0  # a plain chunk after all
         return LayerSlice(req.request_id, 0, step), tokens
 
     def plan(self, start: int, available: int, budget_s: float | None) -> tuple[int, int]:
@@ -118,8 +127,9 @@ class LayerSlicer:
             self.at_floor = True
             return min(available, 2), 1
         best = max(per_step for per_step, _, _ in plans)
-        tokens, _, step = max((tokens, per_step, step) for per_step, tokens, step in plans
-                              if per_step >= PLAN_TOLERANCE * best)
+        tokens, _, step = max(
+            (tokens, per_step, step) for per_step, tokens, step in plans if per_step >= PLAN_TOLERANCE * best
+        )
         return tokens, step
 
     def _layer_seconds_per_unit(self) -> float:

@@ -3,6 +3,7 @@ metrics"; their names are contract/metric_names.py's) and a small sink
 interface. The engine only talks to a MetricsSink; the Triton adapter
 subclasses it with pb_utils families, tests use InMemoryMetrics. The base
 class is a no-op sink."""
+
 from __future__ import annotations
 
 import threading
@@ -34,8 +35,29 @@ MetricKind = Literal["counter", "gauge", "histogram"]
 
 # 1 ms .. 60 s, roughly 1-2.5-5 per decade (what vLLM's latency histograms use)
 LATENCY_BUCKETS: tuple[float, ...] = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
-    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 60.0)
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    60.0,
+)
 # fine-grained at small sizes: CPU deployments run few sequences per step
 BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
@@ -63,8 +85,12 @@ METRIC_FAMILIES: tuple[MetricFamily, ...] = (
     MetricFamily(REQUESTS_REJECTED, "counter", "Requests rejected because the waiting queue was full"),
     MetricFamily(TIME_TO_FIRST_TOKEN, "histogram", "Arrival to first token (s)", LATENCY_BUCKETS),
     MetricFamily(INTER_TOKEN_LATENCY, "histogram", "Gap between consecutive tokens (s)", LATENCY_BUCKETS),
-    MetricFamily(TIME_PER_OUTPUT_TOKEN, "histogram",
-                 "Per finished request: (e2e latency - TTFT) / (output tokens - 1) (s)", LATENCY_BUCKETS),
+    MetricFamily(
+        TIME_PER_OUTPUT_TOKEN,
+        "histogram",
+        "Per finished request: (e2e latency - TTFT) / (output tokens - 1) (s)",
+        LATENCY_BUCKETS,
+    ),
     MetricFamily(REQUEST_QUEUE_TIME, "histogram", "Arrival to first scheduled (s)", LATENCY_BUCKETS),
     MetricFamily(E2E_REQUEST_LATENCY, "histogram", "Arrival to finish (s)", LATENCY_BUCKETS),
 )

@@ -1,5 +1,6 @@
 """What the engine reports per request and step (a delta), and the whole
 result the offline `generate` helpers assemble from those deltas."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ class RequestOutput:
     returns ids up to, not including, end_id); stop-word tokens are returned
     and the text stages strip them. Times are wall clock (time.time_ns()).
     """
+
     request_id: str
     new_token_ids: list[int]
     new_logprobs: list[float] | None
@@ -20,7 +22,7 @@ class RequestOutput:
     finish_reason: str | None
     error: str | None
     num_prompt_tokens: int
-    num_output_tokens: int            # returned so far, this delta included
+    num_output_tokens: int  # returned so far, this delta included
     num_cached_prompt_tokens: int
     cum_log_prob: float | None
     arrival_time_ns: int
@@ -31,6 +33,7 @@ class RequestOutput:
 @dataclass
 class GenerateResult:
     """A finished request as `LLMEngine.generate_results` returns it."""
+
     request_id: str
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] | None = None

@@ -33,6 +33,7 @@ without decodes (a prompt alone runs at the full token budget).
 A paced chunk that cannot finish the prompt runs a few of its layers a
 step instead (`layer_slices.py`), priced with the same units.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,9 +42,9 @@ from collections import deque
 
 from .step_spread import StepSpread
 
-MIN_CHUNK_TOKENS = 8   # progress whatever the estimates say
-SMOOTHING = 0.25       # weight of the newest step in the running averages
-PROBE_UNITS = 32.0     # a mixed step's prefill while the cost of a unit is unknown
+MIN_CHUNK_TOKENS = 8  # progress whatever the estimates say
+SMOOTHING = 0.25  # weight of the newest step in the running averages
+PROBE_UNITS = 32.0  # a mixed step's prefill while the cost of a unit is unknown
 # decode-only steps whose median is a bucket's decode step: an EMA let one
 # 54 ms collection before an 8k prompt raise the aim a quarter of it, 37 ->
 # 50 ms, and the streams' ITL p99 during the prompt to 4.0x their p50
@@ -75,22 +76,27 @@ MIN_PREFILL_SHARE = 0.25
 
 
 class PrefillPacer:
-    def __init__(self, ratio: float, attention_context: float = 0.0, min_tokens: int = MIN_CHUNK_TOKENS,
-                 smoothing: float = SMOOTHING) -> None:
+    def __init__(
+        self,
+        ratio: float,
+        attention_context: float = 0.0,
+        min_tokens: int = MIN_CHUNK_TOKENS,
+        smoothing: float = SMOOTHING,
+    ) -> None:
         self.ratio = ratio
         # 0 / unknown: every prefill token costs the same
         self.attention_context = attention_context if attention_context > 0 else math.inf
         self.min_tokens = min_tokens
         self.smoothing = smoothing
-        self._decode_steps: dict[int, deque[float]] = {}   # bucket of decode counts -> its last steps' seconds
-        self._decode_s: dict[int, float] = {}               # bucket -> their median
-        self.unit_s: float | None = None           # one unit of prefill
-        self._decode_spread = StepSpread(SPREAD_WINDOW, BOUND_QUANTILE)   # over the bucket's median
-        self._paced_spread = StepSpread(SPREAD_WINDOW, BOUND_QUANTILE)    # over the step's aim
+        self._decode_steps: dict[int, deque[float]] = {}  # bucket of decode counts -> its last steps' seconds
+        self._decode_s: dict[int, float] = {}  # bucket -> their median
+        self.unit_s: float | None = None  # one unit of prefill
+        self._decode_spread = StepSpread(SPREAD_WINDOW, BOUND_QUANTILE)  # over the bucket's median
+        self._paced_spread = StepSpread(SPREAD_WINDOW, BOUND_QUANTILE)  # over the step's aim
 
     @staticmethod
     def _bucket(num_decodes: int) -> int:
-        return num_decodes.bit_length()   # 1 | 2-3 | 4-7 | 8-15 | ...
+        return num_decodes.bit_length()  # 1 | 2-3 | 4-7 | 8-15 | ...
 
     def decode_step_s(self, num_decodes: int) -> float | None:
         """A decode-only step of `num_decodes` now: its bucket's median, else the nearest bucket's."""
@@ -112,14 +118,14 @@ class PrefillPacer:
 
     def max_tokens(self, start: int, units: float) -> int:
         """The largest chunk from `start` that costs at most `units` (>= 0)."""
-        units *= 1.0 + 1e-9   # a budget computed as 9.999999... units still buys 10
+        units *= 1.0 + 1e-9  # a budget computed as 9.999999... units still buys 10
         c = self.attention_context
         if math.isinf(c):
             return int(units)
         # n^2 / (2c) + n (1 + (start + 1/2) / c) - units <= 0
         b = 1.0 + (start + 0.5) / c
         n = max(int(c * (math.sqrt(b * b + 2.0 * units / c) - b)), 0)
-        while n > 0 and self.cost(start, n) > units:   # floating point at the boundary
+        while n > 0 and self.cost(start, n) > units:  # floating point at the boundary
             n -= 1
         while self.cost(start, n + 1) <= units:
             n += 1
@@ -144,7 +150,7 @@ class PrefillPacer:
         take; None = no limit. A probe's seconds are None: it is not planned
         to the aim."""
         aim_s = self.aim_s(num_decodes)
-        decode_s = self.decode_step_s(num_decodes)   # known where aim_s is
+        decode_s = self.decode_step_s(num_decodes)  # known where aim_s is
         if aim_s is None or decode_s is None:
             return None, None
         if self.unit_s is None:
@@ -162,7 +168,7 @@ class PrefillPacer:
         if not self.enabled or seconds <= 0:
             return
         if not num_decodes:
-            return   # a prompt alone: no decodes to pace for (and its fixed cost is not a prefill's)
+            return  # a prompt alone: no decodes to pace for (and its fixed cost is not a prefill's)
         if prefill_units <= 0:
             bucket = self._bucket(num_decodes)
             steps = self._decode_steps.setdefault(bucket, deque(maxlen=DECODE_WINDOW))
@@ -172,7 +178,7 @@ class PrefillPacer:
             return
         base = self.decode_step_s(num_decodes)
         if base is None:
-            return   # cannot tell the prefill's share yet
+            return  # cannot tell the prefill's share yet
         if aim_s is not None:
             self._paced_spread.add(seconds, aim_s)
         share = max(seconds - base, MIN_PREFILL_SHARE * seconds)

@@ -3,6 +3,7 @@
 A Request is exactly one generated sequence: its tokens, its KV progress and
 its timing. Only the engine loop thread mutates a Request after it is queued.
 """
+
 from __future__ import annotations
 
 import enum
@@ -32,6 +33,7 @@ class RequestStatus(enum.Enum):
     FINISHED_TIMEOUT = enum.auto()
     FINISHED_ERROR = enum.auto()
 
+
 FINISHED_STATUS: dict[FinishReason, RequestStatus] = {
     FinishReason.STOP: RequestStatus.FINISHED_STOPPED,
     FinishReason.LENGTH: RequestStatus.FINISHED_LENGTH,
@@ -40,26 +42,52 @@ FINISHED_STATUS: dict[FinishReason, RequestStatus] = {
     FinishReason.ERROR: RequestStatus.FINISHED_ERROR,
 }
 
-OutputCallback = Callable[[Any], None]   # receives a RequestOutput
+OutputCallback = Callable[[Any], None]  # receives a RequestOutput
 
 
 class Request:
     __slots__ = (
-        "request_id", "prompt_token_ids", "sampling", "priority", "status",
-        "all_token_ids", "output_token_ids", "output_logprobs", "cum_log_prob",
-        "num_computed_tokens", "num_cached_tokens", "block_hashes",
-        "arrival_time_ns", "first_token_time_ns", "last_token_time_ns",
-        "token_timeout_ns", "deadline_mono_ns", "admit_seq",
-        "finish_reason", "error", "num_returned_tokens", "on_output",
-        "stop_token_ids", "max_tokens", "has_stop_words", "num_continuation_tokens",
-        "slice_tokens", "slice_layers_done",
+        "request_id",
+        "prompt_token_ids",
+        "sampling",
+        "priority",
+        "status",
+        "all_token_ids",
+        "output_token_ids",
+        "output_logprobs",
+        "cum_log_prob",
+        "num_computed_tokens",
+        "num_cached_tokens",
+        "block_hashes",
+        "arrival_time_ns",
+        "first_token_time_ns",
+        "last_token_time_ns",
+        "token_timeout_ns",
+        "deadline_mono_ns",
+        "admit_seq",
+        "finish_reason",
+        "error",
+        "num_returned_tokens",
+        "on_output",
+        "stop_token_ids",
+        "max_tokens",
+        "has_stop_words",
+        "num_continuation_tokens",
+        "slice_tokens",
+        "slice_layers_done",
     )
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-                 priority: int = 0, token_timeout_ms: int = 0,
-                 on_output: OutputCallback | None = None,
-                 arrival_time_ns: int | None = None,
-                 continuation_ids: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling: SamplingParams,
+        priority: int = 0,
+        token_timeout_ms: int = 0,
+        on_output: OutputCallback | None = None,
+        arrival_time_ns: int | None = None,
+        continuation_ids: list[int] | None = None,
+    ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = prompt_token_ids
         self.sampling = sampling
@@ -78,23 +106,23 @@ class Request:
         self.output_token_ids: list[int] = continuation
         self.output_logprobs: list[float] | None = [] if sampling.return_log_probs else None
         self.cum_log_prob: float | None = 0.0 if sampling.return_log_probs else None
-        self.num_computed_tokens = 0          # tokens whose K/V are in this request's blocks
-        self.num_cached_tokens = 0            # prompt tokens the prefix cache served at first admission
-        self.block_hashes: list[Any] = []     # hashes of full blocks of all_token_ids (block_pool.BlockHash)
+        self.num_computed_tokens = 0  # tokens whose K/V are in this request's blocks
+        self.num_cached_tokens = 0  # prompt tokens the prefix cache served at first admission
+        self.block_hashes: list[Any] = []  # hashes of full blocks of all_token_ids (block_pool.BlockHash)
         self.arrival_time_ns = arrival_time_ns if arrival_time_ns is not None else time.time_ns()
         self.first_token_time_ns: int | None = None
         self.last_token_time_ns: int | None = None
         # per-token timeout on the monotonic clock; 0 = off
         self.token_timeout_ns = token_timeout_ms * 1_000_000
         self.deadline_mono_ns = time.monotonic_ns() + self.token_timeout_ns if token_timeout_ms else 0
-        self.admit_seq = 0                    # order of (re-)admission; preemption picks the latest
+        self.admit_seq = 0  # order of (re-)admission; preemption picks the latest
         # a chunk in flight by layer slices (LayerSlice): its tokens from
         # num_computed_tokens (0 = none) and the layers it has run
         self.slice_tokens = 0
         self.slice_layers_done = 0
         self.finish_reason: FinishReason | None = None
         self.error: str | None = None
-        self.num_returned_tokens = 0          # output tokens handed out (the ending EOS is not)
+        self.num_returned_tokens = 0  # output tokens handed out (the ending EOS is not)
         self.on_output = on_output
         # read by the scheduler for every token: kept here, in slots, so the
         # common step does not touch the SamplingParams (a dict-backed object)
@@ -132,5 +160,7 @@ class Request:
             self.cum_log_prob = (self.cum_log_prob or 0.0) + lp
 
     def __repr__(self) -> str:  # no token ids: they may hold prompt text
-        return (f"Request(id={self.request_id!r}, status={self.status.name}, prompt={self.num_prompt_tokens}, "
-                f"output={self.num_output_tokens}, computed={self.num_computed_tokens})")
+        return (
+            f"Request(id={self.request_id!r}, status={self.status.name}, prompt={self.num_prompt_tokens}, "
+            f"output={self.num_output_tokens}, computed={self.num_computed_tokens})"
+        )

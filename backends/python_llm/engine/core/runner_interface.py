@@ -9,6 +9,7 @@ against the step's others (`RunnerOutput.slice_seconds`). A runner that
 cannot says so with `runs_layer_slices`, and the scheduler then never cuts a
 chunk in layers.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

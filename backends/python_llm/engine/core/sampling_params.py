@@ -4,6 +4,7 @@
 calls it once, at intake, and adds only what depends on the engine (its
 `max_tokens_limit`, the model's length and vocabulary, the KV cache). Parsers
 in front of the engine (`request_inputs.py`) only convert."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -15,8 +16,18 @@ from contract.errors import format_refusal
 from contract.public_bounds import bound_problem
 
 # the settings whose value rules are the public inputs' of the same name
-_BOUNDED = ("max_tokens", "temperature", "top_k", "top_p", "repetition_penalty", "presence_penalty",
-            "frequency_penalty", "min_tokens", "token_timeout_ms", "seed")
+_BOUNDED = (
+    "max_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "min_tokens",
+    "token_timeout_ms",
+    "seed",
+)
 
 
 class InvalidRequestError(ValueError):
@@ -35,17 +46,18 @@ class SamplingParams:
     """Frozen: the scheduler hands the same object to the runner (see
     scheduler_output.py), so nobody may change it after intake; the engine
     fills in its defaults with `dataclasses.replace`."""
-    max_tokens: int | None = None     # None = the engine's default_max_tokens (filled in at intake)
+
+    max_tokens: int | None = None  # None = the engine's default_max_tokens (filled in at intake)
     # 1.0 = the model's own distribution when unset, as OpenAI, vLLM and
     # TensorRT-LLM default it (and the public inputs); 0 = greedy
     temperature: float = 1.0
-    top_k: int = 0                    # 0 = off
+    top_k: int = 0  # 0 = off
     top_p: float = 1.0
-    repetition_penalty: float = 1.0   # HF semantics (divide positive logits)
-    presence_penalty: float = 0.0     # OpenAI semantics
+    repetition_penalty: float = 1.0  # HF semantics (divide positive logits)
+    presence_penalty: float = 0.0  # OpenAI semantics
     frequency_penalty: float = 0.0
     min_tokens: int = 0
-    seed: int | None = None           # None = nondeterministic
+    seed: int | None = None  # None = nondeterministic
     ignore_eos: bool = False
     # None = the model's EOS ids (filled in by the engine); [] = no stop token
     stop_token_ids: list[int] | None = None
@@ -76,8 +88,13 @@ class SamplingParams:
         (processors, penalties, bad words); the `min_tokens` ban depends on
         progress and is not included. Computed once: settings do not change
         after intake."""
-        return bool(self.logits_processors or self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
-                    or self.frequency_penalty != 0.0 or self.bad_words_ids)
+        return bool(
+            self.logits_processors
+            or self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.bad_words_ids
+        )
 
     @cached_property
     def plain_greedy_after(self) -> int:

@@ -17,6 +17,7 @@ cannot finish the prompt then runs a few layers a step (`LayerSlice`).
 What the runner learns is a message (`scheduler_output.py`): a request whole
 when it is admitted, then per step only its new blocks and progress.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -47,9 +48,15 @@ def _running_key(request: Request) -> tuple[int, int]:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, num_blocks: int, max_model_len: int,
-                 metrics: MetricsSink | None = None, attention_context: float = 0.0,
-                 num_layers: int = 0) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        num_blocks: int,
+        max_model_len: int,
+        metrics: MetricsSink | None = None,
+        attention_context: float = 0.0,
+        num_layers: int = 0,
+    ) -> None:
         """`num_layers`: the model's decoder layers, when the runner runs
         layer slices (0: every chunk runs all layers)."""
         self.block_size = config.block_size
@@ -71,7 +78,7 @@ class Scheduler:
         self.num_prefix_cache_hit_tokens = 0
         self._num_with_timeout = 0
         self._last_output: SchedulerOutput | None = None
-        self._last_requests: list[Request] = []   # the last output's requests, in batch order
+        self._last_requests: list[Request] = []  # the last output's requests, in batch order
         self._last_num_sampled = 0
         # pacing of long prefills, a step at a time
         self.pacer = PrefillPacer(config.prefill_time_ratio if self.chunked else 0.0, attention_context)
@@ -114,7 +121,7 @@ class Scheduler:
         kv = self.kv
         cached = CachedRequestData()
         cached_ids, cached_blocks, cached_computed = cached.req_ids, cached.new_block_ids, cached.num_computed_tokens
-        num_scheduled: list[int] = []        # batch order: cached requests, then new ones
+        num_scheduled: list[int] = []  # batch order: cached requests, then new ones
         scheduled_reqs: list[Request] = []
         new_reqs: list[NewRequestData] = []
         prefilling: list[Request] = []
@@ -173,14 +180,15 @@ class Scheduler:
             available = min(req.num_tokens - start, budget)
             layer_slice, num_new = pacing.chunk(req, start, available, bool(chunked_ids))
             if num_new <= 0:
-                continue   # paced out of this step
+                continue  # paced out of this step
             held = len(kv.block_ids(req.request_id))
             # a chunk in layer slices has its blocks from its first slice on
             needs_blocks = layer_slice is None or layer_slice.first_layer == 0
             while needs_blocks and not kv.allocate_slots(req, num_new):
                 victim = running[-1]
-                if victim is not req and (victim.num_tokens - victim.num_computed_tokens == 1
-                                          or victim.request_id in chunked_ids):
+                if victim is not req and (
+                    victim.num_tokens - victim.num_computed_tokens == 1 or victim.request_id in chunked_ids
+                ):
                     break
                 running.pop()
                 self._preempt(victim)
@@ -200,12 +208,12 @@ class Scheduler:
 
         # 3. admissions: new to the runner (again, after a preemption)
         if not preempted:
-            budget, num_sampled_new = self._admit(budget, bool(chunked_ids), new_reqs, num_scheduled,
-                                                  scheduled_reqs)
+            budget, num_sampled_new = self._admit(budget, bool(chunked_ids), new_reqs, num_scheduled, scheduled_reqs)
             num_sampled += num_sampled_new
 
-        out = SchedulerOutput(new_reqs, cached, num_scheduled, self.max_num_batched_tokens - budget,
-                              layer_slice=pacing.layer_slice)
+        out = SchedulerOutput(
+            new_reqs, cached, num_scheduled, self.max_num_batched_tokens - budget, layer_slice=pacing.layer_slice
+        )
         if num_scheduled and (self._finished_ids or self._preempted_ids):
             out.finished_req_ids, self._finished_ids = self._finished_ids, []
             out.preempted_req_ids, self._preempted_ids = self._preempted_ids, []
@@ -215,8 +223,14 @@ class Scheduler:
         pacing.sent()
         return out
 
-    def _admit(self, budget: int, scheduled_any: bool, new_reqs: list[NewRequestData], num_scheduled: list[int],
-               scheduled_reqs: list[Request]) -> tuple[int, int]:
+    def _admit(
+        self,
+        budget: int,
+        scheduled_any: bool,
+        new_reqs: list[NewRequestData],
+        num_scheduled: list[int],
+        scheduled_reqs: list[Request],
+    ) -> tuple[int, int]:
         """Admissions in queue order; (budget left, how many will be sampled)."""
         waiting = self.waiting
         num_sampled = 0
@@ -236,7 +250,7 @@ class Scheduler:
             if num_new <= 0:
                 break
             if not kv.allocate_slots(req, num_new, hits):
-                break   # strict order: nobody overtakes the head of the queue
+                break  # strict order: nobody overtakes the head of the queue
             waiting.popleft()
             req.num_computed_tokens = num_cached
             if req.status is RequestStatus.WAITING:
@@ -253,8 +267,16 @@ class Scheduler:
             req.admit_seq = self._admissions
             bisect.insort(running, req, key=_running_key)
             # copies: the scheduler appends to both lists at later steps
-            new_reqs.append(NewRequestData(req.request_id, tuple(req.all_token_ids), req.num_prompt_tokens,
-                                           req.sampling, tuple(kv.block_ids(req.request_id)), num_cached))
+            new_reqs.append(
+                NewRequestData(
+                    req.request_id,
+                    tuple(req.all_token_ids),
+                    req.num_prompt_tokens,
+                    req.sampling,
+                    tuple(kv.block_ids(req.request_id)),
+                    num_cached,
+                )
+            )
             num_scheduled.append(num_new)
             scheduled_reqs.append(req)
             num_sampled += self.pacing.charge(req, num_cached, num_new)
@@ -293,12 +315,15 @@ class Scheduler:
         max_model_len = self.max_model_len
         output_for = request_output
         add_gap = gaps.append
-        index = -1   # into token_ids: one per sampled request
+        index = -1  # into token_ids: one per sampled request
         layer_slice = scheduled.layer_slice
         for req, num_new in zip(self._last_requests, scheduled.num_scheduled_tokens):
             # a chunk's tokens are computed after its last layer
-            if layer_slice is not None and req.request_id == layer_slice.request_id and not self.slicer.ran(
-                    req, layer_slice):
+            if (
+                layer_slice is not None
+                and req.request_id == layer_slice.request_id
+                and not self.slicer.ran(req, layer_slice)
+            ):
                 continue
             # sampled when the chunk reached the end of the request's tokens
             # (an ending between execute and update changes neither)
@@ -307,7 +332,7 @@ class Scheduler:
             if sampled:
                 index += 1
             if req.status is not RUNNING:
-                continue   # ended between execute and update (timeout)
+                continue  # ended between execute and update (timeout)
             req.num_computed_tokens = computed
             # a decode fills its last block only at a block boundary
             if num_new > 1 or computed % block_size == 0:
@@ -317,7 +342,7 @@ class Scheduler:
             token = token_ids[index]
             req.append_output_token(token, None if logprobs is None else logprobs[index])
             num_applied += 1
-            last_token_ns = req.last_token_time_ns   # set with the first token
+            last_token_ns = req.last_token_time_ns  # set with the first token
             if last_token_ns is None:
                 req.first_token_time_ns = now
                 self.metrics.histogram_observe(m.TIME_TO_FIRST_TOKEN, (now - req.arrival_time_ns) / 1e9)
@@ -326,10 +351,14 @@ class Scheduler:
             req.last_token_time_ns = now
             if req.token_timeout_ns:
                 req.deadline_mono_ns = now_mono + req.token_timeout_ns
-            if (token in req.stop_token_ids or req.has_stop_words or len(req.output_token_ids) >= req.max_tokens
-                    or len(req.all_token_ids) >= max_model_len):
+            if (
+                token in req.stop_token_ids
+                or req.has_stop_words
+                or len(req.output_token_ids) >= req.max_tokens
+                or len(req.all_token_ids) >= max_model_len
+            ):
                 reason, returned = check_stop(req, token, max_model_len)
-            else:   # none of _check_stop's rules can fire: the common step, without the call
+            else:  # none of _check_stop's rules can fire: the common step, without the call
                 reason, returned = None, True
             if returned:
                 new_ids = [token]
@@ -351,8 +380,9 @@ class Scheduler:
         return outputs
 
     # -- endings ---------------------------------------------------------------
-    def abort(self, request_ids: Iterable[str], reason: FinishReason = FinishReason.CANCELLED,
-              error: str | None = None) -> list[RequestOutput]:
+    def abort(
+        self, request_ids: Iterable[str], reason: FinishReason = FinishReason.CANCELLED, error: str | None = None
+    ) -> list[RequestOutput]:
         """End live requests between steps; unknown or finished ids are skipped."""
         outputs = []
         for rid in request_ids:
@@ -378,8 +408,15 @@ class Scheduler:
             return None
         return min((r.deadline_mono_ns for r in self.requests.values() if r.deadline_mono_ns), default=None)
 
-    def _finish(self, req: Request, reason: FinishReason, error: str | None,
-                new_ids: list[int], new_lps: list[float] | None, remove: bool = True) -> RequestOutput:
+    def _finish(
+        self,
+        req: Request,
+        reason: FinishReason,
+        error: str | None,
+        new_ids: list[int],
+        new_lps: list[float] | None,
+        remove: bool = True,
+    ) -> RequestOutput:
         if remove:
             if req.status is RUNNING:
                 self.running.remove(req)

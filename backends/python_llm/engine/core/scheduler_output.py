@@ -9,6 +9,7 @@ few appends per sequence and no object. Every field is a copy or immutable:
 the scheduler may change its Requests and block tables as soon as
 `schedule()` returns.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ class NewRequestData:
     """A request the runner does not hold: first admission, or re-admission
     after preemption (then `token_ids` include the output so far, and the
     runner keeps the request's RNG, which only a finish drops)."""
+
     request_id: str
     # prompt, then output already generated (a continuation, or this
     # request's own tokens before it was preempted)
@@ -35,6 +37,7 @@ class NewRequestData:
 @dataclass(slots=True)
 class CachedRequestData:
     """Parallel lists, one entry per scheduled request the runner holds."""
+
     req_ids: list[str] = field(default_factory=list)
     # blocks appended to the request's table for this step, None for none
     new_block_ids: list[tuple[int, ...] | None] = field(default_factory=list)
@@ -51,6 +54,7 @@ class LayerSlice:
     its `num_computed_tokens`, the same at every slice; the runner keeps the
     chunk's hidden states from one slice to the next, and samples it only
     after the slice that ends at the last layer."""
+
     request_id: str
     first_layer: int
     end_layer: int
@@ -65,6 +69,7 @@ class SchedulerOutput:
     parallel to it. A request feeds its tokens from `num_computed_tokens` on
     and is sampled when that reaches the end of its tokens.
     """
+
     scheduled_new_reqs: list[NewRequestData]
     scheduled_cached_reqs: CachedRequestData
     num_scheduled_tokens: list[int]
@@ -93,7 +98,8 @@ class SchedulerOutput:
         """(request id, first position, tokens) in batch order, built on each
         call: for probes and tests, not for the step's hot path."""
         starts = self.scheduled_cached_reqs.num_computed_tokens + [
-            new.num_computed_tokens for new in self.scheduled_new_reqs]
+            new.num_computed_tokens for new in self.scheduled_new_reqs
+        ]
         return list(zip(self.req_ids(), starts, self.num_scheduled_tokens))
 
 
@@ -102,6 +108,7 @@ class RunnerOutput:
     """What the runner returns: one sampled token per request whose chunk
     reached the end of its tokens, in batch order (parallel lists, not an
     object per token: a step at 64 sequences is budgeted in microseconds)."""
+
     token_ids: list[int]
     # log p of each chosen token; None when no sequence of the step asked,
     # else None in the rows that did not

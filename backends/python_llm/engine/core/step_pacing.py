@@ -7,6 +7,7 @@ prompt chunk, `sent()` when the step leaves the scheduler, `observe()` with
 the runner's result. Between `sent()` and the next `begin()`, `layer_slice`
 is the slice of the step in flight.
 """
+
 from __future__ import annotations
 
 import time
@@ -25,14 +26,14 @@ class StepPacing:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.clock: Callable[[], float] = time.perf_counter
         self.num_decodes = 0
-        self.units = 0.0                        # spent by this step's chunks
-        self._planned = False                   # the step's budget was asked for (a long prompt's chunk)
-        self._budget: float | None = None       # its units; None: no limit
-        self._aim_s: float | None = None        # the step's planned seconds, where paced
+        self.units = 0.0  # spent by this step's chunks
+        self._planned = False  # the step's budget was asked for (a long prompt's chunk)
+        self._budget: float | None = None  # its units; None: no limit
+        self._aim_s: float | None = None  # the step's planned seconds, where paced
         self.layer_slice: LayerSlice | None = None
-        self.num_chunks = 0                     # charged this step, the slice's included
-        self.num_unpaced = 0                    # of them, short prompts' (pacing does not cut those)
-        self.at_floor = False                   # a chunk or slice ran past the plan: the least progress allowed
+        self.num_chunks = 0  # charged this step, the slice's included
+        self.num_unpaced = 0  # of them, short prompts' (pacing does not cut those)
+        self.at_floor = False  # a chunk or slice ran past the plan: the least progress allowed
         self._sent_at = 0.0
 
     def begin(self, num_decodes: int) -> None:
@@ -58,9 +59,10 @@ class StepPacing:
         """A running prefill's chunk this step, of at most `available` tokens
         from `start`: (its layer slice, the chunk's tokens) or (None, tokens
         through all layers); 0 tokens: paced out of this step."""
-        if self._long(req):   # a chunk in slices is a long prompt's too
-            layer_slice, tokens = self.slicer.next_slice(req, start, available, self.units_left, self.num_decodes,
-                                                         self.units)
+        if self._long(req):  # a chunk in slices is a long prompt's too
+            layer_slice, tokens = self.slicer.next_slice(
+                req, start, available, self.units_left, self.num_decodes, self.units
+            )
             if layer_slice is not None:
                 self.at_floor |= self.slicer.at_floor
                 return layer_slice, tokens
@@ -111,8 +113,9 @@ class StepPacing:
         if not self.pacer.enabled:
             return
         step_s = self.clock() - self._sent_at
-        self.pacer.observe(step_s, self.num_decodes, self.units,
-                           None if self.num_unpaced or self.at_floor else self._aim_s)
+        self.pacer.observe(
+            step_s, self.num_decodes, self.units, None if self.num_unpaced or self.at_floor else self._aim_s
+        )
         layer_slice = self.layer_slice
         if layer_slice is None or self.num_chunks != 1:
             return

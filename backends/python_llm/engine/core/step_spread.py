@@ -8,6 +8,7 @@ exactly the bound runs over it about half the time, by the machine's noise
 estimation error (the cost model, a slice's layers rounded to whole ones).
 So it plans each paced step at the bound divided by this spread.
 """
+
 from __future__ import annotations
 
 import math
@@ -20,7 +21,7 @@ class StepSpread:
             raise ValueError(f"quantile: {quantile} is not in (0, 1]")
         self.quantile = quantile
         self._ratios: deque[float] = deque(maxlen=window)
-        self._value: float | None = None   # cached until the next sample
+        self._value: float | None = None  # cached until the next sample
 
     def __len__(self) -> int:
         return len(self._ratios)

@@ -1,5 +1,6 @@
 """Requests waiting for admission: higher priority first, FCFS within a
 priority, preempted requests back at the front of their priority level."""
+
 from __future__ import annotations
 
 import bisect
@@ -12,7 +13,7 @@ from .request import Request
 class WaitingQueue:
     def __init__(self) -> None:
         self._levels: dict[int, deque[Request]] = {}
-        self._priorities: list[int] = []   # ascending; the last one is served first
+        self._priorities: list[int] = []  # ascending; the last one is served first
         self._len = 0
 
     def __len__(self) -> int:

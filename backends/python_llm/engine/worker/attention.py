@@ -21,6 +21,7 @@ in every layer.
 All index tensors are built once per step (`AttentionMetadata`) and shared
 by every layer.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -34,45 +35,47 @@ from .kv_cache import PagedKVCache
 
 @dataclass
 class PrefillChunk:
-    token_offset: int              # first row of this chunk in the flattened step batch
+    token_offset: int  # first row of this chunk in the flattened step batch
     num_tokens: int
-    context_len: int               # start_position + num_tokens
+    context_len: int  # start_position + num_tokens
     # only when the chunk continues a cached prefix, for the PyTorch path:
-    block_ids: torch.Tensor | None = None   # [blocks covering context_len]
-    mask: torch.Tensor | None = None        # [num_tokens, context_len] bool, True = attend
+    block_ids: torch.Tensor | None = None  # [blocks covering context_len]
+    mask: torch.Tensor | None = None  # [num_tokens, context_len] bool, True = attend
     # ... or, for any chunk, the native kernel (AttentionMetadata.kernels):
-    table: torch.Tensor | None = None       # [blocks covering context_len] int32
+    table: torch.Tensor | None = None  # [blocks covering context_len] int32
 
 
 @dataclass
 class DecodeGroup:
     """Single-token sequences in rows row_start .. row_start+num_seqs-1 whose
     block tables are padded to the same width."""
+
     row_start: int
     num_seqs: int
-    block_ids: torch.Tensor        # [num_seqs * width] padded block tables, flattened
-    mask: torch.Tensor             # [num_seqs, 1, 1, width*block_size] bool, True = attend
+    block_ids: torch.Tensor  # [num_seqs * width] padded block tables, flattened
+    mask: torch.Tensor  # [num_seqs, 1, 1, width*block_size] bool, True = attend
 
 
 @dataclass
 class DecodeBatch:
     """All decodes (rows 0 .. num_seqs-1), for the native kernel."""
+
     num_seqs: int
-    block_tables: torch.Tensor     # [rows, width] int32, padded with block 0 (BlockTableRows)
-    table_rows: torch.Tensor       # [num_seqs] int64: each decode's row of block_tables
-    context_lens: torch.Tensor     # [num_seqs] int64
+    block_tables: torch.Tensor  # [rows, width] int32, padded with block 0 (BlockTableRows)
+    table_rows: torch.Tensor  # [num_seqs] int64: each decode's row of block_tables
+    context_lens: torch.Tensor  # [num_seqs] int64
     kernel: CpuKernels
 
 
 @dataclass
 class AttentionMetadata:
-    slot_mapping: torch.Tensor                 # [T] cache slot of every new token
+    slot_mapping: torch.Tensor  # [T] cache slot of every new token
     # decodes come first in the step batch: either one kernel batch or
     # PyTorch groups
     decode_batch: DecodeBatch | None = None
     decodes: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
-    kernels: CpuKernels | None = None          # for prefill chunks with a `table`
+    kernels: CpuKernels | None = None  # for prefill chunks with a `table`
     # the native kernels check their arguments on the first layer that uses
     # this metadata (the rest have the same shapes; a check costs ~20 µs)
     check_layer: int = 0
@@ -85,6 +88,7 @@ class LayerSliceRows:
     batch. `hidden`: its states entering first_layer (None at layer 0, where
     they come from the embedding); `main_meta`: the step without it, for
     the layers it skips."""
+
     first_layer: int
     end_layer: int
     num_rows: int
@@ -111,8 +115,15 @@ def _gather_blocks(cache: torch.Tensor, block_ids: torch.Tensor, num_seqs: int) 
     return gathered.view(heads, num_seqs, -1, d).transpose(0, 1)
 
 
-def paged_attention(layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    meta: AttentionMetadata, cache: PagedKVCache, scale: float) -> torch.Tensor:
+def paged_attention(
+    layer: int,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    meta: AttentionMetadata,
+    cache: PagedKVCache,
+    scale: float,
+) -> torch.Tensor:
     """Attention for one layer. query [T, heads, d], key/value [T, kv_heads, d]
     (already written to the cache). Returns [T, heads * d]."""
     rows_total, num_heads, d = query.shape
@@ -128,34 +139,47 @@ def paged_attention(layer: int, query: torch.Tensor, key: torch.Tensor, value: t
         # arguments are checked on the step's first layer; the others have
         # the same shapes (the checks cost ~20 µs a call)
         batch.kernel.paged_decode_attention(
-            out[:batch.num_seqs], query[:batch.num_seqs], cache.keys[layer], cache.values[layer], batch.block_tables,
-            batch.context_lens, scale, check=layer == meta.check_layer, table_rows=batch.table_rows)
+            out[: batch.num_seqs],
+            query[: batch.num_seqs],
+            cache.keys[layer],
+            cache.values[layer],
+            batch.block_tables,
+            batch.context_lens,
+            scale,
+            check=layer == meta.check_layer,
+            table_rows=batch.table_rows,
+        )
 
     for decode in meta.decodes:
         n = decode.num_seqs
         k = _gather_blocks(cache.keys[layer], decode.block_ids, n)
         v = _gather_blocks(cache.values[layer], decode.block_ids, n)
-        q = query[decode.row_start:decode.row_start + n].view(n, kv_heads, group, d)
+        q = query[decode.row_start : decode.row_start + n].view(n, kv_heads, group, d)
         attended = F.scaled_dot_product_attention(q, k, v, attn_mask=decode.mask, scale=scale)
-        out[decode.row_start:decode.row_start + n] = attended.reshape(n, num_heads * d)
+        out[decode.row_start : decode.row_start + n] = attended.reshape(n, num_heads * d)
 
     for chunk in meta.prefills:
         rows = slice(chunk.token_offset, chunk.token_offset + chunk.num_tokens)
         if chunk.table is not None:
             meta.kernels.paged_prefill_attention(  # type: ignore[union-attr]
-                out[rows], query[rows], cache.keys[layer], cache.values[layer], chunk.table,
-                chunk.context_len - chunk.num_tokens, scale, check=layer == meta.check_layer)
+                out[rows],
+                query[rows],
+                cache.keys[layer],
+                cache.values[layer],
+                chunk.table,
+                chunk.context_len - chunk.num_tokens,
+                scale,
+                check=layer == meta.check_layer,
+            )
             continue
-        q = query[rows].transpose(0, 1).unsqueeze(0)                  # [1, heads, t, d]
+        q = query[rows].transpose(0, 1).unsqueeze(0)  # [1, heads, t, d]
         if chunk.block_ids is None:
             k = key[rows].transpose(0, 1).unsqueeze(0)
             v = value[rows].transpose(0, 1).unsqueeze(0)
-            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
-                                                      enable_gqa=group > 1)
+            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=group > 1)
         else:
-            k = _gather_blocks(cache.keys[layer], chunk.block_ids, 1)[:, :, :chunk.context_len]
-            v = _gather_blocks(cache.values[layer], chunk.block_ids, 1)[:, :, :chunk.context_len]
-            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=chunk.mask, scale=scale,
-                                                      enable_gqa=group > 1)
+            k = _gather_blocks(cache.keys[layer], chunk.block_ids, 1)[:, :, : chunk.context_len]
+            v = _gather_blocks(cache.values[layer], chunk.block_ids, 1)[:, :, : chunk.context_len]
+            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=chunk.mask, scale=scale, enable_gqa=group > 1)
         out[rows] = attended.squeeze(0).transpose(0, 1).reshape(chunk.num_tokens, num_heads * d)
     return out

@@ -9,6 +9,7 @@ blocks the scheduler adds are written, and the decode kernel reads the rows
 in place through a row index. Which request owns which row is the
 InputBatch's business (`input_batch.py`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -43,7 +44,7 @@ class BlockTableRows:
             self._tensor = None
             self._free_rows = list(range(2 * old - 1, old - 1, -1))
         row = self._free_rows.pop()
-        self._array[row] = 0                 # a reused row: no stale ids in the padding
+        self._array[row] = 0  # a reused row: no stale ids in the padding
         self.write(row, 0, block_ids)
         return row
 

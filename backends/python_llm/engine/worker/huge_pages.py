@@ -14,6 +14,7 @@ VMs): memory gets them only where asked, before it is first touched. So a
 buffer is allocated empty, advised here, then written. Where the OS has no
 huge pages, or says no, nothing changes but the page size.
 """
+
 from __future__ import annotations
 
 import ctypes

@@ -9,6 +9,7 @@ usually has the shape of the one before it (the same number of sequences),
 so this copies the new values into the same memory (one `memmove`) and hands
 back the same views: no torch call at all.
 """
+
 from __future__ import annotations
 
 import array

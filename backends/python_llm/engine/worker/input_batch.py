@@ -10,6 +10,7 @@ scheduler's objects are never shared. A preempted request loses its row (its
 blocks are gone) and comes back as a new request; its RNG stays until the
 request finishes, so a seeded request draws the same stream either way.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -26,18 +27,35 @@ class SchedulingError(ValueError):
 
 
 class CachedRequestState:
-    __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "sampling", "block_ids", "row",
-                 "num_computed_tokens", "generator", "greedy_after")
+    __slots__ = (
+        "request_id",
+        "token_ids",
+        "num_prompt_tokens",
+        "sampling",
+        "block_ids",
+        "row",
+        "num_computed_tokens",
+        "generator",
+        "greedy_after",
+    )
 
-    def __init__(self, request_id: str, token_ids: list[int], num_prompt_tokens: int, sampling: SamplingParams,
-                 block_ids: list[int], num_computed_tokens: int = 0, row: int = -1,
-                 generator: torch.Generator | None = None) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        token_ids: list[int],
+        num_prompt_tokens: int,
+        sampling: SamplingParams,
+        block_ids: list[int],
+        num_computed_tokens: int = 0,
+        row: int = -1,
+        generator: torch.Generator | None = None,
+    ) -> None:
         self.request_id = request_id
-        self.token_ids = token_ids                  # prompt + output; the runner appends its samples
+        self.token_ids = token_ids  # prompt + output; the runner appends its samples
         self.num_prompt_tokens = num_prompt_tokens
         self.sampling = sampling
         self.block_ids = block_ids
-        self.row = row                              # of the BlockTableRows, -1: none
+        self.row = row  # of the BlockTableRows, -1: none
         self.num_computed_tokens = num_computed_tokens
         self.generator = generator
         # the runner asks at every step whether the next token is a plain
@@ -46,12 +64,12 @@ class CachedRequestState:
 
     @property
     def prompt_token_ids(self) -> list[int]:
-        return self.token_ids[:self.num_prompt_tokens]
+        return self.token_ids[: self.num_prompt_tokens]
 
     @property
     def output_token_ids(self) -> list[int]:
         """Generated so far, a continuation included (a copy)."""
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def num_output_tokens(self) -> int:
@@ -76,8 +94,7 @@ class InputBatch:
         cached = scheduled.scheduled_cached_reqs
         states: list[CachedRequestState] = []
         rows = self.block_rows
-        for request_id, new_blocks, computed in zip(cached.req_ids, cached.new_block_ids,
-                                                    cached.num_computed_tokens):
+        for request_id, new_blocks, computed in zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
             state = requests.get(request_id)
             if state is None:
                 raise SchedulingError(f"request {request_id}: scheduled as known to the runner, which never saw it")
@@ -97,9 +114,16 @@ class InputBatch:
         seed = new.sampling.seed
         if generator is None and seed is not None:
             generator = self._generators[new.request_id] = torch.Generator(self.device).manual_seed(seed)
-        state = CachedRequestState(new.request_id, list(new.token_ids), new.num_prompt_tokens, new.sampling,
-                                   list(new.block_ids), new.num_computed_tokens,
-                                   self.block_rows.add(new.block_ids), generator)
+        state = CachedRequestState(
+            new.request_id,
+            list(new.token_ids),
+            new.num_prompt_tokens,
+            new.sampling,
+            list(new.block_ids),
+            new.num_computed_tokens,
+            self.block_rows.add(new.block_ids),
+            generator,
+        )
         self.requests[new.request_id] = state
         return state
 

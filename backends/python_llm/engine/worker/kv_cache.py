@@ -7,6 +7,7 @@ whose inner [context, head_dim] matrices are contiguous, which is what the
 attention matmuls want; viewed as [kv_heads, num_blocks*block_size, head_dim]
 one slot index addresses one token, so new K/V land with one `index_copy_`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,8 +31,7 @@ class KVCacheShape:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
 
 
-def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
-                    dtype: torch.dtype) -> int:
+def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
     """Memory one block costs across all layers, K and V."""
     element = torch.empty((), dtype=dtype).element_size()
     return 2 * num_layers * block_size * num_kv_heads * head_dim * element
@@ -50,7 +50,7 @@ class PagedKVCache:
         # but NaN garbage times a zero weight would still poison the output)
         if torch.device(device).type != "cpu":
             return torch.zeros(dims, dtype=dtype, device=device)
-        return empty_on_huge_pages(dims, dtype).zero_()   # decode reads blocks scattered over all of it
+        return empty_on_huge_pages(dims, dtype).zero_()  # decode reads blocks scattered over all of it
 
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """Store new tokens' K/V ([T, kv_heads, head_dim]) at their slots ([T])."""

@@ -1,5 +1,6 @@
 """What the scheduler and engine need to know about a model, read from its
 Hugging Face folder without loading any weights."""
+
 from __future__ import annotations
 
 import json
@@ -78,7 +79,8 @@ class ModelInfo:
                 raise ModelFolderError(f"max_model_len: must be > 0, got {max_model_len}")
             if max_model_len > model_max:
                 raise ModelFolderError(
-                    f"max_model_len: {max_model_len} exceeds the model's max_position_embeddings {model_max}")
+                    f"max_model_len: {max_model_len} exceeds the model's max_position_embeddings {model_max}"
+                )
             model_max = max_model_len
 
         num_heads = int(config["num_attention_heads"])

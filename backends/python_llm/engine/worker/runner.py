@@ -3,6 +3,7 @@ chunk out. It owns the weights, the paged KV cache and its persistent batch
 (each request's tokens, block-table row and RNG: `input_batch.py`); the
 scheduler owns everything else (which blocks, which tokens, when) and tells
 the runner only what changed."""
+
 from __future__ import annotations
 
 import array
@@ -42,6 +43,7 @@ def index_tensor(values: list[int], device: torch.device) -> torch.Tensor:
 @dataclass
 class StepBatch:
     """Everything one forward pass needs, as device tensors."""
+
     input_ids: torch.Tensor
     positions: torch.Tensor
     meta: AttentionMetadata
@@ -68,28 +70,47 @@ class ModelRunner:
         self.model_info = ModelInfo.from_model_dir(config.model_dir, config.max_model_len)
         # native attention, argmax and elementwise steps (None: the PyTorch paths)
         self.kernels: CpuKernels | None = (
-            cpu_kernels() if self.device.type == "cpu" and config.attention_backend == "auto" else None)
-        self.model = build_model(config.model_dir, self.model_info.max_model_len, self.dtype, self.device,
-                                 linear_backend=config.linear_backend, kernels=self.kernels,
-                                 greedy_lm_head=config.greedy_lm_head)
+            cpu_kernels() if self.device.type == "cpu" and config.attention_backend == "auto" else None
+        )
+        self.model = build_model(
+            config.model_dir,
+            self.model_info.max_model_len,
+            self.dtype,
+            self.device,
+            linear_backend=config.linear_backend,
+            kernels=self.kernels,
+            greedy_lm_head=config.greedy_lm_head,
+        )
         self.num_blocks = self._kv_budget_blocks()
         info = self.model_info
         self.kv_cache = PagedKVCache(
             KVCacheShape(info.num_layers, self.num_blocks, self.block_size, info.num_kv_heads, info.head_dim),
-            self.dtype, self.device)
+            self.dtype,
+            self.device,
+        )
         # prefill chunks: the native kernel where it runs for this head_dim
         self.prefill_kernels: CpuKernels | None = (
-            self.kernels if self.kernels is not None
-            and self.kernels.prefill_attention_supported(self.model_info.head_dim) else None)
+            self.kernels
+            if self.kernels is not None and self.kernels.prefill_attention_supported(self.model_info.head_dim)
+            else None
+        )
         self.sampler = Sampler(self.device, self.kernels)
         self._indices = IndexBuffer()
         # a chunk in layer slices: its states after the layers it has run
         self._slice_hidden: dict[str, torch.Tensor] = {}
-        self.input_batch = InputBatch(-(-self.model_info.max_model_len // self.block_size), config.max_num_seqs,
-                                      self.device)
-        log.info("model runner ready", extra={"device": str(self.device), "dtype": config.dtype,
-                                              "kv_blocks": self.num_blocks, "block_size": self.block_size,
-                                              "decode_attention": "native" if self.kernels else "torch"})
+        self.input_batch = InputBatch(
+            -(-self.model_info.max_model_len // self.block_size), config.max_num_seqs, self.device
+        )
+        log.info(
+            "model runner ready",
+            extra={
+                "device": str(self.device),
+                "dtype": config.dtype,
+                "kv_blocks": self.num_blocks,
+                "block_size": self.block_size,
+                "decode_attention": "native" if self.kernels else "torch",
+            },
+        )
 
     def _kv_budget_blocks(self) -> int:
         info = self.model_info
@@ -124,8 +145,14 @@ class ModelRunner:
         # a step with rows nobody reads (prompt tokens before a prompt's last)
         # computes only the sampled rows' states in its last layer
         pruned = batch.layer_slice is None and len(batch.sampled) < batch.input_ids.shape[0]
-        hidden = self.model(batch.input_ids, batch.positions, batch.meta, self.kv_cache, batch.layer_slice,
-                            output_rows=batch.sample_rows if pruned else None)
+        hidden = self.model(
+            batch.input_ids,
+            batch.positions,
+            batch.meta,
+            self.kv_cache,
+            batch.layer_slice,
+            output_rows=batch.sample_rows if pruned else None,
+        )
         if scheduled.layer_slice is not None:
             self._keep_slice_states(scheduled.layer_slice, hidden, batch.layer_slice)  # type: ignore[arg-type]
         sampled_hidden = hidden if pruned else hidden[batch.sample_rows]
@@ -133,7 +160,7 @@ class ModelRunner:
         other_rows: list[int] = []
         if len(greedy_rows) == len(batch.sampled) > 0:
             greedy = self.model.greedy_tokens(sampled_hidden)
-        elif greedy_rows:   # a mixed step: the greedy head for those rows, logits for the others
+        elif greedy_rows:  # a mixed step: the greedy head for those rows, logits for the others
             greedy_set = set(greedy_rows)
             other_rows = [row for row in range(len(batch.sampled)) if row not in greedy_set]
             greedy = self.model.greedy_tokens(sampled_hidden[greedy_rows])
@@ -145,8 +172,11 @@ class ModelRunner:
         model_seconds = time.perf_counter() - started
         # the layer timers time kernel launches on CUDA, not the work: the
         # slicer then sizes by the pacer's units alone
-        slice_seconds = None if batch.layer_slice is None or self.device.type != "cpu" else (
-            batch.layer_slice.own_seconds(len(self.model.layers)))
+        slice_seconds = (
+            None
+            if batch.layer_slice is None or self.device.type != "cpu"
+            else (batch.layer_slice.own_seconds(len(self.model.layers)))
+        )
         if logits is None:
             tokens = greedy or []
             self.input_batch.append_sampled(batch.sampled, tokens)
@@ -159,13 +189,17 @@ class ModelRunner:
             tokens, logprobs = self._merge_split(batch.sampled, greedy_rows, greedy, other_rows, logits)
         self.input_batch.append_sampled(batch.sampled, tokens)
         wanted = any(lp is not None for lp in logprobs)
-        return RunnerOutput(token_ids=tokens, logprobs=logprobs if wanted else None,
-                            model_seconds=model_seconds, slice_seconds=slice_seconds)
+        return RunnerOutput(
+            token_ids=tokens,
+            logprobs=logprobs if wanted else None,
+            model_seconds=model_seconds,
+            slice_seconds=slice_seconds,
+        )
 
     def _keep_slice_states(self, layer_slice: LayerSlice, hidden: torch.Tensor, rows: LayerSliceRows) -> None:
         """Keep a sliced chunk's states for its next slice, or drop them after its last."""
         if layer_slice.end_layer < len(self.model.layers):
-            self._slice_hidden[layer_slice.request_id] = hidden[hidden.shape[0] - rows.num_rows:].clone()
+            self._slice_hidden[layer_slice.request_id] = hidden[hidden.shape[0] - rows.num_rows :].clone()
         else:
             self._slice_hidden.pop(layer_slice.request_id, None)
 
@@ -178,8 +212,14 @@ class ModelRunner:
             return []
         return [row for row, seq in enumerate(sampled) if Sampler.plain_greedy_row(seq)]
 
-    def _merge_split(self, sampled: list[CachedRequestState], greedy_rows: list[int], greedy: list[int],
-                     other_rows: list[int], logits: torch.Tensor) -> tuple[list[int], list[float | None]]:
+    def _merge_split(
+        self,
+        sampled: list[CachedRequestState],
+        greedy_rows: list[int],
+        greedy: list[int],
+        other_rows: list[int],
+        logits: torch.Tensor,
+    ) -> tuple[list[int], list[float | None]]:
         """A split step's tokens and log-probs in row order: the greedy head's
         (no log-prob) for greedy_rows, the sampler's for other_rows."""
         result = self.sampler(logits, [sampled[row] for row in other_rows])
@@ -191,8 +231,9 @@ class ModelRunner:
             tokens[row], logprobs[row] = token, logprob
         return tokens, logprobs
 
-    def _prepare(self, states: list[CachedRequestState], num_scheduled: list[int],
-                 layer_slice: LayerSlice | None = None) -> StepBatch:
+    def _prepare(
+        self, states: list[CachedRequestState], num_scheduled: list[int], layer_slice: LayerSlice | None = None
+    ) -> StepBatch:
         """Flatten the step into index tensors built once and shared by all layers.
 
         Single-token entries at the head of the batch are decodes, then the
@@ -224,7 +265,7 @@ class ModelRunner:
             start, tokens, blocks = state.num_computed_tokens, state.token_ids, state.block_ids
             block = start // bs
             if start < 0 or start >= max_len or block >= len(blocks) or start >= len(tokens):
-                self._checked_table(state, 1)   # raises, naming what is wrong
+                self._checked_table(state, 1)  # raises, naming what is wrong
             input_ids.append(tokens[start])
             positions.append(start)
             slots.append(blocks[block] * bs + start % bs)
@@ -232,7 +273,7 @@ class ModelRunner:
             if start + 1 == len(tokens):
                 sampled.append(state)
                 sample_rows.append(row)
-        if not native and sampled:   # back to batch order
+        if not native and sampled:  # back to batch order
             pairs = sorted(zip(sample_rows, sampled), key=lambda pair: layout[pair[0]])
             sample_rows, sampled = [r for r, _ in pairs], [s for _, s in pairs]
         prefills: list[PrefillChunk] = []
@@ -246,13 +287,14 @@ class ModelRunner:
             chunk_order.append(sliced_index)
             sliced_sample_at = len(sampled) + sum(
                 num_scheduled[i] + states[i].num_computed_tokens == len(states[i].token_ids)
-                for i in range(num_decodes, sliced_index))
+                for i in range(num_decodes, sliced_index)
+            )
         for index in chunk_order:
             state, n = states[index], num_scheduled[index]
             table = self._checked_table(state, n)
             start = state.num_computed_tokens
             offset = len(input_ids)
-            input_ids.extend(state.token_ids[start:start + n])
+            input_ids.extend(state.token_ids[start : start + n])
             positions.extend(range(start, start + n))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
             prefills.append(self._prefill_chunk(offset, n, start, table))
@@ -281,16 +323,24 @@ class ModelRunner:
         ids, positions_t, slot_mapping, rows_t, context_t, table_rows_t = parts
         meta = AttentionMetadata(slot_mapping=slot_mapping, prefills=prefills, kernels=self.prefill_kernels)
         if native_decodes:
-            meta.decode_batch = DecodeBatch(num_seqs=num_decodes, block_tables=self.input_batch.block_rows.tensor,
-                                            table_rows=table_rows_t, context_lens=context_t,
-                                            kernel=self.kernels)  # type: ignore[arg-type]
+            meta.decode_batch = DecodeBatch(
+                num_seqs=num_decodes,
+                block_tables=self.input_batch.block_rows.tensor,
+                table_rows=table_rows_t,
+                context_lens=context_t,
+                kernel=self.kernels,  # type: ignore[arg-type]  # set whenever the native decode path runs
+            )
         elif not native:
             decodes = [states[i] for i in layout]
             meta.decodes = self._decode_groups(decodes, [self._checked_table(state, 1) for state in decodes])
-        rows = None if layer_slice is None else self._slice_rows(
-            layer_slice, states[sliced_index], num_scheduled[sliced_index], meta)
-        return StepBatch(input_ids=ids, positions=positions_t, meta=meta, sample_rows=rows_t, sampled=sampled,
-                         layer_slice=rows)
+        rows = (
+            None
+            if layer_slice is None
+            else self._slice_rows(layer_slice, states[sliced_index], num_scheduled[sliced_index], meta)
+        )
+        return StepBatch(
+            input_ids=ids, positions=positions_t, meta=meta, sample_rows=rows_t, sampled=sampled, layer_slice=rows
+        )
 
     @staticmethod
     def _sliced_index(states: list[CachedRequestState], num_decodes: int, layer_slice: LayerSlice) -> int:
@@ -299,24 +349,33 @@ class ModelRunner:
                 return index
         raise SchedulingError(f"request {layer_slice.request_id}: a layer slice of a chunk not in the step")
 
-    def _slice_rows(self, layer_slice: LayerSlice, state: CachedRequestState, num_rows: int,
-                    meta: AttentionMetadata) -> LayerSliceRows:
+    def _slice_rows(
+        self, layer_slice: LayerSlice, state: CachedRequestState, num_rows: int, meta: AttentionMetadata
+    ) -> LayerSliceRows:
         """The step's sliced chunk (its rows last in `meta`'s batch) and the
         metadata of the step without it."""
         first, end = layer_slice.first_layer, layer_slice.end_layer
         if not 0 <= first < end <= len(self.model.layers):
-            raise SchedulingError(f"request {state.request_id}: layers {first}..{end - 1} of a "
-                                  f"{len(self.model.layers)}-layer model")
+            raise SchedulingError(
+                f"request {state.request_id}: layers {first}..{end - 1} of a {len(self.model.layers)}-layer model"
+            )
         hidden = None
         if first > 0:
             hidden = self._slice_hidden.get(state.request_id)
             if hidden is None or hidden.shape[0] != num_rows:
-                raise SchedulingError(f"request {state.request_id}: a slice from layer {first} of a chunk "
-                                      f"of {num_rows} tokens the runner did not start")
+                raise SchedulingError(
+                    f"request {state.request_id}: a slice from layer {first} of a chunk "
+                    f"of {num_rows} tokens the runner did not start"
+                )
         main = meta.slot_mapping.shape[0] - num_rows
-        main_meta = AttentionMetadata(slot_mapping=meta.slot_mapping[:main], decode_batch=meta.decode_batch,
-                                      decodes=meta.decodes, prefills=meta.prefills[:-1], kernels=meta.kernels,
-                                      check_layer=end if first == 0 else 0)
+        main_meta = AttentionMetadata(
+            slot_mapping=meta.slot_mapping[:main],
+            decode_batch=meta.decode_batch,
+            decodes=meta.decodes,
+            prefills=meta.prefills[:-1],
+            kernels=meta.kernels,
+            check_layer=end if first == 0 else 0,
+        )
         meta.check_layer = first
         return LayerSliceRows(first, end, num_rows, hidden, main_meta)
 
@@ -330,8 +389,9 @@ class ModelRunner:
         if start < 0 or end > max_len:
             raise SchedulingError(f"request {state.request_id}: positions {start}..{end - 1} outside 0..{max_len - 1}")
         if end > len(state.token_ids):
-            raise SchedulingError(f"request {state.request_id}: positions up to {end - 1} scheduled, "
-                                  f"{len(state.token_ids)} tokens known")
+            raise SchedulingError(
+                f"request {state.request_id}: positions up to {end - 1} scheduled, {len(state.token_ids)} tokens known"
+            )
         needed = -(-end // self.block_size)
         if len(state.block_ids) < needed:
             raise SchedulingError(f"request {state.request_id}: {len(state.block_ids)} blocks cannot hold {end} tokens")

@@ -12,6 +12,7 @@ do not depend on which other requests share the batch.
 The sampler reads the runner's own request states (`input_batch.py`): their
 tokens, settings and generators.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -48,7 +49,7 @@ def _banned_tokens(seq: CachedRequestState) -> list[int]:
             banned.append(word[-1])
             continue
         # the match may reach back into the prompt
-        if seq.token_ids[-len(prefix):] == prefix:
+        if seq.token_ids[-len(prefix) :] == prefix:
             banned.append(word[-1])
     return banned
 
@@ -97,7 +98,7 @@ class Sampler:
             scaled = self._filter(logits[rows], [params[i] for i in sample_rows])
             drawn = self._draw(scaled, [seqs[i].generator for i in sample_rows])
             tokens[rows] = drawn
-            logits[rows] = scaled   # log-probs come from what was sampled from
+            logits[rows] = scaled  # log-probs come from what was sampled from
         return SamplerResult(tokens.tolist(), self._logprobs(logits, tokens, want_logprobs))
 
     # --- processing -------------------------------------------------------

@@ -17,6 +17,7 @@ Without a compiler, or when the build fails, `cpu_kernels()` returns None
 (logged once) and the engine uses its PyTorch paths.
 `python -m python_llm.engine.worker.kernels` builds it ahead of time and checks it.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -40,7 +41,6 @@ _lock = threading.Lock()
 _loaded: dict[str, CpuKernels | None] = {}
 
 
-
 class CpuKernels(GreedyKernels):
     """ctypes binding of the compiled library, with the checks the C side
     leaves to its caller."""
@@ -52,13 +52,49 @@ class CpuKernels(GreedyKernels):
         super().__init__(self._lib)
         fn = self._lib.paged_decode_attention
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        fn.argtypes = [ctypes.c_int, ptr, i64, ptr, i64, ptr, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64, i64, i64,
-                       ctypes.c_float, ctypes.c_int]
+        fn.argtypes = [
+            ctypes.c_int,
+            ptr,
+            i64,
+            ptr,
+            i64,
+            ptr,
+            ptr,
+            ptr,
+            i64,
+            ptr,
+            ptr,
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+            ctypes.c_float,
+            ctypes.c_int,
+        ]
         fn.restype = ctypes.c_int
         self._fn = fn
         prefill = self._lib.paged_prefill_attention
-        prefill.argtypes = [ctypes.c_int, ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64,
-                            ctypes.c_float, ctypes.c_int]
+        prefill.argtypes = [
+            ctypes.c_int,
+            ptr,
+            i64,
+            ptr,
+            i64,
+            ptr,
+            ptr,
+            ptr,
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+            ctypes.c_float,
+            ctypes.c_int,
+        ]
         prefill.restype = ctypes.c_int
         self._prefill = prefill
         self._rms_norm = self._lib.rms_norm_f32
@@ -103,9 +139,17 @@ class CpuKernels(GreedyKernels):
         """Whether `paged_prefill_attention` runs for this head_dim here (AVX2 + FMA, head_dim 64 or 128)."""
         return bool(self._prefill_supported(head_dim))
 
-    def paged_prefill_attention(self, out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
-                                value_cache: torch.Tensor, block_table: torch.Tensor, start: int, scale: float,
-                                check: bool = True) -> torch.Tensor:
+    def paged_prefill_attention(
+        self,
+        out: torch.Tensor,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        start: int,
+        scale: float,
+        check: bool = True,
+    ) -> torch.Tensor:
         """out [N, H*D] = causal attention of a chunk's queries [N, H, D]:
         token i (position start + i) over cached positions 0 .. start + i,
         found through block_table (int32, the blocks covering start + N
@@ -116,26 +160,55 @@ class CpuKernels(GreedyKernels):
         kv_heads, num_blocks, block_size, _ = key_cache.shape
         if check:
             self._check_prefill_arguments(out, query, key_cache, value_cache, block_table, start)
-        status = self._prefill(DTYPE_CODES[query.dtype], out.data_ptr(), out.stride(0), query.data_ptr(),
-                               query.stride(0), key_cache.data_ptr(), value_cache.data_ptr(), block_table.data_ptr(),
-                               tokens, start, heads, kv_heads, head_dim, num_blocks, block_size, float(scale),
-                               torch.get_num_threads())
+        status = self._prefill(
+            DTYPE_CODES[query.dtype],
+            out.data_ptr(),
+            out.stride(0),
+            query.data_ptr(),
+            query.stride(0),
+            key_cache.data_ptr(),
+            value_cache.data_ptr(),
+            block_table.data_ptr(),
+            tokens,
+            start,
+            heads,
+            kv_heads,
+            head_dim,
+            num_blocks,
+            block_size,
+            float(scale),
+            torch.get_num_threads(),
+        )
         if status != 0:
             raise RuntimeError(f"paged_prefill_attention failed with status {status}")
         return out
 
-    def _check_prefill_arguments(self, out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
-                                 value_cache: torch.Tensor, block_table: torch.Tensor, start: int) -> None:
+    def _check_prefill_arguments(
+        self,
+        out: torch.Tensor,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        start: int,
+    ) -> None:
         tokens, heads, head_dim = query.shape
         kv_heads, num_blocks, block_size, cache_dim = key_cache.shape
         checks = [
             (query.stride(2) == 1 and query.stride(1) == head_dim, "query: heads and dims must be contiguous"),
-            (key_cache.is_contiguous() and value_cache.is_contiguous()
-             and key_cache.shape == value_cache.shape, "caches: contiguous and of one shape"),
+            (
+                key_cache.is_contiguous() and value_cache.is_contiguous() and key_cache.shape == value_cache.shape,
+                "caches: contiguous and of one shape",
+            ),
             (cache_dim == head_dim and heads % kv_heads == 0, "query heads / head_dim do not fit the cache"),
             (self.prefill_attention_supported(head_dim), f"head_dim {head_dim} not supported here"),
-            (block_table.dtype == torch.int32 and block_table.is_contiguous() and block_table.dim() == 1
-             and block_table.numel() * block_size >= start + tokens, "block_table: int32 blocks covering the chunk"),
+            (
+                block_table.dtype == torch.int32
+                and block_table.is_contiguous()
+                and block_table.dim() == 1
+                and block_table.numel() * block_size >= start + tokens,
+                "block_table: int32 blocks covering the chunk",
+            ),
             (start >= 0 and tokens > 0, "start >= 0 and a non-empty chunk"),
             (out.shape == (tokens, heads * head_dim) and out.stride(1) == 1, "out: [tokens, heads*head_dim]"),
             (query.dtype == key_cache.dtype == out.dtype and query.dtype in DTYPE_CODES, "one supported dtype"),
@@ -151,17 +224,34 @@ class CpuKernels(GreedyKernels):
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """weight * x / sqrt(mean(x^2) + eps) per row of x [rows, dim] (fp32, CPU)."""
         rows, dim = x.shape
-        if (x.stride(1) != 1 or weight.shape != (dim,) or not weight.is_contiguous() or x.dtype != torch.float32
-                or x.is_cuda or weight.dtype != torch.float32):
+        if (
+            x.stride(1) != 1
+            or weight.shape != (dim,)
+            or not weight.is_contiguous()
+            or x.dtype != torch.float32
+            or x.is_cuda
+            or weight.dtype != torch.float32
+        ):
             raise ValueError("rms_norm: x [rows, dim] with contiguous rows and weight [dim] expected")
         out = x.new_empty(rows, dim)
-        self._rms_norm(x.data_ptr(), x.stride(0), weight.data_ptr(), eps, out.data_ptr(), dim, rows, dim,
-                       torch.get_num_threads())
+        self._rms_norm(
+            x.data_ptr(), x.stride(0), weight.data_ptr(), eps, out.data_ptr(), dim, rows, dim, torch.get_num_threads()
+        )
         return out
 
-    def rotary_cache_write(self, qkv: torch.Tensor, heads: int, kv_heads: int, positions: torch.Tensor,
-                           cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, key_cache: torch.Tensor,
-                           value_cache: torch.Tensor, check: bool = True) -> None:
+    def rotary_cache_write(
+        self,
+        qkv: torch.Tensor,
+        heads: int,
+        kv_heads: int,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        check: bool = True,
+    ) -> None:
         """Rotate the q and k heads of qkv [T, (heads + 2 kv_heads) * D] in
         place by positions [T] (int64; cos / sin tables [positions, D]), then
         store each token's k and v at its slot [T] (int64) of the caches
@@ -172,29 +262,66 @@ class CpuKernels(GreedyKernels):
         _, num_blocks, block_size, head_dim = key_cache.shape
         if check:
             self._check_rotary_arguments(qkv, heads, kv_heads, positions, cos, sin, slots, key_cache, value_cache)
-        status = self._rotary(qkv.data_ptr(), qkv.stride(0), positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-                              cos.shape[0], slots.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
-                              num_blocks * block_size, tokens, heads, kv_heads, head_dim, torch.get_num_threads())
+        status = self._rotary(
+            qkv.data_ptr(),
+            qkv.stride(0),
+            positions.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            cos.shape[0],
+            slots.data_ptr(),
+            key_cache.data_ptr(),
+            value_cache.data_ptr(),
+            num_blocks * block_size,
+            tokens,
+            heads,
+            kv_heads,
+            head_dim,
+            torch.get_num_threads(),
+        )
         if status != 0:
             raise ValueError(f"rotary_cache_write: {'a position' if status == 1 else 'a slot'} out of range")
 
     @staticmethod
-    def _check_rotary_arguments(qkv: torch.Tensor, heads: int, kv_heads: int, positions: torch.Tensor,
-                                cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, key_cache: torch.Tensor,
-                                value_cache: torch.Tensor) -> None:
+    def _check_rotary_arguments(
+        qkv: torch.Tensor,
+        heads: int,
+        kv_heads: int,
+        positions: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        slots: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+    ) -> None:
         tokens, width = qkv.shape
         cache_heads, _, _, head_dim = key_cache.shape
         checks = [
-            (qkv.stride(1) == 1 and width == (heads + 2 * kv_heads) * head_dim and cache_heads == kv_heads,
-             "qkv [T, (heads + 2 kv_heads) * head_dim] with contiguous rows"),
-            (key_cache.is_contiguous() and value_cache.is_contiguous() and key_cache.shape == value_cache.shape,
-             "caches: contiguous and of one shape"),
-            (cos.is_contiguous() and sin.is_contiguous() and cos.shape == sin.shape and cos.shape[1] == head_dim,
-             "cos / sin: contiguous [positions, head_dim]"),
-            (positions.dtype == slots.dtype == torch.int64 and positions.is_contiguous() and slots.is_contiguous()
-             and positions.shape == slots.shape == (tokens,), "positions / slots: contiguous int64 [T]"),
-            (all(t.dtype == torch.float32 and t.device.type == "cpu" for t in (qkv, cos, sin, key_cache, value_cache)),
-             "fp32 CPU tensors"),
+            (
+                qkv.stride(1) == 1 and width == (heads + 2 * kv_heads) * head_dim and cache_heads == kv_heads,
+                "qkv [T, (heads + 2 kv_heads) * head_dim] with contiguous rows",
+            ),
+            (
+                key_cache.is_contiguous() and value_cache.is_contiguous() and key_cache.shape == value_cache.shape,
+                "caches: contiguous and of one shape",
+            ),
+            (
+                cos.is_contiguous() and sin.is_contiguous() and cos.shape == sin.shape and cos.shape[1] == head_dim,
+                "cos / sin: contiguous [positions, head_dim]",
+            ),
+            (
+                positions.dtype == slots.dtype == torch.int64
+                and positions.is_contiguous()
+                and slots.is_contiguous()
+                and positions.shape == slots.shape == (tokens,),
+                "positions / slots: contiguous int64 [T]",
+            ),
+            (
+                all(
+                    t.dtype == torch.float32 and t.device.type == "cpu" for t in (qkv, cos, sin, key_cache, value_cache)
+                ),
+                "fp32 CPU tensors",
+            ),
         ]
         for ok, message in checks:
             if not ok:
@@ -207,8 +334,9 @@ class CpuKernels(GreedyKernels):
             raise ValueError("silu_mul: gate_up [rows, 2 * inter] with contiguous rows expected")
         inter = width // 2
         out = gate_up.new_empty(rows, inter)
-        self._silu_mul(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), inter, rows, inter,
-                       torch.get_num_threads())
+        self._silu_mul(
+            gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), inter, rows, inter, torch.get_num_threads()
+        )
         return out
 
     # -- fp32 projections on AMX tiles (amx_gemm.cpp) -------------------------
@@ -226,8 +354,15 @@ class CpuKernels(GreedyKernels):
         self._amx_pack(weight.data_ptr(), weight.stride(0), n, k, packed.data_ptr(), torch.get_num_threads())
         return packed
 
-    def amx_linear(self, x: torch.Tensor, packed: torch.Tensor, n: int, k: int, bias: torch.Tensor | None,
-                   residual: torch.Tensor | None = None) -> torch.Tensor:
+    def amx_linear(
+        self,
+        x: torch.Tensor,
+        packed: torch.Tensor,
+        n: int,
+        k: int,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """x [m, k] @ weight.T (+ bias) (+ residual [m, n]) with the weight
         from amx_pack_weight; fp32 CPU tensors with contiguous rows (the
         projection checks them once, at load: these are its own tensors)."""
@@ -235,11 +370,20 @@ class CpuKernels(GreedyKernels):
         if x.stride(1) != 1 or x.shape[1] != k or (residual is not None and residual.shape != (m, n)):
             raise ValueError(f"amx_linear: x [m, {k}] with contiguous rows (and residual [m, {n}]) expected")
         out = x.new_empty(m, n)
-        status = self._amx_gemm(x.data_ptr(), x.stride(0), m, packed.data_ptr(), n, k,
-                                None if bias is None else bias.data_ptr(),
-                                None if residual is None else residual.data_ptr(),
-                                0 if residual is None else residual.stride(0), out.data_ptr(), n,
-                                torch.get_num_threads())
+        status = self._amx_gemm(
+            x.data_ptr(),
+            x.stride(0),
+            m,
+            packed.data_ptr(),
+            n,
+            k,
+            None if bias is None else bias.data_ptr(),
+            None if residual is None else residual.data_ptr(),
+            0 if residual is None else residual.stride(0),
+            out.data_ptr(),
+            n,
+            torch.get_num_threads(),
+        )
         if status != 0:
             raise RuntimeError("amx_linear: AMX is not available in this process")
         return out
@@ -260,34 +404,61 @@ class CpuKernels(GreedyKernels):
             raise ValueError("fma_pack_weight: an fp32 CPU weight [n, k] with contiguous rows expected")
         n, k = weight.shape
         packed = empty_on_huge_pages(self._fma_elements(n, k), torch.float32)
-        if packed.data_ptr() % 64:   # the kernel's aligned loads; torch's CPU allocator gives 64
+        if packed.data_ptr() % 64:  # the kernel's aligned loads; torch's CPU allocator gives 64
             raise RuntimeError("fma_pack_weight: the packed weight is not 64-byte aligned")
         self._fma_pack(weight.data_ptr(), weight.stride(0), n, k, packed.data_ptr(), torch.get_num_threads())
         return packed
 
-    def fma_linear(self, x: torch.Tensor, packed: torch.Tensor, n: int, k: int, bias: torch.Tensor | None,
-                   residual: torch.Tensor | None = None) -> torch.Tensor:
+    def fma_linear(
+        self,
+        x: torch.Tensor,
+        packed: torch.Tensor,
+        n: int,
+        k: int,
+        bias: torch.Tensor | None,
+        residual: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """x [m, k] @ weight.T (+ bias) (+ residual [m, n]) with the weight
         from fma_pack_weight; fp32 CPU tensors with contiguous rows (the
         projection checks its own tensors once, at load)."""
         m = x.shape[0]
-        if x.stride(1) != 1 or x.shape[1] != k or (residual is not None and
-                                                    (residual.shape != (m, n) or residual.stride(1) != 1)):
+        if (
+            x.stride(1) != 1
+            or x.shape[1] != k
+            or (residual is not None and (residual.shape != (m, n) or residual.stride(1) != 1))
+        ):
             raise ValueError(f"fma_linear: x [m, {k}] with contiguous rows (and residual [m, {n}]) expected")
         out = x.new_empty(m, n)
-        status = self._fma_gemm(x.data_ptr(), x.stride(0), m, packed.data_ptr(), n, k,
-                                None if bias is None else bias.data_ptr(),
-                                None if residual is None else residual.data_ptr(),
-                                0 if residual is None else residual.stride(0), out.data_ptr(), n,
-                                torch.get_num_threads())
+        status = self._fma_gemm(
+            x.data_ptr(),
+            x.stride(0),
+            m,
+            packed.data_ptr(),
+            n,
+            k,
+            None if bias is None else bias.data_ptr(),
+            None if residual is None else residual.data_ptr(),
+            0 if residual is None else residual.stride(0),
+            out.data_ptr(),
+            n,
+            torch.get_num_threads(),
+        )
         if status != 0:
             raise RuntimeError("fma_linear: this build has no AVX2 / FMA")
         return out
 
-    def paged_decode_attention(self, out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
-                               value_cache: torch.Tensor, block_tables: torch.Tensor, context_lens: torch.Tensor,
-                               scale: float, check: bool = True,
-                               table_rows: torch.Tensor | None = None) -> torch.Tensor:
+    def paged_decode_attention(
+        self,
+        out: torch.Tensor,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        scale: float,
+        check: bool = True,
+        table_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """out [S, H*D] = attention of query [S, H, D] over each sequence's
         first context_lens[s] (int64) cached tokens, found through its row of
         block_tables [R, W] (int32) in caches [kv_heads, blocks, block_size, D].
@@ -298,19 +469,41 @@ class CpuKernels(GreedyKernels):
         kv_heads, num_blocks, block_size, _ = key_cache.shape
         if check:
             self._check_decode_arguments(out, query, key_cache, value_cache, block_tables, context_lens, table_rows)
-        status = self._fn(DTYPE_CODES[query.dtype], out.data_ptr(), out.stride(0), query.data_ptr(),
-                          query.stride(0), key_cache.data_ptr(), value_cache.data_ptr(), block_tables.data_ptr(),
-                          block_tables.shape[1], None if table_rows is None else table_rows.data_ptr(),
-                          context_lens.data_ptr(), seqs, heads, kv_heads, head_dim, num_blocks, block_size,
-                          float(scale), torch.get_num_threads())
+        status = self._fn(
+            DTYPE_CODES[query.dtype],
+            out.data_ptr(),
+            out.stride(0),
+            query.data_ptr(),
+            query.stride(0),
+            key_cache.data_ptr(),
+            value_cache.data_ptr(),
+            block_tables.data_ptr(),
+            block_tables.shape[1],
+            None if table_rows is None else table_rows.data_ptr(),
+            context_lens.data_ptr(),
+            seqs,
+            heads,
+            kv_heads,
+            head_dim,
+            num_blocks,
+            block_size,
+            float(scale),
+            torch.get_num_threads(),
+        )
         if status != 0:
             raise RuntimeError(f"paged_decode_attention failed with status {status}")
         return out
 
     @staticmethod
-    def _check_decode_arguments(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
-                                value_cache: torch.Tensor, block_tables: torch.Tensor,
-                                context_lens: torch.Tensor, table_rows: torch.Tensor | None) -> None:
+    def _check_decode_arguments(
+        out: torch.Tensor,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        table_rows: torch.Tensor | None,
+    ) -> None:
         """What the C side trusts its caller with (a wrong shape there is
         memory corruption, not an exception)."""
         seqs, heads, head_dim = query.shape
@@ -318,15 +511,27 @@ class CpuKernels(GreedyKernels):
         rows = block_tables.shape[0] if block_tables.dim() == 2 else -1
         checks = [
             (query.stride(2) == 1 and query.stride(1) == head_dim, "query: heads and dims must be contiguous"),
-            (key_cache.is_contiguous() and value_cache.is_contiguous()
-             and key_cache.shape == value_cache.shape, "caches: contiguous and of one shape"),
+            (
+                key_cache.is_contiguous() and value_cache.is_contiguous() and key_cache.shape == value_cache.shape,
+                "caches: contiguous and of one shape",
+            ),
             (cache_dim == head_dim and heads % kv_heads == 0, "query heads / head_dim do not fit the cache"),
-            (block_tables.dtype == torch.int32 and block_tables.is_contiguous() and rows >= 0
-             and (table_rows is not None or rows == seqs), "block_tables: contiguous int32 [seqs or rows, width]"),
-            (table_rows is None or (table_rows.dtype == torch.int64 and table_rows.is_contiguous()
-                                    and table_rows.shape == (seqs,)), "table_rows: contiguous int64 [seqs]"),
-            (context_lens.dtype == torch.int64 and context_lens.is_contiguous()
-             and context_lens.shape == (seqs,), "context_lens: contiguous int64 [seqs]"),
+            (
+                block_tables.dtype == torch.int32
+                and block_tables.is_contiguous()
+                and rows >= 0
+                and (table_rows is not None or rows == seqs),
+                "block_tables: contiguous int32 [seqs or rows, width]",
+            ),
+            (
+                table_rows is None
+                or (table_rows.dtype == torch.int64 and table_rows.is_contiguous() and table_rows.shape == (seqs,)),
+                "table_rows: contiguous int64 [seqs]",
+            ),
+            (
+                context_lens.dtype == torch.int64 and context_lens.is_contiguous() and context_lens.shape == (seqs,),
+                "context_lens: contiguous int64 [seqs]",
+            ),
             (out.shape == (seqs, heads * head_dim) and out.stride(1) == 1, "out: [seqs, heads*head_dim]"),
             (query.dtype == key_cache.dtype == out.dtype and query.dtype in DTYPE_CODES, "one supported dtype"),
             (all(t.device.type == "cpu" for t in (out, query, key_cache, block_tables, context_lens)), "CPU tensors"),
@@ -334,9 +539,12 @@ class CpuKernels(GreedyKernels):
         for ok, message in checks:
             if not ok:
                 raise ValueError(f"paged_decode_attention: {message}")
-        if seqs and (int(context_lens.min()) < 1
-                     or int(context_lens.max()) > block_tables.shape[1] * block_size
-                     or int(block_tables.min()) < 0 or int(block_tables.max()) >= num_blocks):
+        if seqs and (
+            int(context_lens.min()) < 1
+            or int(context_lens.max()) > block_tables.shape[1] * block_size
+            or int(block_tables.min()) < 0
+            or int(block_tables.max()) >= num_blocks
+        ):
             raise ValueError("paged_decode_attention: context_lens / block ids outside the cache")
         if seqs and table_rows is not None and (int(table_rows.min()) < 0 or int(table_rows.max()) >= rows):
             raise ValueError("paged_decode_attention: table_rows outside block_tables")
@@ -357,7 +565,9 @@ def cpu_kernels(cache_dir: Path = CACHE_DIR) -> CpuKernels | None:
                 build(path)
             kernels = CpuKernels(path)
         except (OSError, KernelBuildError, subprocess.SubprocessError) as exc:
-            log.warning("CPU kernels unavailable; using the PyTorch attention and argmax paths",
-                        extra={"error": f"{type(exc).__name__}: {exc}"[:2000]})
+            log.warning(
+                "CPU kernels unavailable; using the PyTorch attention and argmax paths",
+                extra={"error": f"{type(exc).__name__}: {exc}"[:2000]},
+            )
         _loaded[key] = kernels
         return kernels

@@ -8,6 +8,7 @@ float64 for the AMX projection where the CPU has AMX).
 Exit status 0 when it is built and agrees; 1 when it cannot be built here
 (the engine then uses its PyTorch paths).
 """
+
 from __future__ import annotations
 
 import logging
@@ -30,9 +31,10 @@ def self_check(kernels) -> float:
     query = torch.randn(len(lens), heads, head_dim, generator=gen)
     padded = torch.tensor([t + [0] * (7 - len(t)) for t in tables], dtype=torch.int32)
     out = torch.empty(len(lens), heads * head_dim)
-    kernels.paged_decode_attention(out, query, keys, values, padded, torch.tensor(lens, dtype=torch.int64),
-                                   head_dim ** -0.5)
-    expected = decode_attention_reference(query, keys, values, tables, lens, head_dim ** -0.5)
+    kernels.paged_decode_attention(
+        out, query, keys, values, padded, torch.tensor(lens, dtype=torch.int64), head_dim**-0.5
+    )
+    expected = decode_attention_reference(query, keys, values, tables, lens, head_dim**-0.5)
     return (out - expected).abs().max().item()
 
 
@@ -53,7 +55,7 @@ def prefill_check(kernels) -> float:
 
 def argmax_agrees(kernels) -> bool:
     logits = torch.randn(8, 49157, generator=torch.Generator().manual_seed(1))
-    logits[3, [11, 40000]] = 30.0   # a tie: the first one wins
+    logits[3, [11, 40000]] = 30.0  # a tie: the first one wins
     return torch.equal(kernels.argmax_rows(logits), logits.argmax(dim=-1))
 
 
@@ -68,6 +70,7 @@ def verified_argmax_agrees(kernels, precision: str) -> bool:
     argmax, with a near-tie neither can separate (rows 11 and 12 differ by
     1e-6)."""
     from ..models.greedy_head import GreedyHeads
+
     gen = torch.Generator().manual_seed(3)
     hidden, weight = torch.randn(5, 200, generator=gen), torch.randn(3001, 200, generator=gen) * 0.05
     weight[11] = hidden[0] / hidden[0].norm()
@@ -83,8 +86,10 @@ def elementwise_check(kernels) -> float:
     gate_up = torch.randn(7, 64, generator=gen)
     norm = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
     gate, up = gate_up.chunk(2, dim=-1)
-    return max((kernels.rms_norm(x, weight, 1e-5) - norm).abs().max().item(),
-               (kernels.silu_mul(gate_up) - torch.nn.functional.silu(gate) * up).abs().max().item())
+    return max(
+        (kernels.rms_norm(x, weight, 1e-5) - norm).abs().max().item(),
+        (kernels.silu_mul(gate_up) - torch.nn.functional.silu(gate) * up).abs().max().item(),
+    )
 
 
 def amx_check(kernels) -> float | None:
@@ -106,8 +111,11 @@ def fma_check(kernels) -> float | None:
     if not kernels.fma_gemm_supported():
         return None
     gen = torch.Generator().manual_seed(6)
-    weight, x, bias = (torch.randn(100, 70, generator=gen) * 0.05, torch.randn(40, 70, generator=gen),
-                       torch.randn(100, generator=gen))
+    weight, x, bias = (
+        torch.randn(100, 70, generator=gen) * 0.05,
+        torch.randn(40, 70, generator=gen),
+        torch.randn(100, generator=gen),
+    )
     exact = x.double() @ weight.double().t() + bias.double()
     result = kernels.fma_linear(x, kernels.fma_pack_weight(weight), 100, 70, bias)
     sgemm = (x @ weight.t() + bias).double()
@@ -130,21 +138,35 @@ def main() -> int:
     elementwise_worst = elementwise_check(kernels)
     amx = amx_check(kernels)
     fma = fma_check(kernels)
-    print(f"built; decode attention's largest difference from SDPA: {worst:.2e}; prefill attention's "
-          f"{prefill_worst:.2e}; "
-          f"argmax {'equals' if argmax_ok else 'DIFFERS FROM'} torch.argmax; "
-          f"fused LM head {'agrees' if lm_head_ok else 'DISAGREES'} with GEMM + argmax; "
-          f"bf16 LM head's verified argmax {'agrees' if verified_ok else 'DISAGREES'} "
-          f"(bf16 dot products {'native' if kernels.bf16_dot_supported() else 'emulated'}); "
-          f"int16 LM head's {'agrees' if int16_ok else 'DISAGREES'} "
-          f"({'AVX2' if kernels.int16_lm_head_supported() else 'scalar'}); "
-          f"RMSNorm / SiLU x up within {elementwise_worst:.2e}; "
-          + ("no AMX here" if amx is None else f"AMX projection error {amx:.2f}x an fp32 sgemm's") + "; "
-          + ("no AVX2 / FMA GEMM in this build" if fma is None else
-             f"FMA projection error {fma:.2f}x an fp32 sgemm's"))
-    return 0 if (worst < 1e-4 and prefill_worst < 1e-4 and argmax_ok and lm_head_ok and verified_ok and int16_ok
-                 and elementwise_worst < 1e-5
-                 and (amx is None or amx < 4.0) and (fma is None or fma < 4.0)) else 1
+    print(
+        f"built; decode attention's largest difference from SDPA: {worst:.2e}; prefill attention's "
+        f"{prefill_worst:.2e}; "
+        f"argmax {'equals' if argmax_ok else 'DIFFERS FROM'} torch.argmax; "
+        f"fused LM head {'agrees' if lm_head_ok else 'DISAGREES'} with GEMM + argmax; "
+        f"bf16 LM head's verified argmax {'agrees' if verified_ok else 'DISAGREES'} "
+        f"(bf16 dot products {'native' if kernels.bf16_dot_supported() else 'emulated'}); "
+        f"int16 LM head's {'agrees' if int16_ok else 'DISAGREES'} "
+        f"({'AVX2' if kernels.int16_lm_head_supported() else 'scalar'}); "
+        f"RMSNorm / SiLU x up within {elementwise_worst:.2e}; "
+        + ("no AMX here" if amx is None else f"AMX projection error {amx:.2f}x an fp32 sgemm's")
+        + "; "
+        + ("no AVX2 / FMA GEMM in this build" if fma is None else f"FMA projection error {fma:.2f}x an fp32 sgemm's")
+    )
+    return (
+        0
+        if (
+            worst < 1e-4
+            and prefill_worst < 1e-4
+            and argmax_ok
+            and lm_head_ok
+            and verified_ok
+            and int16_ok
+            and elementwise_worst < 1e-5
+            and (amx is None or amx < 4.0)
+            and (fma is None or fma < 4.0)
+        )
+        else 1
+    )
 
 
 if __name__ == "__main__":

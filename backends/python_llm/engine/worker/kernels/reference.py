@@ -1,14 +1,21 @@
 """What the decode-attention kernel must compute, in plain PyTorch: each
 sequence's blocks gathered, cut to its length, and SDPA over them (fp32).
 The check of `python -m python_llm.engine.worker.kernels` and the unit tests use it."""
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 
-def decode_attention_reference(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                               tables: list[list[int]], lens: list[int], scale: float) -> torch.Tensor:
+def decode_attention_reference(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    tables: list[list[int]],
+    lens: list[int],
+    scale: float,
+) -> torch.Tensor:
     """query [S, H, D], caches [kv_heads, blocks, block_size, D] → [S, H*D] fp32."""
     kv_heads, _, _, head_dim = keys.shape
     heads = query.shape[1]
@@ -22,8 +29,9 @@ def decode_attention_reference(query: torch.Tensor, keys: torch.Tensor, values: 
     return torch.stack(rows)
 
 
-def prefill_attention_reference(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                                table: list[int], start: int, scale: float) -> torch.Tensor:
+def prefill_attention_reference(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, table: list[int], start: int, scale: float
+) -> torch.Tensor:
     """What the prefill-chunk kernel must compute: query [N, H, D] at
     positions start .. start+N-1, causal over the cached positions 0 ..
     start+N-1 found through `table` in caches [kv_heads, blocks, block_size, D]

@@ -1,5 +1,6 @@
 """Model implementations the engine can run, chosen by config.json's
 `architectures`."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,9 +17,16 @@ from .packed_linear import packed_linears_available, projection_makers
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
 
-def build_model(model_dir: str | Path, max_positions: int, dtype: torch.dtype,
-                device: torch.device, *, linear_backend: str, kernels: CpuKernels | None,
-                greedy_lm_head: str) -> LlamaForCausalLM:
+def build_model(
+    model_dir: str | Path,
+    max_positions: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    linear_backend: str,
+    kernels: CpuKernels | None,
+    greedy_lm_head: str,
+) -> LlamaForCausalLM:
     """Instantiate the model named by the folder's config.json and load its
     weights. Projections (CPU, fp32): linear_backend "auto" packs them for
     AMX tiles where the CPU has AMX-BF16 (with oneDNN for few rows), else for
@@ -34,7 +42,8 @@ def build_model(model_dir: str | Path, max_positions: int, dtype: torch.dtype,
     architectures = config.get("architectures") or []
     if not any(arch in SUPPORTED_ARCHITECTURES for arch in architectures):
         raise ModelFolderError(
-            f"architectures: {architectures} not supported; this engine runs {', '.join(SUPPORTED_ARCHITECTURES)}")
+            f"architectures: {architectures} not supported; this engine runs {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
     spec = LlamaSpec.from_hf_config(config)
     model = LlamaForCausalLM(spec, max_positions, dtype, device)
     load_weights(model, model_dir)

@@ -15,6 +15,7 @@ fp32 sum (any order, gamma_dim = dim u32 / (1 - dim u32)), the result
 rounded to bf16 (u). So |approx - exact| <= (3u + 3u^2 + gamma_dim (1+u)^3)
 sum_i |h_i w_i|, and by Cauchy-Schwarz the sum is at most ||h|| ||w||.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,8 @@ from ..kernels import CpuKernels
 from .int16_greedy_head import Int16GreedyHead
 from .packed_linear import PackedLinear, mkldnn_available
 
-BF16_UNIT_ROUNDOFF = 2.0 ** -8
-FP32_UNIT_ROUNDOFF = 2.0 ** -24
+BF16_UNIT_ROUNDOFF = 2.0**-8
+FP32_UNIT_ROUNDOFF = 2.0**-24
 # covers the kernel's own fp32 arithmetic on the bounds (the margin, the two
 # ends) and the row norms stored in fp32
 _SLACK = 8 * FP32_UNIT_ROUNDOFF
@@ -60,7 +61,7 @@ class Bf16RoundedLinear:
 
 def _bf16_gemm(weight: torch.Tensor) -> PackedLinear | Bf16RoundedLinear:
     if onednn_bf16_gemm():
-        try:   # a CPU torch's check passes may still be one oneDNN refuses when it runs
+        try:  # a CPU torch's check passes may still be one oneDNN refuses when it runs
             packed = PackedLinear(weight.to(torch.bfloat16), None)
             packed(weight.new_zeros(1, weight.shape[1], dtype=torch.bfloat16))
             return packed
@@ -78,7 +79,7 @@ class VerifiedGreedyHead:
     def __init__(self, weight: torch.Tensor, kernels: CpuKernels) -> None:
         if weight.dtype != torch.float32 or weight.dim() != 2:
             raise ValueError("VerifiedGreedyHead: an fp32 [vocab, dim] weight expected")
-        self.weight = weight.detach().contiguous()   # the model's own (the embedding, when tied)
+        self.weight = weight.detach().contiguous()  # the model's own (the embedding, when tied)
         self.packed = _bf16_gemm(self.weight)
         self.norms = self.weight.double().norm(dim=1).float()
         if not bool(torch.isfinite(self.norms).all()):
@@ -93,7 +94,9 @@ class VerifiedGreedyHead:
 
 
 GreedyHeads: dict[str, type[VerifiedGreedyHead] | type[Int16GreedyHead]] = {
-    "bf16": VerifiedGreedyHead, "int16": Int16GreedyHead}
+    "bf16": VerifiedGreedyHead,
+    "int16": Int16GreedyHead,
+}
 
 
 def verified_greedy_precision(kernels: CpuKernels | None, device: torch.device, dtype: torch.dtype) -> str | None:

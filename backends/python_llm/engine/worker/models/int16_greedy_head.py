@@ -12,6 +12,7 @@ against 23.2 ms at 64 rows, 1.8 against 3.2 ms at one row
 (`python -m bench.lm_head_probe`); ~1.5 candidates a row. Sampled rows and
 log-probs keep fp32 logits.
 """
+
 from __future__ import annotations
 
 import torch
@@ -28,7 +29,7 @@ class Int16GreedyHead:
     def __init__(self, weight: torch.Tensor, kernels: CpuKernels) -> None:
         if weight.dtype != torch.float32 or weight.dim() != 2:
             raise ValueError("Int16GreedyHead: an fp32 [vocab, dim] weight expected")
-        self.weight = weight.detach().contiguous()   # the model's own (the embedding, when tied)
+        self.weight = weight.detach().contiguous()  # the model's own (the embedding, when tied)
         self.packed = kernels.int16_pack_lm_head(self.weight)
         self.kernels = kernels
         # the approximate logits; kept at the largest step's rows, as a fresh

@@ -2,6 +2,7 @@
 cache. Every step's tokens are one flat [T, hidden] batch, so each projection
 is one GEMM; q/k/v and gate/up are fused into single weights by the loader.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,7 +23,7 @@ from .greedy_head import GreedyHeads, VerifiedGreedyHead
 from .int16_greedy_head import Int16GreedyHead
 from .packed_linear import LayerProjections, Linear, LinearMaker, TorchLinear
 
-LM_HEAD_CHUNK = 2048   # vocabulary rows per LM-head GEMM on the CPU
+LM_HEAD_CHUNK = 2048  # vocabulary rows per LM-head GEMM on the CPU
 
 # Greedy steps with at least this many rows run the packed LM head's GEMM
 # and a native argmax over its logits; fewer rows the fused LM head + argmax,
@@ -49,6 +50,7 @@ def sliced_lm_head(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class LlamaSpec:
     """The architecture numbers, normalised from an HF config.json."""
+
     hidden_size: int
     intermediate_size: int
     num_layers: int
@@ -97,7 +99,7 @@ class LlamaSpec:
             rope_theta=rope_theta,
             rope_scaling={**rope, "rope_type": rope_type} if rope_type != "default" else None,
             max_position_embeddings=int(config["max_position_embeddings"]),
-            qkv_bias=qwen2 or attention_bias,   # Qwen2 always has q/k/v bias
+            qkv_bias=qwen2 or attention_bias,  # Qwen2 always has q/k/v bias
             o_bias=attention_bias and not qwen2,
             mlp_bias=bool(config.get("mlp_bias", False)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
@@ -125,7 +127,7 @@ def rope_inverse_frequencies(spec: LlamaSpec) -> torch.Tensor:
 class RotaryTable(nn.Module):
     """cos/sin for every position, computed once; a step just indexes it."""
 
-    cos: torch.Tensor   # buffers, which nn.Module's attribute lookup does not type
+    cos: torch.Tensor  # buffers, which nn.Module's attribute lookup does not type
     sin: torch.Tensor
 
     def __init__(self, spec: LlamaSpec, max_positions: int, dtype: torch.dtype) -> None:
@@ -146,6 +148,7 @@ class StepRope:
     """A step's rotary inputs: its positions [T] and cos / sin, which are
     either the positions' rows [T, 1, head_dim] (the PyTorch path) or the
     whole tables [max_positions, head_dim], which the native kernel indexes."""
+
     positions: torch.Tensor
     cos: torch.Tensor | None = None
     sin: torch.Tensor | None = None
@@ -175,8 +178,7 @@ def _param(*shape: int, dtype: torch.dtype, device: torch.device) -> nn.Paramete
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
-def _rows(attended: torch.Tensor, x: torch.Tensor,
-          rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _rows(attended: torch.Tensor, x: torch.Tensor, rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     return (attended, x) if rows is None else (attended[rows], x[rows])
 
 
@@ -185,7 +187,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.index = index
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
-        self.scale = spec.head_dim ** -0.5
+        self.scale = spec.head_dim**-0.5
         h, d = spec.hidden_size, spec.head_dim
         qkv_out = (spec.num_heads + 2 * spec.num_kv_heads) * d
         self.input_layernorm = RMSNorm(h, spec.rms_norm_eps, dtype, device)
@@ -200,9 +202,11 @@ class DecoderLayer(nn.Module):
         self.down_bias = _param(h, dtype=dtype, device=device) if spec.mlp_bias else None
         # the reference until pack(): F.linear on the parameters the loader fills
         self.projections = LayerProjections(
-            qkv=TorchLinear(self.qkv_weight, self.qkv_bias), o=TorchLinear(self.o_weight, self.o_bias),
+            qkv=TorchLinear(self.qkv_weight, self.qkv_bias),
+            o=TorchLinear(self.o_weight, self.o_bias),
             gate_up=TorchLinear(self.gate_up_weight, self.gate_up_bias),
-            down=TorchLinear(self.down_weight, self.down_bias))
+            down=TorchLinear(self.down_weight, self.down_bias),
+        )
         # the native elementwise steps (fp32 CPU), None: the PyTorch ops
         self.kernels: CpuKernels | None = None
 
@@ -211,14 +215,22 @@ class DecoderLayer(nn.Module):
         PackedLinear, AmxLinear or FmaLinear). The nn.Parameters are
         emptied: keeping them too would hold every weight once more."""
         self.projections = LayerProjections(
-            qkv=make_linear(self.qkv_weight, self.qkv_bias), o=make_linear(self.o_weight, self.o_bias),
+            qkv=make_linear(self.qkv_weight, self.qkv_bias),
+            o=make_linear(self.o_weight, self.o_bias),
             gate_up=make_linear(self.gate_up_weight, self.gate_up_bias),
-            down=make_linear(self.down_weight, self.down_bias))
+            down=make_linear(self.down_weight, self.down_bias),
+        )
         for name in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight"):
             getattr(self, name).data = torch.empty(0, dtype=self.qkv_weight.dtype)
 
-    def forward(self, x: torch.Tensor, rope: StepRope, meta: AttentionMetadata, cache: PagedKVCache,
-                output_rows: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: StepRope,
+        meta: AttentionMetadata,
+        cache: PagedKVCache,
+        output_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """The residual adds are the projections' `plus` (fused into oneDNN's
         GEMM when packed; addition commutes exactly, so only the GEMMs'
         summation order differs from the reference). SiLU x up stays outside
@@ -237,25 +249,35 @@ class DecoderLayer(nn.Module):
             return p.down.plus(F.silu(gate) * up, x)
         norm = self.input_layernorm
         qkv = p.qkv(kernels.rms_norm(x, norm.weight, norm.eps))
-        kernels.rotary_cache_write(qkv, self.num_heads, self.num_kv_heads, rope.positions,
-                                   rope.cos, rope.sin, meta.slot_mapping,  # type: ignore[arg-type]
-                                   cache.keys[self.index], cache.values[self.index],
-                                   check=self.index == meta.check_layer)
-        if output_rows is not None and output_rows.shape[0] == 0:   # no row of the step is read
+        kernels.rotary_cache_write(
+            qkv,
+            self.num_heads,
+            self.num_kv_heads,
+            rope.positions,
+            # the native path's step always has its rotary tables (Optional for the torch path)
+            rope.cos,  # type: ignore[arg-type]
+            rope.sin,  # type: ignore[arg-type]
+            meta.slot_mapping,
+            cache.keys[self.index],
+            cache.values[self.index],
+            check=self.index == meta.check_layer,
+        )
+        if output_rows is not None and output_rows.shape[0] == 0:  # no row of the step is read
             return x[:0]
         attended, x = _rows(self._attend(qkv, meta, cache), x, output_rows)
         x = p.o.plus(attended, x)
         norm = self.post_attention_layernorm
         return p.down.plus(kernels.silu_mul(p.gate_up(kernels.rms_norm(x, norm.weight, norm.eps))), x)
 
-    def _attention(self, qkv: torch.Tensor, rope: StepRope, meta: AttentionMetadata,
-                   cache: PagedKVCache) -> torch.Tensor:
+    def _attention(
+        self, qkv: torch.Tensor, rope: StepRope, meta: AttentionMetadata, cache: PagedKVCache
+    ) -> torch.Tensor:
         """Rotary, the K/V write and attention in PyTorch ops."""
         t = qkv.shape[0]
         qkv = qkv.view(t, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         qk = rotate(qkv[:, : self.num_heads + self.num_kv_heads], rope.cos, rope.sin)  # type: ignore[arg-type]
-        q, k = qk[:, : self.num_heads], qk[:, self.num_heads:]
-        v = qkv[:, self.num_heads + self.num_kv_heads:]
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = qkv[:, self.num_heads + self.num_kv_heads :]
         cache.write(self.index, k, v, meta.slot_mapping)
         return paged_attention(self.index, q, k, v, meta, cache, self.scale)
 
@@ -263,8 +285,15 @@ class DecoderLayer(nn.Module):
         """Attention over q / k / v already rotated in qkv and in the cache."""
         qkv = qkv.view(qkv.shape[0], self.num_heads + 2 * self.num_kv_heads, self.head_dim)
         heads, kv_heads = self.num_heads, self.num_kv_heads
-        return paged_attention(self.index, qkv[:, :heads], qkv[:, heads:heads + kv_heads],
-                               qkv[:, heads + kv_heads:], meta, cache, self.scale)
+        return paged_attention(
+            self.index,
+            qkv[:, :heads],
+            qkv[:, heads : heads + kv_heads],
+            qkv[:, heads + kv_heads :],
+            meta,
+            cache,
+            self.scale,
+        )
 
 
 class LlamaForCausalLM(nn.Module):
@@ -275,8 +304,11 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(i, spec, dtype, device) for i in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.rms_norm_eps, dtype, device)
         # tied models share the embedding matrix; the loader sets it
-        self.lm_head: torch.Tensor = self.embed_tokens if spec.tie_word_embeddings else _param(
-            spec.vocab_size, spec.hidden_size, dtype=dtype, device=device)
+        self.lm_head: torch.Tensor = (
+            self.embed_tokens
+            if spec.tie_word_embeddings
+            else _param(spec.vocab_size, spec.hidden_size, dtype=dtype, device=device)
+        )
         self.rotary = RotaryTable(spec, max_positions, dtype).to(device)
         self.kernels: CpuKernels | None = None
         # the LM head packed as the projections are (pack_linears), else None
@@ -284,9 +316,15 @@ class LlamaForCausalLM(nn.Module):
         # greedy rows' bf16 or int16 LM head with its exact argmax (use_verified_greedy), else None
         self.greedy_head: VerifiedGreedyHead | Int16GreedyHead | None = None
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                cache: PagedKVCache, layer_slice: LayerSliceRows | None = None,
-                output_rows: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        cache: PagedKVCache,
+        layer_slice: LayerSliceRows | None = None,
+        output_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """[T] tokens → [T, hidden] last-layer states (before the final norm);
         with `output_rows` (and no layer slice), only those rows' states, in
         that order: the last layer computes the others' K/V and stops there,
@@ -304,15 +342,15 @@ class LlamaForCausalLM(nn.Module):
             return x
         main = input_ids.shape[0] - layer_slice.num_rows
         held = layer_slice.hidden
-        if held is None:   # from layer 0: its rows start as embeddings too
+        if held is None:  # from layer 0: its rows start as embeddings too
             x = F.embedding(input_ids, self.embed_tokens)
             x, held = x[:main], x[main:]
         else:
             x = F.embedding(input_ids[:main], self.embed_tokens)
         main_rope = self._rope(positions[:main])
         first, end = layer_slice.first_layer, layer_slice.end_layer
-        through = end == len(self.layers)   # the chunk's rows stay in the batch to the last layer
-        clock = time.perf_counter   # the pacer sizes slices by these (CPU: the ops are synchronous)
+        through = end == len(self.layers)  # the chunk's rows stay in the batch to the last layer
+        clock = time.perf_counter  # the pacer sizes slices by these (CPU: the ops are synchronous)
         inside = outside = 0.0
         for index, layer in enumerate(self.layers):
             started = clock()

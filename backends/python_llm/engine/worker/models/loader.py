@@ -1,5 +1,6 @@
 """Reads HF `*.safetensors` weights (one file or shards) straight into the
 model, fusing q/k/v and gate/up as it goes, cast to the target dtype/device."""
+
 from __future__ import annotations
 
 import logging
@@ -55,8 +56,11 @@ def _shard_rows(model: LlamaForCausalLM, shard: str) -> slice:
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     ffn = spec.intermediate_size
     return {
-        "q": slice(0, q), "k": slice(q, q + kv), "v": slice(q + kv, q + 2 * kv),
-        "gate": slice(0, ffn), "up": slice(ffn, 2 * ffn),
+        "q": slice(0, q),
+        "k": slice(q, q + kv),
+        "v": slice(q + kv, q + 2 * kv),
+        "gate": slice(0, ffn),
+        "up": slice(ffn, 2 * ffn),
     }[shard]
 
 
@@ -122,7 +126,8 @@ def load_weights(model: LlamaForCausalLM, model_dir: str | Path) -> None:
                 if tuple(tensor.shape) != tuple(destination.shape):
                     raise ModelFolderError(
                         f"weight {name}: shape {tuple(tensor.shape)} does not match the config's "
-                        f"{tuple(destination.shape)}")
+                        f"{tuple(destination.shape)}"
+                    )
                 destination.copy_(tensor)
                 loaded.add(key)
     missing = _expected_keys(model) - loaded

@@ -18,6 +18,7 @@ It is also what vLLM's CPU build does (`dispatch_cpu_unquantized_gemm`).
 The one epilogue used is `add` (a residual): the result equals the unfused
 ops up to fp32 rounding of the GEMM's summation order, as MKL's does.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -141,8 +142,9 @@ class FmaLinear:
 
     __slots__ = ("packed", "bias", "n", "k", "kernels", "many_rows", "max_rows")
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernels: CpuKernels,
-                 few_rows_only: bool = False) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, kernels: CpuKernels, few_rows_only: bool = False
+    ) -> None:
         """`few_rows_only`: every step runs on the FMA GEMM and no oneDNN
         copy is kept (AmxLinear sends it only its steps of few rows)."""
         weight = weight.detach().contiguous()
@@ -166,7 +168,7 @@ class FmaLinear:
 
 
 Linear = TorchLinear | PackedLinear | AmxLinear | FmaLinear
-LinearMaker = Callable[[torch.Tensor, "torch.Tensor | None"], Linear]   # (weight, bias) -> a projection
+LinearMaker = Callable[[torch.Tensor, "torch.Tensor | None"], Linear]  # (weight, bias) -> a projection
 
 
 def projection_makers(linear_backend: str, kernels: CpuKernels | None) -> tuple[LinearMaker, LinearMaker]:
@@ -189,16 +191,20 @@ def projection_makers(linear_backend: str, kernels: CpuKernels | None) -> tuple[
     if linear_backend == "onednn":
         return onednn, onednn
     if linear_backend == "auto" and kernels is not None and kernels.amx_gemm_supported():
+
         def amx(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
             return AmxLinear(weight, bias, kernels)
+
         return amx, amx
     fma_capable = kernels is not None and kernels.fma_gemm_supported()
     if linear_backend == "fma" and not fma_capable:
         raise ValueError("linear_backend 'fma': the native kernels do not target AVX2 + FMA on this CPU")
     if linear_backend == "fma" or fma_capable:
+
         def fma(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
-            return FmaLinear(weight, bias, kernels)   # type: ignore[arg-type]
-        unbounded = FMA_MAX_ROWS[kernels.fma_vector_floats()] is None   # type: ignore[union-attr]
+            return FmaLinear(weight, bias, kernels)  # type: ignore[arg-type]
+
+        unbounded = FMA_MAX_ROWS[kernels.fma_vector_floats()] is None  # type: ignore[union-attr]
         return fma, fma if unbounded else onednn
     return onednn, onednn
 
@@ -206,6 +212,7 @@ def projection_makers(linear_backend: str, kernels: CpuKernels | None) -> tuple[
 @dataclass(frozen=True)
 class LayerProjections:
     """A layer's four projections, all of one kind."""
+
     qkv: Linear
     o: Linear
     gate_up: Linear
