@@ -14,6 +14,8 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from layered_settings import SettingsError
+
 from .config import GatewayConfig
 from .lifecycle import settings
 
@@ -21,7 +23,7 @@ from .lifecycle import settings
 def load_config(settings_file: str | None, assignments: Sequence[str]) -> GatewayConfig:
     try:
         return settings.load_config(settings_file, assignments)
-    except settings.SettingsError as exc:
+    except SettingsError as exc:
         raise SystemExit(f"error: {exc}") from None
 
 

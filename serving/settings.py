@@ -20,28 +20,19 @@ The model repository's configs are rendered from the result
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import tomllib
-import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
-
-from pydantic import TypeAdapter, ValidationError
+from typing import Any
 
 from ensemble.stage_settings import TextStageConfig
 from gateway.config import GatewayConfig
+from layered_settings import SettingsError, build, merge, read_sources
 from python_llm.engine.config import EngineConfig
 
 from .allocator import Allocator
 
-ENV_PREFIX = "LLM__"
-
-
-class SettingsError(ValueError):
-    """A setting that does not exist or does not parse; the message names it."""
+__all__ = ["SECTIONS", "DeploymentSettings", "ServerConfig", "SettingsError", "load_section"]
 
 
 @dataclass
@@ -101,23 +92,19 @@ class DeploymentSettings:
         overrides (`section.field` or a field name unique across sections, as
         the tests use them). `default_model_dir` is called only when no source
         names `engine.model_dir` (preparing the default model takes a minute)."""
-        values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
-        if settings_file is not None:
-            _merge(values, _from_toml(Path(settings_file)), f"settings file {settings_file}")
-        _merge(values, _from_environ(os.environ if environ is None else environ), "environment")
-        _merge(values, dict(_parse_assignment(a) for a in assignments), "--set")
-        _merge(values, overrides, "override")
+        values = read_sources(SECTIONS, settings_file, assignments, environ)
+        merge(values, SECTIONS, overrides, "override")
         if "model_dir" not in values["engine"] and default_model_dir is not None:
             values["engine"]["model_dir"] = default_model_dir()
         if "model_dir" not in values["engine"]:
             raise SettingsError("engine.model_dir: required (a local Hugging Face model folder)")
-        return cls(**{name: _build(name, SECTIONS[name], values[name]) for name in SECTIONS})
+        return cls(**{name: build(name, SECTIONS[name], values[name]) for name in SECTIONS})
 
     def replace(self, **overrides: Any) -> DeploymentSettings:
         """A copy with some fields changed (names as in `load`)."""
         values = {name: dataclasses.asdict(getattr(self, name)) for name in SECTIONS}
-        _merge(values, overrides, "override")
-        return type(self)(**{name: _build(name, SECTIONS[name], values[name]) for name in SECTIONS})
+        merge(values, SECTIONS, overrides, "override")
+        return type(self)(**{name: build(name, SECTIONS[name], values[name]) for name in SECTIONS})
 
 
 def load_section(
@@ -129,135 +116,5 @@ def load_section(
     """One section alone, from the same sources as `DeploymentSettings.load`
     (the gateway runs without an engine, so without its required model folder);
     settings of other sections in those sources are checked and ignored."""
-    values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
-    if settings_file is not None:
-        _merge(values, _from_toml(Path(settings_file)), f"settings file {settings_file}")
-    _merge(values, _from_environ(os.environ if environ is None else environ), "environment")
-    _merge(values, dict(_parse_assignment(a) for a in assignments), "--set")
-    return _build(section, SECTIONS[section], values[section])
-
-
-def is_group(kind: Any) -> TypeGuard[type]:
-    """A nested group of settings (`gateway.degradation`): a dataclass field,
-    set field by field (`gateway.degradation.max_level`), never as a whole."""
-    return isinstance(kind, type) and dataclasses.is_dataclass(kind)
-
-
-def field_types(kind: type) -> dict[str, Any]:
-    """A settings dataclass's fields and their types, in definition order."""
-    hints = typing.get_type_hints(kind)
-    return {f.name: hints[f.name] for f in dataclasses.fields(kind)}
-
-
-def setting_names(kind: type, prefix: str = "") -> list[str]:
-    """Every setting of a section or group, nested ones as `group.field`."""
-    names: list[str] = []
-    for name, hint in field_types(kind).items():
-        names += setting_names(hint, f"{prefix}{name}.") if is_group(hint) else [f"{prefix}{name}"]
-    return names
-
-
-def _resolve(name: str) -> tuple[list[str], Any]:
-    """`section.field` (`section.group.field` in a group), or a bare field
-    name that only one section has: the path and the setting's type."""
-    section, dot, rest = name.partition(".")
-    if not dot:
-        owners = [s for s in SECTIONS if name in field_types(SECTIONS[s])]
-        if len(owners) != 1:
-            raise SettingsError(f"{name}: {'ambiguous' if owners else 'no such setting'}; {_known()}")
-        section, rest = owners[0], name
-    if section not in SECTIONS:
-        raise SettingsError(f"{name}: no such setting; {_known()}")
-    path, kind = [section], SECTIONS[section]
-    for part in rest.split("."):
-        if not is_group(kind) or part not in field_types(kind):
-            raise SettingsError(f"{name}: no such setting; {_known()}")
-        path.append(part)
-        kind = field_types(kind)[part]
-    if is_group(kind):
-        raise SettingsError(
-            f"{name}: a group of settings; set its fields: {', '.join(f'{name}.{n}' for n in setting_names(kind))}"
-        )
-    return path, kind
-
-
-def _known() -> str:
-    return "settings are " + ", ".join(f"{s}.{{{','.join(setting_names(kind))}}}" for s, kind in SECTIONS.items())
-
-
-def _merge(values: dict[str, dict[str, Any]], flat: Mapping[str, Any], source: str) -> None:
-    for name, value in flat.items():
-        try:
-            path, kind = _resolve(name)
-            value = _structured_from_json(".".join(path), kind, value)
-        except SettingsError as exc:
-            raise SettingsError(f"{source}: {exc}") from None
-        table = values[path[0]]
-        for group in path[1:-1]:
-            table = table.setdefault(group, {})
-        table[path[-1]] = value
-
-
-def _parse_assignment(item: str) -> tuple[str, str]:
-    name, sep, raw = item.partition("=")
-    if not sep or not name:
-        raise SettingsError(f"--set {item!r}: expected SECTION.FIELD=VALUE, e.g. engine.max_num_seqs=8")
-    return name.strip(), raw
-
-
-def _from_toml(path: Path) -> dict[str, Any]:
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise SettingsError(f"settings file {path}: {exc}") from None
-    flat: dict[str, Any] = {}
-    for section, table in data.items():
-        if section not in SECTIONS or not isinstance(table, dict):
-            raise SettingsError(
-                f"settings file {path}: [{section}] is not a section; sections are {', '.join(SECTIONS)}"
-            )
-        flat.update(_flatten(section, SECTIONS[section], table))
-    return flat
-
-
-def _flatten(prefix: str, kind: type, table: dict[str, Any]) -> dict[str, Any]:
-    """A TOML table as `prefix.field` -> value, a group's table (`[gateway.degradation]`)
-    as `prefix.group.field`; a structured field's table (`tiers`) stays one value."""
-    flat: dict[str, Any] = {}
-    for key, value in table.items():
-        hint = field_types(kind).get(key)
-        if is_group(hint) and isinstance(value, dict):
-            flat.update(_flatten(f"{prefix}.{key}", hint, value))
-        else:
-            flat[f"{prefix}.{key}"] = value
-    return flat
-
-
-def _from_environ(environ: Mapping[str, str]) -> dict[str, str]:
-    """`LLM__SECTION__FIELD`, `LLM__SECTION__GROUP__FIELD` in a group."""
-    return {
-        key[len(ENV_PREFIX) :].lower().replace("__", "."): value
-        for key, value in environ.items()
-        if key.startswith(ENV_PREFIX)
-    }
-
-
-_STRUCTURED = (dict, list, tuple)
-
-
-def _structured_from_json(name: str, kind: Any, value: Any) -> Any:
-    """A structured field given as text (environment, --set) is JSON."""
-    if isinstance(value, str) and typing.get_origin(kind) in _STRUCTURED:
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise SettingsError(f"{name}: not valid JSON ({exc.msg})") from None
-    return value
-
-
-def _build(section: str, kind: type, values: dict[str, Any]) -> Any:
-    try:
-        return TypeAdapter(kind).validate_python(values)
-    except ValidationError as exc:
-        problems = "; ".join(f"{section}.{'.'.join(str(p) for p in e['loc']) or '?'}: {e['msg']}" for e in exc.errors())
-        raise SettingsError(problems) from None
+    values = read_sources(SECTIONS, settings_file, assignments, environ)
+    return build(section, SECTIONS[section], values[section])

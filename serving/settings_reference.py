@@ -22,7 +22,9 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from .settings import SECTIONS, field_types, is_group
+from layered_settings import field_types, is_group
+
+from .settings import SECTIONS
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,10 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
+from layered_settings import ENV_PREFIX, field_types, is_group
+
 from ..default_model import DEFAULT_MODEL_NAME
-from ..settings import ENV_PREFIX, SECTIONS, DeploymentSettings, field_types, is_group
+from ..settings import SECTIONS, DeploymentSettings
 from .names import Names
 from .profile import BUILD_DIR, CACHE_DIR, K8sProfile
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from gateway.config import GatewayConfig, TierConfig
-from gateway.lifecycle.settings import SettingsError, load_config
+from gateway.lifecycle.settings import load_config
+from layered_settings import SettingsError
 from serving.settings import load_section
 
 

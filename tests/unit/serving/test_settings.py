@@ -23,6 +23,7 @@ from gateway.config import (
     StreamsConfig,
     TierConfig,
 )
+from layered_settings import field_types, is_group, setting_names
 from python_llm.config_params import engine_config_from_parameters
 from python_llm.engine.config import EngineConfig
 from serving.paths import REPO_ROOT
@@ -32,10 +33,7 @@ from serving.settings import (
     DeploymentSettings,
     ServerConfig,
     SettingsError,
-    field_types,
-    is_group,
     load_section,
-    setting_names,
 )
 
 # a valid value other than the default for every engine setting: a new
@@ -359,7 +357,9 @@ SHIPPED = ["backends", "ensemble", "serving", "gateway", "model_repository"]
 
 def _default_sites(name: str) -> list[str]:
     patterns = [
-        re.compile(rf"^\s*{name}\s*:[^=\n]*=(?!=)", re.M),
+        # a field or a parameter on its own line: its annotation may hold commas
+        # inside brackets (dict[str, int]), but a comma outside ends the parameter
+        re.compile(rf"^\s*{name}\s*:(?:[^=,\[\n]|\[[^\n]*?\])*=(?!=)", re.M),
         re.compile(rf"[(,]\s*{name}\s*:[^=,)\n]*=(?!=)"),
         re.compile(rf"""\.get\(\s*["']{name}["']\s*,"""),
     ]

@@ -8,8 +8,9 @@ import dataclasses
 import pytest
 
 from gateway.config import DegradationConfig, GatewayConfig, ReplicaConfig, TierConfig
+from layered_settings import field_types, is_group
 from serving.cli import main
-from serving.settings import SECTIONS, field_types, is_group
+from serving.settings import SECTIONS
 from serving.settings_reference import field_docs, render, tables
 
 
