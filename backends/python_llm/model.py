@@ -20,7 +20,7 @@ from ensemble.requested_outputs import requested_only
 from python_llm.config_params import engine_config_from_parameters
 from python_llm.engine.core.errors import DuplicateRequestError, EngineDeadError, InvalidRequestError, OverloadedError
 from python_llm.engine.core.outputs import RequestOutput
-from python_llm.engine.engine import LLMEngine
+from python_llm.engine.launch import launch
 from python_llm.live_streams import LiveStream, LiveStreamTable
 from python_llm.request_inputs import parse_llm_request
 from python_llm.response_pacing import ResponsePacing
@@ -57,7 +57,7 @@ class TritonPythonModel:
         self.registry = LiveStreamTable()
         self.pacing = ResponsePacing(self.config.stream_response_share, self.config.stream_max_hold_ms / 1000)
         # built on its own loop thread: one OpenMP team in this process (see launch)
-        self.engine = LLMEngine.launch(self.config, metrics=self.metrics, on_dead=self._on_engine_dead)
+        self.engine = launch(self.config, metrics=self.metrics, on_dead=self._on_engine_dead)
         log.info(
             "python_llm ready: %s",
             {

@@ -14,7 +14,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from contract import metric_names as m
 
@@ -30,24 +29,10 @@ from .core.sampling_params import SamplingParams
 from .core.scheduler import Scheduler
 from .debug_faults import with_debug_faults
 from .request_builder import RequestBuilder
+from .stats import EngineStats
 
 log = logging.getLogger(__name__)
 IDLE_RECHECK_S = 0.05  # cap on a wait while requests exist but nothing was schedulable
-
-
-@dataclass
-class EngineStats:
-    running: int
-    waiting: int  # scheduler queue + intake not yet drained
-    blocks_used: int
-    blocks_free: int
-    blocks_capacity: int
-    steps: int
-    preemptions: int  # requests preempted (recomputed later), as llm_preemptions_total
-    prefix_cache_hit_tokens: int  # prompt tokens served from the prefix cache, as llm_prefix_cache_hit_tokens_total
-    step_seconds: float  # wall time of steps that ran the model
-    model_seconds: float  # of which inside the model (RunnerOutput.model_seconds)
-    healthy: bool
 
 
 class LLMEngine:
@@ -215,50 +200,14 @@ class LLMEngine:
             raise EngineDeadError(self._dead_error)
         return list(results.values())
 
-    # -- served mode -----------------------------------------------------------
-    @classmethod
-    def launch(
-        cls,
-        config: EngineConfig,
-        metrics: MetricsSink | None = None,
-        on_dead: Callable[[BaseException], None] | None = None,
-        make_runner: Callable[[], Runner] | None = None,
-    ) -> LLMEngine:
-        """Build an engine (its runner from `make_runner`, by default the
-        model runner) on a new thread that then runs its loop; returns it once
-        built, or raises what building raised.
-
-        Why not `LLMEngine(...).start()`: OpenMP gives every thread that
-        starts parallel work a team of its own, and building the model (weight
-        packing, kernels) is parallel work. A team left on the building
-        thread plus the loop's team are more OpenMP threads than cores, and
-        libgomp then stops spinning between parallel regions for all of them:
-        every layer's kernels wait for their workers to wake up (measured on
-        the offline workload, loop thread: 16.1 s built there, 18.7 s built
-        elsewhere)."""
-        built: list[LLMEngine] = []
-        failed: list[BaseException] = []
-        ready = threading.Event()
-
-        def build_and_run() -> None:
-            try:
-                runner = make_runner() if make_runner is not None else None
-                engine = cls(config, runner=runner, metrics=metrics, on_dead=on_dead)
-            except BaseException as exc:
-                failed.append(exc)
-                ready.set()
-                return
-            engine._thread = threading.current_thread()
-            built.append(engine)
-            engine.freeze_heap()
-            ready.set()
-            engine._run_loop()
-
-        threading.Thread(target=build_and_run, name="llm-engine-loop", daemon=True).start()
-        ready.wait()
-        if failed:
-            raise failed[0]
-        return built[0]
+    # -- served mode (launch.py builds the engine on the thread that runs this) --
+    def run_here(self, on_started: Callable[[], None]) -> None:
+        """Run the loop on the calling thread until shutdown(), with the heap
+        frozen; `on_started` once the engine is this thread's."""
+        self._thread = threading.current_thread()
+        self.freeze_heap()
+        on_started()
+        self._run_loop()
 
     def start(self) -> None:
         if self._thread is not None:

@@ -17,6 +17,7 @@ from python_llm.engine.core.metrics import InMemoryMetrics
 from python_llm.engine.core.outputs import RequestOutput
 from python_llm.engine.core.sampling_params import SamplingParams
 from python_llm.engine.engine import LLMEngine
+from python_llm.engine.launch import launch
 from tests.unit.engine.engine_fakes import FakeRunner, SlowFakeRunner
 
 WAIT_S = 20.0
@@ -194,7 +195,7 @@ def test_launch_builds_the_runner_on_the_loop_thread_and_serves() -> None:
         built_on.append(threading.current_thread().name)
         return FakeRunner.for_config(cfg)
 
-    engine = LLMEngine.launch(cfg, make_runner=make_runner)
+    engine = launch(cfg, make_runner=make_runner)
     try:
         assert built_on == ["llm-engine-loop"] and engine._thread is not threading.current_thread()
         # the heap built so far is out of the collector's sight while it serves
@@ -212,4 +213,4 @@ def test_launch_builds_the_runner_on_the_loop_thread_and_serves() -> None:
         raise MemoryError("no room for a single KV block")
 
     with pytest.raises(MemoryError, match="no room"):
-        LLMEngine.launch(cfg, make_runner=broken)
+        launch(cfg, make_runner=broken)
