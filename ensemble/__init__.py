@@ -1,7 +1,6 @@
 """Text stages of the LLM pipeline, free of Triton: prompt building and
 tokenization on the way in; detokenization, stop strings, content filter and
-segmentation on the way out; and `trtllm_bridge`, the `tensorrt_llm` variant's
-LLM step in front of TensorRT-LLM's backend. The Triton models in
+segmentation on the way out. The Triton models in
 model_repository/ are thin adapters over this package. The wire format they
 share with the gateway and the client library is `contract/`'s.
 

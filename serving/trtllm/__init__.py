@@ -6,7 +6,7 @@ behind the same tensors as `python_llm` (docs/interface.md).
   own `tensorrt_llm` model, its template's tensor and parameter names);
 - the thin decoupled step `tensorrt_llm` in front of it (request key, request
   context, continuation, finish reasons) runs inside Triton and lives beside
-  the other Triton-side logic: `ensemble/trtllm_bridge.py`;
+  `python_llm`'s Triton-side logic: `backends/python_llm/trtllm_bridge.py`;
 - `build.py`, `convert_checkpoint.py`: `python -m serving build-trtllm`
   (checkpoint with TP x PP ranks, then `trtllm-build`);
 - `launch.py`: `python -m serving launch-trtllm` (one tritonserver per rank under

@@ -1,7 +1,7 @@
 """The `tensorrt_llm_engine` model: TensorRT-LLM's own `tensorrt_llm` model of
 `inflight_batcher_llm` (backend `tensorrtllm`), under another name because
 `tensorrt_llm` is the LLM step every stage calls (the thin step in front of it,
-`ensemble/trtllm_bridge.py`). Every tensor and parameter name here is the one of TensorRT-LLM's
+`backends/python_llm/trtllm_bridge.py`). Every tensor and parameter name here is the one of TensorRT-LLM's
 template at the pinned tag (`versions.TEMPLATE_PATH`), with its data type, dims,
 `reshape` and `allow_ragged_batch`; tests/unit/serving/test_trtllm_config.py
 checks them against the list vendored from that file.

@@ -1,7 +1,7 @@
 """Triton adapter for `tensorrt_llm`, the tensorrt_llm variant's LLM step: this
 project's LLM-step tensors in front of TensorRT-LLM's backend model
 (`tensorrt_llm_engine`), called over BLS. Decoupled: each request runs on a
-worker thread of its own; the logic lives in `ensemble.trtllm_bridge`."""
+worker thread of its own; the logic lives in `python_llm.trtllm_bridge`."""
 
 from __future__ import annotations
 
@@ -18,7 +18,10 @@ from contract.errors import OVERLOADED_MARKER
 from contract.request_key import STOP_NEEDS_KEY, STOP_UNKNOWN_KEY, mint_request_key
 from ensemble.bls_responses import RetiredResponses, cancelled_with_release, decoupled_responses
 from ensemble.requested_outputs import requested_only
-from ensemble.trtllm_bridge import (
+from python_llm.engine.core.errors import DuplicateRequestError
+from python_llm.engine.core.sampling_params import InvalidRequestError
+from python_llm.live_streams import LiveStream, LiveStreamTable
+from python_llm.trtllm_bridge import (
     ENGINE_OUTPUT_NAMES,
     BridgeReply,
     BridgeSettings,
@@ -31,9 +34,6 @@ from ensemble.trtllm_bridge import (
     prepare,
     reply_arrays,
 )
-from python_llm.engine.core.errors import DuplicateRequestError
-from python_llm.engine.core.sampling_params import InvalidRequestError
-from python_llm.live_streams import LiveStream, LiveStreamTable
 
 log = logging.getLogger("tensorrt_llm")
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL

@@ -1,4 +1,4 @@
-"""The thin `tensorrt_llm` step's logic (ensemble/trtllm_bridge.py), without
+"""The thin `tensorrt_llm` step's logic (backends/python_llm/trtllm_bridge.py), without
 Triton: this project's LLM-step inputs -> TensorRT-LLM's, and TensorRT-LLM's
 responses -> the LLM step's replies (finish reasons, continuation counting,
 the input echo), with python_llm's output names and shapes."""
@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from contract.errors import OVERLOADED_MARKER
-from ensemble.trtllm_bridge import (
+from python_llm.engine.config import EngineConfig
+from python_llm.engine.core.outputs import RequestOutput
+from python_llm.engine.core.sampling_params import InvalidRequestError
+from python_llm.engine.worker.model_info import ModelInfo
+from python_llm.request_inputs import LLMRequest
+from python_llm.response_tensors import output_arrays
+from python_llm.trtllm_bridge import (
     BridgeSettings,
     Deadlines,
     EngineCall,
@@ -20,12 +26,6 @@ from ensemble.trtllm_bridge import (
     prepare,
     reply_arrays,
 )
-from python_llm.engine.config import EngineConfig
-from python_llm.engine.core.outputs import RequestOutput
-from python_llm.engine.core.sampling_params import InvalidRequestError
-from python_llm.engine.worker.model_info import ModelInfo
-from python_llm.request_inputs import LLMRequest
-from python_llm.response_tensors import output_arrays
 from serving.trtllm.engine_config import ENGINE_INPUTS
 
 KEY = "k" * 32
