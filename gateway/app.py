@@ -236,6 +236,7 @@ def create_app(
 
     app = FastAPI(title="triton-llm-stack gateway", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
     # generated from the request models, with this deployment's gateway.limits.max_n (openai/openapi.py)
+    # type-ignored below: FastAPI's documented way to publish a custom schema: replace app.openapi
     app.openapi = lambda: published_schema(app, config.limits.max_n)  # type: ignore[method-assign]
     # every route reaches Triton through the fleet (the doors see it as core.upstream.Upstream):
     # routing, health, failover

@@ -62,6 +62,7 @@ class Segmenter:
 
     def _last_end(self, buffer: str) -> int:
         cut = 0
+        # type-ignored below: only called when a segment mode (hence a pattern) is set
         for match in self._pattern.finditer(buffer):  # type: ignore[union-attr]
             # A CJK mark or a closer at the very end may still be followed by
             # more closers; wait for the next character before cutting there.

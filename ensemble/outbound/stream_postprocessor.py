@@ -104,6 +104,7 @@ class StreamPostprocessor:
         buffer = io.BytesIO()
         pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
         shared = {id(self._tokenizer): _TOKENIZER_REF, id(self._filter): _FILTER_REF}
+        # type-ignored below: pickle's documented hook: assign persistent_id on the instance
         pickler.persistent_id = lambda obj: shared.get(id(obj)) if obj is not None else None  # type: ignore[method-assign]
         pickler.dump(pipeline)
         return buffer.getvalue()
@@ -111,5 +112,6 @@ class StreamPostprocessor:
     def _loads(self, blob: bytes) -> OutputPipeline:
         unpickler = pickle.Unpickler(io.BytesIO(blob))
         refs = {_TOKENIZER_REF: self._tokenizer, _FILTER_REF: self._filter}
+        # type-ignored below: pickle's documented hook: assign persistent_load on the instance
         unpickler.persistent_load = refs.__getitem__  # type: ignore[method-assign]
         return unpickler.load()

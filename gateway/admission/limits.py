@@ -181,6 +181,7 @@ class RateWindows:
         return RequestState(limit=window.amount, remaining=remaining, reset_s=reset)
 
     async def token_state(self, key_id: str, window: RateWindow) -> TokenState:
+        # type-ignored below: the limits storage has these methods; its base class does not declare them
         previous, previous_ttl, current, current_ttl = await self.storage.get_sliding_window(  # type: ignore[attr-defined]
             self._token_key(key_id, window), window.seconds
         )
@@ -195,6 +196,7 @@ class RateWindows:
     async def charge_tokens(self, key_id: str, window: RateWindow, amount: int) -> None:
         """Record tokens, past the budget too (the surplus is debt)."""
         if amount > 0:
+            # type-ignored below: as above (a sliding-window method undeclared on the base class)
             await self.storage.acquire_sliding_window_entry(  # type: ignore[attr-defined]
                 self._token_key(key_id, window), _UNBOUNDED, window.seconds, amount
             )

@@ -86,6 +86,7 @@ async def probe_once(
     model: str = "ensemble",
 ) -> str:
     try:
+        # type-ignored below: a replica's client (fleet/replica_client.py), typed loosely for the fakes
         ready = await asyncio.wait_for(client.ready(), ready_timeout_s)  # type: ignore[attr-defined]
     except TimeoutError:
         return "ready_timeout"

@@ -91,4 +91,5 @@ class Router:
             key = (score, -replica.in_flight + self._rng.random() * 1e-3)
             if best is None or key > best[:2]:
                 best = (*key, Decision(replica, score, matched, reason))
+        # type-ignored below: best is set: the caller passes at least one routable replica
         return best[2]  # type: ignore[index]

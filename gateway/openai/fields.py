@@ -85,4 +85,5 @@ def _served(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
 
 # the served models (gateway/core/upstream.py's PUBLIC_MODELS, the one list): the
 # schema's enum; any other name is a 404 `model_not_found`
+# type-ignored below: a Literal of a constant tuple: valid for pydantic, not expressible to mypy
 ServedModel = Annotated[Literal[PUBLIC_MODELS], WrapValidator(_served)]  # type: ignore[valid-type]

@@ -113,6 +113,7 @@ class ReaderResponse(Response):
             if not pump.done():
                 pump.cancel()
             await asyncio.gather(pump, hangup, return_exceptions=True)
+            # type-ignored below: an async generator, typed as its AsyncIterator
             await self._events.aclose()  # type: ignore[attr-defined]
             outcome = self._on_close()
             if isinstance(outcome, Awaitable):

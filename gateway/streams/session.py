@@ -85,6 +85,7 @@ class StreamSession:
             log.exception("stream %s: the producer failed after %d events", self.stream_id, self.last_seq)
             await self._append(self._error_event(GatewayError(500, "Internal error.", code="internal_error")))
         finally:
+            # type-ignored below: the producer is an async generator, typed as its AsyncIterator
             await asyncio.shield(events.aclose())  # type: ignore[attr-defined]
             await self._finish()
 

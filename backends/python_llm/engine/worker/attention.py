@@ -161,6 +161,7 @@ def paged_attention(
     for chunk in meta.prefills:
         rows = slice(chunk.token_offset, chunk.token_offset + chunk.num_tokens)
         if chunk.table is not None:
+            # type-ignored below: a chunk with a block table runs only when the native kernels are loaded
             meta.kernels.paged_prefill_attention(  # type: ignore[union-attr]
                 out[rows],
                 query[rows],

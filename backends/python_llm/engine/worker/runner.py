@@ -154,6 +154,7 @@ class ModelRunner:
             output_rows=batch.sample_rows if pruned else None,
         )
         if scheduled.layer_slice is not None:
+            # type-ignored below: a sliced step's batch always carries its layer slice
             self._keep_slice_states(scheduled.layer_slice, hidden, batch.layer_slice)  # type: ignore[arg-type]
         sampled_hidden = hidden if pruned else hidden[batch.sample_rows]
         logits = greedy = None
@@ -302,6 +303,7 @@ class ModelRunner:
                 if index != sliced_index:
                     sampled.append(state)
                     sample_rows.append(offset + n - 1)
+                # type-ignored below: this branch runs only for the sliced request, whose slice is set
                 elif layer_slice.end_layer == len(self.model.layers):  # type: ignore[union-attr]
                     sampled.insert(sliced_sample_at, state)
                     sample_rows.insert(sliced_sample_at, offset + n - 1)

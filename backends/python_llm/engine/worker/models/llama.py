@@ -275,6 +275,7 @@ class DecoderLayer(nn.Module):
         """Rotary, the K/V write and attention in PyTorch ops."""
         t = qkv.shape[0]
         qkv = qkv.view(t, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        # type-ignored below: rope.cos / rope.sin are set for every step that runs rotary
         qk = rotate(qkv[:, : self.num_heads + self.num_kv_heads], rope.cos, rope.sin)  # type: ignore[arg-type]
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, self.num_heads + self.num_kv_heads :]

@@ -202,8 +202,10 @@ def projection_makers(linear_backend: str, kernels: CpuKernels | None) -> tuple[
     if linear_backend == "fma" or fma_capable:
 
         def fma(weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+            # type-ignored below: kernels is not None when fma_capable or 'fma' was accepted above
             return FmaLinear(weight, bias, kernels)  # type: ignore[arg-type]
 
+        # type-ignored below: as above: the FMA path has kernels
         unbounded = FMA_MAX_ROWS[kernels.fma_vector_floats()] is None  # type: ignore[union-attr]
         return fma, fma if unbounded else onednn
     return onednn, onednn
