@@ -139,7 +139,8 @@ class LayerSlicer:
         if known is not None:
             return known.seconds / self.pacer.cost(known.start, known.tokens)
         unit_s = self.pacer.unit_s
-        assert unit_s is not None, "slices are sized only once the unit cost is known (next_slice)"
+        if unit_s is None:  # next_slice sizes slices only once the unit cost is known
+            raise RuntimeError("layer slice sized before the pacing unit cost is known")
         return unit_s / self.num_layers
 
     def _budget_s(self, units: float | None, num_decodes: int, spent_units: float) -> float | None:
